@@ -1,0 +1,398 @@
+//! Config: parses and validates `moat.toml`. No I/O beyond reading the file.
+//!
+//! Unknown keys and bad values are rejected with the file, line and column
+//! they were found at.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use toml::Spanned;
+
+use crate::identity::{Digest, Expectation};
+use crate::limits::Limits;
+
+/// A loaded, validated `moat.toml`.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// The file the config was read from.
+    pub path: PathBuf,
+    /// Servers by name, in name order.
+    pub servers: BTreeMap<String, ServerSpec>,
+}
+
+/// One `[servers.NAME]` entry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServerSpec {
+    /// The name under which the server is configured.
+    pub name: String,
+    /// What to run.
+    pub kind: ServerKind,
+    /// The pinned digest, if any.
+    pub sha256: Option<Digest>,
+    /// Consent to launch without a pinned digest.
+    pub allow_unmeasured: bool,
+    /// Arguments after argv[0] (which is the server name).
+    pub args: Vec<String>,
+    /// Environment variables set to these exact values.
+    pub env: BTreeMap<String, String>,
+    /// Names of host environment variables passed through when set.
+    pub env_passthrough: Vec<String>,
+    /// Bounds on the server.
+    pub limits: Limits,
+}
+
+/// What kind of server a spec describes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ServerKind {
+    /// A WASI preview-2 component, by absolute path.
+    Wasm { path: PathBuf },
+}
+
+impl ServerSpec {
+    /// A spec for a wasm component with default limits and nothing granted.
+    pub fn wasm(name: impl Into<String>, path: impl Into<PathBuf>) -> Self {
+        Self {
+            name: name.into(),
+            kind: ServerKind::Wasm { path: path.into() },
+            sha256: None,
+            allow_unmeasured: false,
+            args: Vec::new(),
+            env: BTreeMap::new(),
+            env_passthrough: Vec::new(),
+            limits: Limits::default(),
+        }
+    }
+
+    /// What the bytes must hash to, or `None` when the launch must be refused
+    /// because nothing is pinned and `allow_unmeasured` is not set.
+    pub fn expectation(&self) -> Option<Expectation> {
+        match (self.sha256, self.allow_unmeasured) {
+            (Some(digest), _) => Some(Expectation::Pinned(digest)),
+            (None, true) => Some(Expectation::Unpinned),
+            (None, false) => None,
+        }
+    }
+
+    /// The exact environment the server gets: `env` values, plus each
+    /// `env_passthrough` name that is set on the host.
+    pub fn environment(&self) -> Vec<(String, String)> {
+        let mut vars: BTreeMap<String, String> = self.env.clone();
+        for name in &self.env_passthrough {
+            if let Ok(value) = std::env::var(name) {
+                vars.entry(name.clone()).or_insert(value);
+            }
+        }
+        vars.into_iter().collect()
+    }
+}
+
+/// Why a config could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("reading config {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}:{line}:{column}: {message}")]
+    Invalid {
+        path: PathBuf,
+        line: usize,
+        column: usize,
+        message: String,
+    },
+    #[error("{path}: no server named `{name}` (configured: {known})")]
+    UnknownServer {
+        path: PathBuf,
+        name: String,
+        known: String,
+    },
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    #[serde(default)]
+    servers: BTreeMap<Spanned<String>, Spanned<RawServer>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawServer {
+    wasm: Option<Spanned<String>>,
+    sha256: Option<Spanned<String>>,
+    #[serde(default)]
+    allow_unmeasured: bool,
+    #[serde(default)]
+    args: Vec<String>,
+    #[serde(default)]
+    env: BTreeMap<String, String>,
+    #[serde(default)]
+    env_passthrough: Vec<Spanned<String>>,
+    #[serde(default)]
+    limits: Option<Spanned<Limits>>,
+}
+
+impl Config {
+    /// Reads and validates the config at `path`.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::parse(path, &text)
+    }
+
+    /// Validates `text` as the config found at `path` (relative paths in it
+    /// are resolved against `path`'s directory).
+    pub fn parse(path: &Path, text: &str) -> Result<Self, ConfigError> {
+        let invalid = |span: Option<Range<usize>>, message: String| {
+            let (line, column) = span.map_or((1, 1), |span| line_column(text, span.start));
+            ConfigError::Invalid {
+                path: path.to_owned(),
+                line,
+                column,
+                message,
+            }
+        };
+        let raw: RawConfig = toml::from_str(text)
+            .map_err(|error| invalid(error.span(), error.message().to_owned()))?;
+        let base = path
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        let mut servers = BTreeMap::new();
+        for (name, server) in raw.servers {
+            let name_span = name.span();
+            let name = name.into_inner();
+            if !valid_server_name(&name) {
+                return Err(invalid(
+                    Some(name_span),
+                    format!(
+                        "server name `{name}` must be 1-32 characters of A-Z, a-z, 0-9, `-` or `_`, without `__`"
+                    ),
+                ));
+            }
+            let server_span = server.span();
+            let server = server.into_inner();
+            let Some(wasm) = server.wasm else {
+                return Err(invalid(
+                    Some(server_span),
+                    format!("server `{name}`: `wasm = \"path\"` is required"),
+                ));
+            };
+            let wasm_path = base.join(wasm.get_ref());
+            let sha256 = match server.sha256 {
+                None => None,
+                Some(value) => Some(value.get_ref().parse::<Digest>().map_err(|error| {
+                    invalid(
+                        Some(value.span()),
+                        format!("server `{name}`: sha256: {error}"),
+                    )
+                })?),
+            };
+            for var in &server.env_passthrough {
+                if var.get_ref().is_empty() || var.get_ref().contains(['=', '\0']) {
+                    return Err(invalid(
+                        Some(var.span()),
+                        format!(
+                            "server `{name}`: env_passthrough: {:?} is not a variable name",
+                            var.get_ref()
+                        ),
+                    ));
+                }
+            }
+            for key in server.env.keys() {
+                if key.is_empty() || key.contains(['=', '\0']) {
+                    return Err(invalid(
+                        Some(server_span.clone()),
+                        format!("server `{name}`: env: {key:?} is not a variable name"),
+                    ));
+                }
+            }
+            let limits = match server.limits {
+                None => Limits::default(),
+                Some(limits) => {
+                    let span = limits.span();
+                    let limits = limits.into_inner();
+                    limits.validate().map_err(|message| {
+                        invalid(Some(span), format!("server `{name}`: {message}"))
+                    })?;
+                    limits
+                }
+            };
+            servers.insert(
+                name.clone(),
+                ServerSpec {
+                    name,
+                    kind: ServerKind::Wasm { path: wasm_path },
+                    sha256,
+                    allow_unmeasured: server.allow_unmeasured,
+                    args: server.args,
+                    env: server.env,
+                    env_passthrough: server
+                        .env_passthrough
+                        .into_iter()
+                        .map(Spanned::into_inner)
+                        .collect(),
+                    limits,
+                },
+            );
+        }
+        Ok(Self {
+            path: path.to_owned(),
+            servers,
+        })
+    }
+
+    /// The server named `name`, or an error listing the configured names.
+    pub fn server(&self, name: &str) -> Result<&ServerSpec, ConfigError> {
+        self.servers
+            .get(name)
+            .ok_or_else(|| ConfigError::UnknownServer {
+                path: self.path.clone(),
+                name: name.to_owned(),
+                known: if self.servers.is_empty() {
+                    "none".to_owned()
+                } else {
+                    self.servers.keys().cloned().collect::<Vec<_>>().join(", ")
+                },
+            })
+    }
+}
+
+fn valid_server_name(name: &str) -> bool {
+    (1..=32).contains(&name.len())
+        && !name.contains("__")
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+/// 1-based line and column (in characters) of byte `offset` in `text`.
+fn line_column(text: &str, offset: usize) -> (usize, usize) {
+    let offset = offset.min(text.len());
+    let before = &text[..offset];
+    let line = before.matches('\n').count() + 1;
+    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+    (line, before[line_start..].chars().count() + 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::parse(Path::new("/etc/moat/moat.toml"), text)
+    }
+
+    fn invalid_at(text: &str) -> (usize, usize, String) {
+        match parse(text) {
+            Err(ConfigError::Invalid {
+                line,
+                column,
+                message,
+                ..
+            }) => (line, column, message),
+            other => panic!("expected an invalid config, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn full_server_entry_parses_with_paths_relative_to_the_config() {
+        let config = parse(
+            r#"
+[servers.everything]
+wasm = "guests/everything.wasm"
+sha256 = "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+args = ["--verbose"]
+env = { MODE = "test" }
+env_passthrough = ["HOME"]
+[servers.everything.limits]
+fuel_per_request = 5
+request_timeout_ms = 100
+"#,
+        )
+        .unwrap();
+        let server = config.server("everything").unwrap();
+        assert_eq!(
+            server.kind,
+            ServerKind::Wasm {
+                path: PathBuf::from("/etc/moat/guests/everything.wasm")
+            }
+        );
+        assert_eq!(server.limits.fuel_per_request, 5);
+        assert_eq!(server.limits.request_timeout_ms, 100);
+        assert_eq!(server.limits.memory_bytes, Limits::default().memory_bytes);
+        assert_eq!(server.args, ["--verbose"]);
+        assert!(matches!(server.expectation(), Some(Expectation::Pinned(_))));
+    }
+
+    #[test]
+    fn unknown_key_is_rejected_with_line_and_column() {
+        let (line, column, message) =
+            invalid_at("[servers.a]\nwasm = \"a.wasm\"\nwasn = \"typo\"\n");
+        assert_eq!((line, column), (3, 1));
+        assert!(message.contains("unknown field `wasn`"), "{message}");
+    }
+
+    #[test]
+    fn unknown_limit_and_bad_value_are_rejected_where_they_are() {
+        let (line, _, message) =
+            invalid_at("[servers.a]\nwasm = \"a.wasm\"\n[servers.a.limits]\nfuel = 3\n");
+        assert_eq!(line, 4);
+        assert!(message.contains("unknown field `fuel`"), "{message}");
+        let (line, column, message) = invalid_at(
+            "[servers.a]\nwasm = \"a.wasm\"\n[servers.a.limits]\nmemory_bytes = \"lots\"\n",
+        );
+        assert_eq!((line, column), (4, 16));
+        assert!(message.contains("invalid type"), "{message}");
+    }
+
+    #[test]
+    fn bad_digest_names_server_and_position() {
+        let (line, column, message) =
+            invalid_at("[servers.a]\nwasm = \"a.wasm\"\nsha256 = \"1234\"\n");
+        assert_eq!((line, column), (3, 10));
+        assert!(message.contains("server `a`: sha256"), "{message}");
+    }
+
+    #[test]
+    fn zero_limit_and_missing_wasm_and_bad_name_are_rejected() {
+        let (_, _, message) = invalid_at(
+            "[servers.a]\nwasm = \"a.wasm\"\n[servers.a.limits]\nrequest_timeout_ms = 0\n",
+        );
+        assert!(message.contains("request_timeout_ms must be greater than 0"));
+        let (_, _, message) = invalid_at("[servers.a]\nargs = []\n");
+        assert!(message.contains("`wasm = \"path\"` is required"));
+        let (_, _, message) = invalid_at("[servers.\"a__b\"]\nwasm = \"a.wasm\"\n");
+        assert!(message.contains("server name `a__b`"));
+    }
+
+    #[test]
+    fn missing_digest_needs_consent() {
+        let config = parse("[servers.a]\nwasm = \"a.wasm\"\n[servers.b]\nwasm = \"b.wasm\"\nallow_unmeasured = true\n").unwrap();
+        assert_eq!(config.server("a").unwrap().expectation(), None);
+        assert_eq!(
+            config.server("b").unwrap().expectation(),
+            Some(Expectation::Unpinned)
+        );
+        match config.server("c") {
+            Err(ConfigError::UnknownServer { known, .. }) => assert_eq!(known, "a, b"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn environment_is_exact() {
+        let mut spec = ServerSpec::wasm("a", "a.wasm");
+        spec.env.insert("SET".into(), "1".into());
+        spec.env_passthrough = vec!["PATH".into(), "MOAT_SURELY_UNSET_VAR".into()];
+        let env = spec.environment();
+        let names: Vec<&str> = env.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(names, ["PATH", "SET"]);
+    }
+}

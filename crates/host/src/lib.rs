@@ -1,0 +1,35 @@
+//! moat-host: runs MCP servers isolated, measured and bounded.
+//!
+//! Modules, dependencies pointing one way: [`config`] (parse and validate
+//! `moat.toml`) → [`identity`] (digests, evidence) → [`wasm`] (the wasm
+//! launcher) → [`transport`] (the one client transport over any launcher) →
+//! [`client`] (a connected session with a server, typed errors).
+//! [`limits`] is shared vocabulary.
+
+pub mod client;
+pub mod config;
+pub mod identity;
+pub mod limits;
+pub mod transport;
+pub mod wasm;
+
+pub use client::{ClientError, Handshake, Host, Session};
+pub use config::{Config, ConfigError, ServerKind, ServerSpec};
+pub use identity::{Digest, Evidence, Expectation};
+pub use limits::{LimitHit, Limits};
+/// The rmcp version Moat speaks, re-exported for its protocol types.
+pub use rmcp;
+pub use transport::{Fault, ServerTransport, TransportError};
+
+/// Why a server could not be launched.
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    #[error(
+        "server `{server}` has no sha256 pinned: refusing an unmeasured launch (pin it with `sha256 = \"...\"` from `moat digest`, or set `allow_unmeasured = true`)"
+    )]
+    Unmeasured { server: String },
+    #[error(transparent)]
+    Wasm(#[from] wasm::WasmError),
+    #[error(transparent)]
+    Transport(#[from] TransportError),
+}

@@ -1,0 +1,156 @@
+//! Limits: what bounds one server, with the reason each limit exists and its
+//! default. A limit that is hit surfaces as [`LimitHit`], naming the limit and
+//! its configured value.
+
+use std::fmt;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+/// Every bound applied to one server. Each field is configurable in
+/// `[servers.NAME.limits]` under the same name.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Limits {
+    /// CPU for wasm: fuel (about one unit per wasm operator) granted afresh
+    /// each time a request is sent to the server, and for start-up. Stops a
+    /// guest that computes forever. Default 2,000,000,000 (seconds of CPU).
+    pub fuel_per_request: u64,
+    /// How often, in fuel units, a running guest yields to the async runtime,
+    /// so a busy guest never blocks other tasks. Default 1,000,000.
+    pub fuel_yield_interval: u64,
+    /// Largest size of any one linear memory, in bytes. Stops a guest that
+    /// allocates without end. Default 256 MiB.
+    pub memory_bytes: u64,
+    /// Largest number of elements in any one table. Default 100,000.
+    pub table_elements: u64,
+    /// Most core instances a component may create. Default 64.
+    pub instances: u64,
+    /// Most tables a component may create. Default 64.
+    pub tables: u64,
+    /// Most linear memories a component may create. Default 16.
+    pub memories: u64,
+    /// Wall-clock deadline for each request, in milliseconds, including the
+    /// handshake. When it passes, the request fails with a timeout error and
+    /// the server is stopped. Default 30,000.
+    pub request_timeout_ms: u64,
+    /// Bytes a guest may pass to the host in one host call. Bounds host
+    /// allocations made on a guest's behalf. Default 16 MiB.
+    pub hostcall_fuel: u64,
+    /// Most host resources (streams, pollables, handles) a guest may hold at
+    /// once. Default 4,096.
+    pub resource_table_capacity: u64,
+    /// Most random bytes a guest may ask for in one call. Default 1 MiB.
+    pub max_random_bytes: u64,
+    /// Longest stdout line (one JSON-RPC message) accepted, in bytes. Longer
+    /// is a fatal framing error; host memory stays bounded. Default 16 MiB.
+    pub max_line_bytes: u64,
+    /// Size of the rolling stderr buffer kept for diagnostics. Default 64 KiB.
+    pub stderr_buffer_bytes: u64,
+    /// How long close waits after closing stdin before stopping the server,
+    /// in milliseconds. Default 2,000.
+    pub close_grace_ms: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            fuel_per_request: 2_000_000_000,
+            fuel_yield_interval: 1_000_000,
+            memory_bytes: 256 << 20,
+            table_elements: 100_000,
+            instances: 64,
+            tables: 64,
+            memories: 16,
+            request_timeout_ms: 30_000,
+            hostcall_fuel: 16 << 20,
+            resource_table_capacity: 4096,
+            max_random_bytes: 1 << 20,
+            max_line_bytes: 16 << 20,
+            stderr_buffer_bytes: 64 << 10,
+            close_grace_ms: 2_000,
+        }
+    }
+}
+
+impl Limits {
+    /// The per-request deadline.
+    pub fn request_timeout(&self) -> Duration {
+        Duration::from_millis(self.request_timeout_ms)
+    }
+
+    /// The grace period between closing stdin and stopping the server.
+    pub fn close_grace(&self) -> Duration {
+        Duration::from_millis(self.close_grace_ms)
+    }
+
+    /// Checks values that would make a server unusable. Names the bad field.
+    pub fn validate(&self) -> Result<(), String> {
+        let positive = [
+            ("fuel_per_request", self.fuel_per_request),
+            ("fuel_yield_interval", self.fuel_yield_interval),
+            ("memory_bytes", self.memory_bytes),
+            ("instances", self.instances),
+            ("memories", self.memories),
+            ("request_timeout_ms", self.request_timeout_ms),
+            ("resource_table_capacity", self.resource_table_capacity),
+            ("max_line_bytes", self.max_line_bytes),
+        ];
+        for (name, value) in positive {
+            if value == 0 {
+                return Err(format!("limits.{name} must be greater than 0"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Which limit was hit, with the value it was configured to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LimitHit {
+    /// The guest used up `fuel_per_request`.
+    Fuel { fuel_per_request: u64 },
+    /// A linear memory tried to grow past `memory_bytes`.
+    Memory { memory_bytes: u64 },
+    /// A table tried to grow past `table_elements`.
+    TableElements { table_elements: u64 },
+    /// A request was not answered within `request_timeout_ms`.
+    Deadline { request_timeout_ms: u64 },
+    /// A stdout line exceeded `max_line_bytes`.
+    LineLength { max_line_bytes: u64 },
+    /// The guest held more than `resource_table_capacity` host resources.
+    ResourceTable { resource_table_capacity: u64 },
+}
+
+impl fmt::Display for LimitHit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Fuel { fuel_per_request } => {
+                write!(
+                    f,
+                    "CPU limit: fuel_per_request = {fuel_per_request} used up"
+                )
+            }
+            Self::Memory { memory_bytes } => {
+                write!(f, "memory limit: memory_bytes = {memory_bytes} exceeded")
+            }
+            Self::TableElements { table_elements } => {
+                write!(f, "table limit: table_elements = {table_elements} exceeded")
+            }
+            Self::Deadline { request_timeout_ms } => write!(
+                f,
+                "deadline: request_timeout_ms = {request_timeout_ms} passed without an answer"
+            ),
+            Self::LineLength { max_line_bytes } => write!(
+                f,
+                "output limit: a stdout line exceeded max_line_bytes = {max_line_bytes}"
+            ),
+            Self::ResourceTable {
+                resource_table_capacity,
+            } => write!(
+                f,
+                "resource limit: resource_table_capacity = {resource_table_capacity} exceeded"
+            ),
+        }
+    }
+}

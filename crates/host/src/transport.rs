@@ -1,0 +1,822 @@
+//! The one client transport: rmcp's `Transport<RoleClient>` over a launched
+//! server, whichever launcher started it.
+//!
+//! This module owns everything between a server's stdio and rmcp's client:
+//! connecting once, newline-delimited JSON-RPC framing with a maximum line
+//! length (fail closed), draining stderr into tracing and a bounded rolling
+//! buffer, the per-request deadline, faults on premature exit, and the
+//! lifecycle (close = EOF on stdin, grace period, stop, await every task).
+//! Launchers hand it a [`Launched`] and never see the protocol.
+
+use std::collections::HashMap;
+use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rmcp::RoleClient;
+use rmcp::model::{ClientJsonRpcMessage, RequestId, ServerJsonRpcMessage};
+use rmcp::service::{RxJsonRpcMessage, TxJsonRpcMessage};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::sync::{Notify, mpsc, watch};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::limits::{LimitHit, Limits};
+
+/// How a server stopped running.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Exit {
+    /// It exited (or its `run` returned) with this code.
+    Code(i32),
+    /// It hit a limit and was stopped.
+    Limit(LimitHit),
+    /// It trapped (wasm) or was killed by a signal (native).
+    Crashed(String),
+    /// The host stopped it (close or deadline).
+    Stopped,
+}
+
+/// What a launcher hands the transport: the server's stdio, how to learn of
+/// its exit, and how to stop it.
+pub struct Launched {
+    /// The server's stdin.
+    pub stdin: Box<dyn AsyncWrite + Send + Unpin>,
+    /// The server's stdout: protocol only.
+    pub stdout: Box<dyn AsyncRead + Send + Unpin>,
+    /// The server's stderr: diagnostics only.
+    pub stderr: Box<dyn AsyncRead + Send + Unpin>,
+    /// Becomes `Some` once the server has stopped.
+    pub exit: watch::Receiver<Option<Exit>>,
+    /// The task that owns the running server; it ends when the server does.
+    pub task: JoinHandle<()>,
+    /// Stops the server at once (drop the instance, or kill the process group).
+    pub stop: Box<dyn Fn() + Send + Sync>,
+    /// Called each time a request is sent: starts a fresh CPU budget.
+    pub on_request: Box<dyn Fn() + Send + Sync>,
+}
+
+/// A fault that ended a session with a server. The first fault wins.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Fault {
+    #[error("server `{server}` hit its {limit}")]
+    Limit { server: String, limit: LimitHit },
+    #[error(
+        "server `{server}` exited with code {code} before closing; stderr tail: {stderr_tail:?}"
+    )]
+    Exited {
+        server: String,
+        code: i32,
+        stderr_tail: String,
+    },
+    #[error("server `{server}` crashed: {reason}; stderr tail: {stderr_tail:?}")]
+    Crashed {
+        server: String,
+        reason: String,
+        stderr_tail: String,
+    },
+    #[error(
+        "server `{server}` wrote a stdout line that is not a JSON-RPC message ({detail}): {excerpt:?}"
+    )]
+    NotJsonRpc {
+        server: String,
+        detail: String,
+        excerpt: String,
+    },
+    #[error("server `{server}`: reading stdout failed: {detail}")]
+    Io { server: String, detail: String },
+}
+
+/// Errors of the transport itself (not of the server).
+#[derive(Debug, thiserror::Error)]
+pub enum TransportError {
+    #[error(
+        "transport for server `{server}` is already connected: a transport connects at most once"
+    )]
+    AlreadyConnected { server: String },
+    #[error("server `{server}` is no longer running: {fault}")]
+    Faulted { server: String, fault: Fault },
+    #[error("server `{server}`: the transport is closed")]
+    Closed { server: String },
+    #[error("server `{server}`: encoding a message failed: {detail}")]
+    Encode { server: String, detail: String },
+}
+
+/// Counts the live tasks and instances of one transport, so tests and the
+/// gateway can assert that nothing is left behind.
+#[derive(Debug, Default)]
+pub struct Tracker {
+    live: AtomicUsize,
+    started: AtomicUsize,
+    changed: Notify,
+}
+
+impl Tracker {
+    /// Tasks (and server instances) of this transport still alive.
+    pub fn live(&self) -> usize {
+        self.live.load(Ordering::SeqCst)
+    }
+
+    /// Tasks (and server instances) ever started.
+    pub fn started(&self) -> usize {
+        self.started.load(Ordering::SeqCst)
+    }
+
+    /// Resolves once something has been started.
+    pub async fn wait_started(&self) {
+        loop {
+            let notified = self.changed.notified();
+            if self.started() > 0 {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// Resolves once nothing is alive.
+    pub async fn wait_idle(&self) {
+        loop {
+            let notified = self.changed.notified();
+            if self.live() == 0 {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// Registers one live thing; it counts until the guard drops.
+    pub fn enter(self: &Arc<Self>) -> TrackGuard {
+        self.live.fetch_add(1, Ordering::SeqCst);
+        self.started.fetch_add(1, Ordering::SeqCst);
+        self.changed.notify_waiters();
+        TrackGuard(self.clone())
+    }
+}
+
+/// Keeps one tracked task counted while alive.
+#[derive(Debug)]
+pub struct TrackGuard(Arc<Tracker>);
+
+impl Drop for TrackGuard {
+    fn drop(&mut self) {
+        self.0.live.fetch_sub(1, Ordering::SeqCst);
+        self.0.changed.notify_waiters();
+    }
+}
+
+/// A bounded rolling buffer of a server's stderr, with a byte count.
+#[derive(Debug)]
+pub struct StderrBuffer {
+    capacity: usize,
+    inner: Mutex<(VecDeque<u8>, u64)>,
+}
+
+impl StderrBuffer {
+    fn new(capacity: usize) -> Self {
+        Self {
+            capacity,
+            inner: Mutex::new((VecDeque::with_capacity(capacity.min(1 << 16)), 0)),
+        }
+    }
+
+    fn push(&self, bytes: &[u8]) {
+        let mut guard = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let (buffer, total) = &mut *guard;
+        *total += bytes.len() as u64;
+        let keep = bytes.len().min(self.capacity);
+        let bytes = &bytes[bytes.len() - keep..];
+        let overflow = (buffer.len() + bytes.len()).saturating_sub(self.capacity);
+        buffer.drain(..overflow);
+        buffer.extend(bytes);
+    }
+
+    /// Bytes currently held (never more than the capacity).
+    pub fn len(&self) -> usize {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner()).0.len()
+    }
+
+    /// Whether nothing is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The configured capacity in bytes.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Every byte the server has written to stderr.
+    pub fn total_bytes(&self) -> u64 {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner()).1
+    }
+
+    /// The last lines of stderr, sanitised for display: escape sequences and
+    /// control characters removed, at most `max` bytes.
+    pub fn tail(&self, max: usize) -> String {
+        let bytes: Vec<u8> = {
+            let guard = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+            guard.0.iter().copied().collect()
+        };
+        sanitize_tail(&bytes, max)
+    }
+}
+
+/// Bytes of stderr carried in a fault.
+const FAULT_TAIL_BYTES: usize = 2048;
+
+/// Strips ANSI escape sequences and control characters (keeping newlines and
+/// tabs), trims, and keeps at most the last `max` bytes on a char boundary.
+pub fn sanitize_tail(bytes: &[u8], max: usize) -> String {
+    let text = String::from_utf8_lossy(bytes);
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            // CSI: ESC [ params final-byte; other escapes: ESC + one char.
+            if chars.peek() == Some(&'[') {
+                chars.next();
+                for c in chars.by_ref() {
+                    if ('@'..='~').contains(&c) {
+                        break;
+                    }
+                }
+            } else {
+                chars.next();
+            }
+        } else if c == '\n' || c == '\t' || !c.is_control() {
+            out.push(c);
+        }
+    }
+    let trimmed = out.trim();
+    if trimmed.len() <= max {
+        return trimmed.to_owned();
+    }
+    let mut start = trimmed.len() - max;
+    while !trimmed.is_char_boundary(start) {
+        start += 1;
+    }
+    trimmed[start..].to_owned()
+}
+
+/// State shared by the transport, its tasks and the client that wraps it.
+#[derive(Debug)]
+pub struct Shared {
+    server: String,
+    fault: Mutex<Option<Fault>>,
+    closing: AtomicBool,
+    stderr: StderrBuffer,
+    tracker: Arc<Tracker>,
+    pending: Mutex<HashMap<RequestId, (String, Instant)>>,
+    pending_changed: Notify,
+    requests_sent: AtomicU64,
+}
+
+impl Shared {
+    fn new(server: String, limits: &Limits) -> Self {
+        Self {
+            server,
+            fault: Mutex::new(None),
+            closing: AtomicBool::new(false),
+            stderr: StderrBuffer::new(
+                usize::try_from(limits.stderr_buffer_bytes).unwrap_or(usize::MAX),
+            ),
+            tracker: Arc::new(Tracker::default()),
+            pending: Mutex::new(HashMap::new()),
+            pending_changed: Notify::new(),
+            requests_sent: AtomicU64::new(0),
+        }
+    }
+
+    /// The server's configured name.
+    pub fn server(&self) -> &str {
+        &self.server
+    }
+
+    /// The fault that ended the session, if one did.
+    pub fn fault(&self) -> Option<Fault> {
+        self.fault.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The server's stderr buffer.
+    pub fn stderr(&self) -> &StderrBuffer {
+        &self.stderr
+    }
+
+    /// Tasks and instances of this transport.
+    pub fn tracker(&self) -> &Arc<Tracker> {
+        &self.tracker
+    }
+
+    /// Requests sent so far.
+    pub fn requests_sent(&self) -> u64 {
+        self.requests_sent.load(Ordering::SeqCst)
+    }
+
+    fn set_fault(&self, fault: Fault) {
+        let mut slot = self.fault.lock().unwrap_or_else(|e| e.into_inner());
+        if slot.is_none() {
+            tracing::warn!(server = %self.server, %fault, "server fault");
+            *slot = Some(fault);
+        }
+    }
+
+    fn is_closing(&self) -> bool {
+        self.closing.load(Ordering::SeqCst)
+    }
+
+    fn fault_for_exit(&self, exit: &Exit) -> Option<Fault> {
+        let server = self.server.clone();
+        match exit {
+            Exit::Stopped => None,
+            Exit::Code(0) if self.is_closing() => None,
+            Exit::Code(code) => Some(Fault::Exited {
+                server,
+                code: *code,
+                stderr_tail: self.stderr.tail(FAULT_TAIL_BYTES),
+            }),
+            Exit::Limit(limit) => Some(Fault::Limit {
+                server,
+                limit: limit.clone(),
+            }),
+            Exit::Crashed(reason) => Some(Fault::Crashed {
+                server,
+                reason: reason.clone(),
+                stderr_tail: self.stderr.tail(FAULT_TAIL_BYTES),
+            }),
+        }
+    }
+}
+
+type BoxFuture = Pin<Box<dyn Future<Output = Result<Launched, crate::LaunchError>> + Send>>;
+
+/// The one client transport, before it is connected: built from a launch
+/// request, it connects at most once.
+pub struct ServerTransport {
+    shared: Arc<Shared>,
+    limits: Limits,
+    launch: Mutex<Option<BoxFuture>>,
+}
+
+impl ServerTransport {
+    /// A transport that will run the launch `make_launch` builds when
+    /// connected. The launch registers what it starts with the tracker.
+    pub fn new<F>(
+        server: impl Into<String>,
+        limits: Limits,
+        make_launch: impl FnOnce(Arc<Tracker>) -> F,
+    ) -> Self
+    where
+        F: Future<Output = Result<Launched, crate::LaunchError>> + Send + 'static,
+    {
+        let shared = Arc::new(Shared::new(server.into(), &limits));
+        let launch = make_launch(shared.tracker.clone());
+        Self {
+            shared,
+            limits,
+            launch: Mutex::new(Some(Box::pin(launch))),
+        }
+    }
+
+    /// State shared with the connected transport (fault, stderr, tracker).
+    pub fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    /// Launches the server and returns the connected transport. A second call
+    /// fails with [`TransportError::AlreadyConnected`]; it never launches twice.
+    /// Dropping the returned future part-way leaves nothing running.
+    pub async fn connect(&self) -> Result<Connected, crate::LaunchError> {
+        let launch = self
+            .launch
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+            .ok_or_else(|| TransportError::AlreadyConnected {
+                server: self.shared.server.clone(),
+            })?;
+        let launched = launch.await?;
+        Ok(Connected::start(
+            self.shared.clone(),
+            &self.limits,
+            launched,
+        ))
+    }
+}
+
+/// A connected transport: what rmcp's client drives.
+pub struct Connected {
+    shared: Arc<Shared>,
+    incoming: mpsc::Receiver<ServerJsonRpcMessage>,
+    outgoing: Option<mpsc::Sender<Vec<u8>>>,
+    on_request: Arc<dyn Fn() + Send + Sync>,
+    stop: Arc<dyn Fn() + Send + Sync>,
+    server_task: Option<JoinHandle<()>>,
+    tasks: Vec<JoinHandle<()>>,
+    grace: Duration,
+    request_timeout: Duration,
+}
+
+impl Connected {
+    fn start(shared: Arc<Shared>, limits: &Limits, launched: Launched) -> Self {
+        let Launched {
+            stdin,
+            stdout,
+            stderr,
+            exit,
+            task: server_task,
+            stop,
+            on_request,
+        } = launched;
+        let stop: Arc<dyn Fn() + Send + Sync> = Arc::from(stop);
+        let (incoming_tx, incoming) = mpsc::channel(64);
+        let (outgoing, outgoing_rx) = mpsc::channel::<Vec<u8>>(64);
+        let max_line = usize::try_from(limits.max_line_bytes).unwrap_or(usize::MAX);
+        let tracker = shared.tracker.clone();
+        let tasks = vec![
+            spawn_tracked(
+                &tracker,
+                read_stdout(
+                    shared.clone(),
+                    stdout,
+                    max_line,
+                    exit.clone(),
+                    incoming_tx,
+                    stop.clone(),
+                ),
+            ),
+            spawn_tracked(&tracker, drain_stderr(shared.clone(), stderr)),
+            spawn_tracked(&tracker, write_stdin(shared.clone(), stdin, outgoing_rx)),
+            spawn_tracked(
+                &tracker,
+                watchdog(
+                    shared.clone(),
+                    limits.request_timeout_ms,
+                    exit,
+                    stop.clone(),
+                ),
+            ),
+        ];
+        Self {
+            shared,
+            incoming,
+            outgoing: Some(outgoing),
+            on_request: Arc::from(on_request),
+            stop,
+            server_task: Some(server_task),
+            tasks,
+            grace: limits.close_grace(),
+            request_timeout: limits.request_timeout(),
+        }
+    }
+
+    /// State shared with the transport's tasks (fault, stderr, tracker).
+    pub fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    async fn shutdown(&mut self) {
+        self.shared.closing.store(true, Ordering::SeqCst);
+        // EOF on the server's stdin.
+        self.outgoing.take();
+        if let Some(mut server_task) = self.server_task.take() {
+            if tokio::time::timeout(self.grace, &mut server_task)
+                .await
+                .is_err()
+            {
+                tracing::debug!(server = %self.shared.server, "grace period over; stopping server");
+                (self.stop)();
+                server_task.abort();
+                let _ = server_task.await;
+            }
+        }
+        // The server is gone, so its pipes are closed and every task ends.
+        for task in self.tasks.drain(..) {
+            let _ = task.await;
+        }
+    }
+}
+
+impl Drop for Connected {
+    fn drop(&mut self) {
+        // Dropped without close (e.g. a cancelled handshake): stop everything.
+        if let Some(task) = self.server_task.take() {
+            (self.stop)();
+            task.abort();
+        }
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+fn spawn_tracked(
+    tracker: &Arc<Tracker>,
+    task: impl Future<Output = ()> + Send + 'static,
+) -> JoinHandle<()> {
+    let guard = tracker.enter();
+    tokio::spawn(async move {
+        let _guard = guard;
+        task.await;
+    })
+}
+
+impl rmcp::transport::Transport<RoleClient> for Connected {
+    type Error = TransportError;
+
+    fn send(
+        &mut self,
+        item: TxJsonRpcMessage<RoleClient>,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
+        let shared = self.shared.clone();
+        let outgoing = self.outgoing.clone();
+        let encoded = serde_json::to_vec(&item);
+        match &item {
+            ClientJsonRpcMessage::Request(request) => {
+                let method = serde_json::to_value(&request.request)
+                    .ok()
+                    .and_then(|v| v.get("method").and_then(|m| m.as_str().map(str::to_owned)))
+                    .unwrap_or_default();
+                shared
+                    .pending
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(
+                        request.id.clone(),
+                        (method, Instant::now() + self.request_timeout),
+                    );
+                shared.requests_sent.fetch_add(1, Ordering::SeqCst);
+                shared.pending_changed.notify_one();
+                (self.on_request)();
+            }
+            ClientJsonRpcMessage::Notification(notification) => {
+                if let rmcp::model::ClientNotification::CancelledNotification(cancelled) =
+                    &notification.notification
+                {
+                    if let Some(id) = &cancelled.params.request_id {
+                        shared
+                            .pending
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .remove(id);
+                    }
+                }
+            }
+            _ => {}
+        }
+        async move {
+            let mut line = encoded.map_err(|error| TransportError::Encode {
+                server: shared.server.clone(),
+                detail: error.to_string(),
+            })?;
+            line.push(b'\n');
+            let closed = || match shared.fault() {
+                Some(fault) => TransportError::Faulted {
+                    server: shared.server.clone(),
+                    fault,
+                },
+                None => TransportError::Closed {
+                    server: shared.server.clone(),
+                },
+            };
+            let outgoing = outgoing.ok_or_else(closed)?;
+            outgoing.send(line).await.map_err(|_| closed())
+        }
+    }
+
+    fn receive(&mut self) -> impl Future<Output = Option<RxJsonRpcMessage<RoleClient>>> + Send {
+        self.incoming.recv()
+    }
+
+    async fn close(&mut self) -> Result<(), Self::Error> {
+        self.shutdown().await;
+        Ok(())
+    }
+}
+
+async fn write_stdin(
+    shared: Arc<Shared>,
+    mut stdin: Box<dyn AsyncWrite + Send + Unpin>,
+    mut outgoing: mpsc::Receiver<Vec<u8>>,
+) {
+    while let Some(line) = outgoing.recv().await {
+        if let Err(error) = async {
+            stdin.write_all(&line).await?;
+            stdin.flush().await
+        }
+        .await
+        {
+            tracing::debug!(server = %shared.server, %error, "writing to server stdin failed");
+            return;
+        }
+    }
+    // All senders gone: the client closed. Deliver EOF.
+    let _ = stdin.shutdown().await;
+}
+
+async fn drain_stderr(shared: Arc<Shared>, stderr: Box<dyn AsyncRead + Send + Unpin>) {
+    /// Longest stderr line echoed to the log; the buffer keeps the rest.
+    const LOG_LINE_BYTES: usize = 1024;
+    let mut stderr = stderr;
+    let mut chunk = vec![0u8; 8192];
+    let mut partial: Vec<u8> = Vec::new();
+    loop {
+        let n = match stderr.read(&mut chunk).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        shared.stderr.push(&chunk[..n]);
+        for &byte in &chunk[..n] {
+            if byte == b'\n' {
+                tracing::debug!(server = %shared.server, line = %sanitize_tail(&partial, LOG_LINE_BYTES), "stderr");
+                partial.clear();
+            } else if partial.len() < LOG_LINE_BYTES {
+                partial.push(byte);
+            }
+        }
+    }
+    if !partial.is_empty() {
+        tracing::debug!(server = %shared.server, line = %sanitize_tail(&partial, LOG_LINE_BYTES), "stderr");
+    }
+}
+
+/// Reads newline-delimited JSON-RPC from stdout. A line longer than
+/// `max_line` or one that is not a JSON-RPC message is fatal: the server is
+/// stopped and nothing more is read.
+async fn read_stdout(
+    shared: Arc<Shared>,
+    stdout: Box<dyn AsyncRead + Send + Unpin>,
+    max_line: usize,
+    mut exit: watch::Receiver<Option<Exit>>,
+    incoming: mpsc::Sender<ServerJsonRpcMessage>,
+    stop: Arc<dyn Fn() + Send + Sync>,
+) {
+    let mut reader = BufReader::with_capacity(64 * 1024, stdout);
+    let mut line: Vec<u8> = Vec::new();
+    let fault = loop {
+        let buf = match reader.fill_buf().await {
+            Ok(buf) => buf,
+            Err(error) => {
+                break Some(Fault::Io {
+                    server: shared.server.clone(),
+                    detail: error.to_string(),
+                });
+            }
+        };
+        if buf.is_empty() {
+            // EOF: the server closed stdout. Its exit status says why.
+            break None;
+        }
+        let (taken, complete) = match buf.iter().position(|&b| b == b'\n') {
+            Some(i) => (i + 1, true),
+            None => (buf.len(), false),
+        };
+        let content = if complete { taken - 1 } else { taken };
+        if line.len() + content > max_line {
+            break Some(Fault::Limit {
+                server: shared.server.clone(),
+                limit: LimitHit::LineLength {
+                    max_line_bytes: max_line as u64,
+                },
+            });
+        }
+        line.extend_from_slice(&buf[..content]);
+        reader.consume(taken);
+        if !complete {
+            continue;
+        }
+        if line.last() == Some(&b'\r') {
+            line.pop();
+        }
+        match parse_message(&line) {
+            Ok(message) => {
+                if let Some(id) = response_id(&message) {
+                    shared
+                        .pending
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .remove(&id);
+                }
+                if incoming.send(message).await.is_err() {
+                    return; // the client is gone
+                }
+            }
+            Err(detail) => {
+                break Some(Fault::NotJsonRpc {
+                    server: shared.server.clone(),
+                    detail,
+                    excerpt: sanitize_tail(&line[..line.len().min(200)], 200),
+                });
+            }
+        }
+        line.clear();
+    };
+    match fault {
+        Some(fault) => {
+            shared.set_fault(fault);
+            stop();
+        }
+        None => {
+            // Wait for the exit status so the fault is known before rmcp sees
+            // the transport close.
+            let status = exit
+                .wait_for(Option::is_some)
+                .await
+                .ok()
+                .and_then(|s| s.clone());
+            if let Some(fault) = status.as_ref().and_then(|s| shared.fault_for_exit(s)) {
+                shared.set_fault(fault);
+            }
+        }
+    }
+    // Dropping `incoming` tells rmcp the transport is closed.
+}
+
+fn parse_message(line: &[u8]) -> Result<ServerJsonRpcMessage, String> {
+    if line.is_empty() {
+        return Err("empty line".to_owned());
+    }
+    serde_json::from_slice::<ServerJsonRpcMessage>(line).map_err(|error| error.to_string())
+}
+
+fn response_id(message: &ServerJsonRpcMessage) -> Option<RequestId> {
+    match message {
+        ServerJsonRpcMessage::Response(response) => Some(response.id.clone()),
+        ServerJsonRpcMessage::Error(error) => error.id.clone(),
+        _ => None,
+    }
+}
+
+/// Enforces the per-request deadline, and records a fault when the server
+/// stops on its own while requests are outstanding.
+async fn watchdog(
+    shared: Arc<Shared>,
+    request_timeout_ms: u64,
+    mut exit: watch::Receiver<Option<Exit>>,
+    stop: Arc<dyn Fn() + Send + Sync>,
+) {
+    loop {
+        let next = {
+            let pending = shared.pending.lock().unwrap_or_else(|e| e.into_inner());
+            pending.values().map(|(_, deadline)| *deadline).min()
+        };
+        let changed = shared.pending_changed.notified();
+        tokio::select! {
+            _ = async {
+                match next {
+                    Some(deadline) => tokio::time::sleep_until(deadline).await,
+                    None => std::future::pending().await,
+                }
+            } => {
+                let expired = {
+                    let pending = shared.pending.lock().unwrap_or_else(|e| e.into_inner());
+                    let now = Instant::now();
+                    pending.values().find(|(_, deadline)| *deadline <= now).map(|(method, _)| method.clone())
+                };
+                if let Some(method) = expired {
+                    tracing::warn!(server = %shared.server, %method, "request deadline passed; stopping server");
+                    shared.set_fault(Fault::Limit {
+                        server: shared.server.clone(),
+                        limit: LimitHit::Deadline { request_timeout_ms },
+                    });
+                    stop();
+                    return;
+                }
+            }
+            _ = changed => {}
+            result = exit.wait_for(Option::is_some) => {
+                if let Ok(status) = result {
+                    let status = status.clone();
+                    if let Some(fault) = status.as_ref().and_then(|s| shared.fault_for_exit(s)) {
+                        shared.set_fault(fault);
+                    }
+                }
+                return;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tail_strips_escapes_and_controls_and_bounds_length() {
+        let raw = b"ok line\n\x1b[31mred\x1b[0m\x07 bell\x00\n";
+        assert_eq!(sanitize_tail(raw, 100), "ok line\nred bell");
+        assert_eq!(sanitize_tail(b"abcdef", 3), "def");
+        assert_eq!(sanitize_tail("ééé".as_bytes(), 3), "é");
+    }
+
+    #[test]
+    fn stderr_buffer_keeps_the_last_bytes_and_counts_all() {
+        let buffer = StderrBuffer::new(8);
+        buffer.push(b"0123456789");
+        buffer.push(b"ab");
+        assert_eq!(buffer.len(), 8);
+        assert_eq!(buffer.total_bytes(), 12);
+        assert_eq!(buffer.tail(100), "456789ab");
+    }
+}

@@ -1,0 +1,524 @@
+//! The wasm launcher: measures, compiles (or loads from Moat's own cache),
+//! pre-instantiates and runs WASI preview-2 command components, bounded by
+//! fuel, memory and table limits, with stdio wired as in-memory pipes.
+//!
+//! The sha256 is computed over the very bytes that are compiled. Precompiled
+//! components are cached on disk keyed by that digest and the engine's
+//! compatibility hash; each cache file carries the sha256 of its own payload
+//! and is recompiled, never loaded, when that does not match.
+
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::watch;
+use wasmtime::component::{Component, Linker, ResourceTable};
+use wasmtime::{Config, Engine, ResourceLimiter, Store, Trap};
+use wasmtime_wasi::cli::{AsyncStdinStream, AsyncStdoutStream};
+use wasmtime_wasi::p2::bindings::CommandPre;
+use wasmtime_wasi::{I32Exit, WasiCtx, WasiCtxView, WasiView};
+
+use crate::LaunchError;
+use crate::identity::{Digest, Expectation};
+use crate::limits::{LimitHit, Limits};
+use crate::transport::{Exit, Launched, Tracker};
+
+/// Bytes buffered in each in-memory stdio pipe.
+const PIPE_BYTES: usize = 64 * 1024;
+/// First bytes of every cache file Moat writes.
+const CACHE_MAGIC: &[u8; 12] = b"MOAT-CWASM1\n";
+
+/// Errors of the wasm launcher, naming the operation and its subject.
+#[derive(Debug, thiserror::Error)]
+pub enum WasmError {
+    #[error("configuring the wasm engine: {0}")]
+    Engine(String),
+    #[error("reading component {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("component {path}: {mismatch}")]
+    Digest {
+        path: PathBuf,
+        #[source]
+        mismatch: crate::identity::DigestMismatch,
+    },
+    #[error("compiling component {path}: {detail}")]
+    Compile { path: PathBuf, detail: String },
+    #[error("pre-instantiating component {path}: {detail}")]
+    Link { path: PathBuf, detail: String },
+}
+
+/// Where a compiled component came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CacheOutcome {
+    /// Loaded from a cache file whose payload matched its recorded digest.
+    Hit,
+    /// Compiled: no cache file, or no cache configured.
+    Compiled,
+    /// A cache file existed but was corrupt or foreign: compiled afresh and
+    /// the file rewritten.
+    Recompiled,
+    /// Already prepared by this engine: reused from memory.
+    Memory,
+}
+
+/// One wasmtime engine and linker, shared by every wasm server.
+#[derive(Clone)]
+pub struct WasmEngine {
+    engine: Engine,
+    linker: Arc<Linker<HostState>>,
+    cache_dir: Option<PathBuf>,
+    prepared: Arc<Mutex<HashMap<Digest, PreparedComponent>>>,
+}
+
+impl WasmEngine {
+    /// An engine with fuel metering and async support, caching compiled
+    /// components in `cache_dir` when given.
+    pub fn new(cache_dir: Option<PathBuf>) -> Result<Self, WasmError> {
+        let mut config = Config::new();
+        config.consume_fuel(true);
+        config.wasm_component_model(true);
+        let engine = Engine::new(&config).map_err(|e| WasmError::Engine(e.to_string()))?;
+        let mut linker = Linker::new(&engine);
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker)
+            .map_err(|e| WasmError::Engine(e.to_string()))?;
+        Ok(Self {
+            engine,
+            linker: Arc::new(linker),
+            cache_dir,
+            prepared: Arc::default(),
+        })
+    }
+
+    /// The engine's compatibility hash: precompiled code is only valid for an
+    /// engine with the same hash.
+    pub fn compatibility_hash(&self) -> String {
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        self.engine
+            .precompile_compatibility_hash()
+            .hash(&mut hasher);
+        format!("{:016x}", hasher.finish())
+    }
+
+    /// The cache file for a component with this digest.
+    pub fn cache_path(&self, digest: Digest) -> Option<PathBuf> {
+        self.cache_dir
+            .as_ref()
+            .map(|dir| dir.join(format!("{digest}-{}.cwasm", self.compatibility_hash())))
+    }
+
+    /// Reads the component at `path` once, checks its digest against
+    /// `expected`, compiles those same bytes (or loads them from the cache)
+    /// and pre-instantiates them. Compilation runs off the async runtime.
+    pub async fn prepare(
+        &self,
+        path: &Path,
+        expected: Expectation,
+    ) -> Result<PreparedComponent, WasmError> {
+        let bytes = tokio::fs::read(path)
+            .await
+            .map_err(|source| WasmError::Read {
+                path: path.to_owned(),
+                source,
+            })?;
+        let digest = Digest::of(&bytes);
+        expected
+            .check(digest)
+            .map_err(|mismatch| WasmError::Digest {
+                path: path.to_owned(),
+                mismatch,
+            })?;
+        let known = self
+            .prepared
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&digest)
+            .cloned();
+        if let Some(mut prepared) = known {
+            prepared.cache = CacheOutcome::Memory;
+            return Ok(prepared);
+        }
+        let this = self.clone();
+        let owned_path = path.to_owned();
+        let (component, cache) =
+            tokio::task::spawn_blocking(move || this.compile_or_load(&owned_path, digest, &bytes))
+                .await
+                .map_err(|e| WasmError::Compile {
+                    path: path.to_owned(),
+                    detail: e.to_string(),
+                })??;
+        let instance_pre =
+            self.linker
+                .instantiate_pre(&component)
+                .map_err(|e| WasmError::Link {
+                    path: path.to_owned(),
+                    detail: format!("{e:#}"),
+                })?;
+        let pre = CommandPre::new(instance_pre).map_err(|e| WasmError::Link {
+            path: path.to_owned(),
+            detail: format!("not a wasi:cli command component: {e:#}"),
+        })?;
+        let prepared = PreparedComponent {
+            engine: self.engine.clone(),
+            digest,
+            cache,
+            pre,
+        };
+        self.prepared
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(digest, prepared.clone());
+        Ok(prepared)
+    }
+
+    fn compile_or_load(
+        &self,
+        path: &Path,
+        digest: Digest,
+        bytes: &[u8],
+    ) -> Result<(Component, CacheOutcome), WasmError> {
+        let Some(cache_path) = self.cache_path(digest) else {
+            return Ok((self.compile(path, bytes)?, CacheOutcome::Compiled));
+        };
+        let outcome = match std::fs::read(&cache_path) {
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => CacheOutcome::Compiled,
+            Err(error) => {
+                tracing::warn!(path = %cache_path.display(), %error, "unreadable cache file; recompiling");
+                CacheOutcome::Recompiled
+            }
+            Ok(file) => match verified_payload(&file) {
+                Some(payload) => {
+                    // SAFETY: `Component::deserialize` runs the payload as
+                    // native code. The payload is only used when its sha256
+                    // matches the digest recorded beside it by
+                    // `write_cache`, in a file named by the component's own
+                    // digest and this engine's compatibility hash, inside
+                    // Moat's private cache directory; wasmtime additionally
+                    // checks the header for engine compatibility.
+                    match unsafe { Component::deserialize(&self.engine, payload) } {
+                        Ok(component) => return Ok((component, CacheOutcome::Hit)),
+                        Err(error) => {
+                            tracing::warn!(path = %cache_path.display(), %error, "foreign cache file; recompiling");
+                            CacheOutcome::Recompiled
+                        }
+                    }
+                }
+                None => {
+                    tracing::warn!(path = %cache_path.display(), "corrupt cache file; recompiling");
+                    CacheOutcome::Recompiled
+                }
+            },
+        };
+        let component = self.compile(path, bytes)?;
+        if let Err(error) = write_cache(&cache_path, &component) {
+            tracing::warn!(path = %cache_path.display(), %error, "could not write cache file");
+        }
+        Ok((component, outcome))
+    }
+
+    fn compile(&self, path: &Path, bytes: &[u8]) -> Result<Component, WasmError> {
+        tracing::debug!(path = %path.display(), bytes = bytes.len(), "compiling component");
+        Component::new(&self.engine, bytes).map_err(|e| WasmError::Compile {
+            path: path.to_owned(),
+            detail: format!("{e:#}"),
+        })
+    }
+}
+
+/// The payload of a cache file if its recorded sha256 matches it.
+fn verified_payload(file: &[u8]) -> Option<&[u8]> {
+    let rest = file.strip_prefix(CACHE_MAGIC.as_slice())?;
+    if rest.len() < 32 {
+        return None;
+    }
+    let (recorded, payload) = rest.split_at(32);
+    (Digest::of(payload).as_bytes().as_slice() == recorded).then_some(payload)
+}
+
+fn write_cache(cache_path: &Path, component: &Component) -> std::io::Result<()> {
+    let payload = component
+        .serialize()
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
+    let dir = cache_path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir)?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+    }
+    let mut file = Vec::with_capacity(CACHE_MAGIC.len() + 32 + payload.len());
+    file.extend_from_slice(CACHE_MAGIC);
+    file.extend_from_slice(Digest::of(&payload).as_bytes());
+    file.extend_from_slice(&payload);
+    let tmp = cache_path.with_extension(format!("tmp{}", std::process::id()));
+    std::fs::write(&tmp, &file)?;
+    std::fs::rename(&tmp, cache_path)
+}
+
+/// A measured, compiled and pre-instantiated component, ready to launch as
+/// many instances as wanted.
+#[derive(Clone)]
+pub struct PreparedComponent {
+    engine: Engine,
+    digest: Digest,
+    cache: CacheOutcome,
+    pre: CommandPre<HostState>,
+}
+
+/// What one instance gets: argv, exact environment, and its limits.
+#[derive(Clone, Debug, Default)]
+pub struct WasmLaunch {
+    /// The server's name, used as argv[0] and in errors.
+    pub name: String,
+    /// Arguments after argv[0].
+    pub args: Vec<String>,
+    /// The exact environment.
+    pub env: Vec<(String, String)>,
+    /// Bounds.
+    pub limits: Limits,
+}
+
+impl PreparedComponent {
+    /// The sha256 of the component's bytes.
+    pub fn digest(&self) -> Digest {
+        self.digest
+    }
+
+    /// Whether compilation was served from the cache.
+    pub fn cache_outcome(&self) -> CacheOutcome {
+        self.cache
+    }
+
+    /// Starts an instance on its own task, its stdio wired to in-memory
+    /// pipes. Nothing is granted beyond `launch`: no directories, no network.
+    pub fn launch(&self, launch: &WasmLaunch, tracker: &Arc<Tracker>) -> Launched {
+        let limits = &launch.limits;
+        let (stdin_host, stdin_guest) = tokio::io::duplex(PIPE_BYTES);
+        let (stdout_guest, stdout_host) = tokio::io::duplex(PIPE_BYTES);
+        let (stderr_guest, stderr_host) = tokio::io::duplex(PIPE_BYTES);
+        let mut argv = vec![launch.name.clone()];
+        argv.extend(launch.args.iter().cloned());
+        let wasi = WasiCtx::builder()
+            .stdin(AsyncStdinStream::new(stdin_guest))
+            .stdout(AsyncStdoutStream::new(PIPE_BYTES, stdout_guest))
+            .stderr(AsyncStdoutStream::new(PIPE_BYTES, stderr_guest))
+            .args(&argv)
+            .envs(&launch.env)
+            .max_random_size(limits.max_random_bytes)
+            .allow_tcp(false)
+            .allow_udp(false)
+            .allow_ip_name_lookup(false)
+            .build();
+        let mut table = ResourceTable::new();
+        table.set_max_capacity(
+            usize::try_from(limits.resource_table_capacity).unwrap_or(usize::MAX),
+        );
+        let requests = Arc::new(AtomicU64::new(0));
+        let state = HostState {
+            wasi,
+            table,
+            limiter: Limiter::new(limits),
+            requests: requests.clone(),
+            requests_seen: 0,
+            fuel_per_request: limits.fuel_per_request,
+        };
+        let (exit_tx, exit) = watch::channel(None);
+        let engine = self.engine.clone();
+        let pre = self.pre.clone();
+        let limits = limits.clone();
+        let name = launch.name.clone();
+        let guard = tracker.enter();
+        let task = tokio::spawn(async move {
+            let _guard = guard;
+            let status = run_instance(&engine, &pre, state, &limits).await;
+            tracing::debug!(server = %name, ?status, "instance stopped");
+            let _ = exit_tx.send(Some(status));
+        });
+        let abort = task.abort_handle();
+        Launched {
+            stdin: Box::new(stdin_host),
+            stdout: Box::new(stdout_host),
+            stderr: Box::new(stderr_host),
+            exit,
+            task,
+            stop: Box::new(move || abort.abort()),
+            on_request: Box::new(move || {
+                requests.fetch_add(1, Ordering::SeqCst);
+            }),
+        }
+    }
+}
+
+async fn run_instance(
+    engine: &Engine,
+    pre: &CommandPre<HostState>,
+    state: HostState,
+    limits: &Limits,
+) -> Exit {
+    let mut store = Store::new(engine, state);
+    store.limiter(|state| &mut state.limiter);
+    store.set_hostcall_fuel(usize::try_from(limits.hostcall_fuel).unwrap_or(usize::MAX));
+    if let Err(error) = store
+        .set_fuel(limits.fuel_per_request)
+        .and_then(|()| store.fuel_async_yield_interval(Some(limits.fuel_yield_interval)))
+    {
+        return Exit::Crashed(format!("configuring fuel: {error}"));
+    }
+    // A fresh CPU budget each time the host sends a request: the guest's next
+    // call into the host (reading stdin) sees the new request count.
+    store.call_hook(|mut store, _| {
+        let state = store.data_mut();
+        let now = state.requests.load(Ordering::SeqCst);
+        if now != state.requests_seen {
+            state.requests_seen = now;
+            let budget = state.fuel_per_request;
+            store.set_fuel(budget)?;
+        }
+        Ok(())
+    });
+    let result = match pre.instantiate_async(&mut store).await {
+        Ok(command) => command.wasi_cli_run().call_run(&mut store).await,
+        Err(error) => Err(error),
+    };
+    match result {
+        Ok(Ok(())) => Exit::Code(0),
+        Ok(Err(())) => Exit::Code(1),
+        Err(error) => classify(&error, &store, limits),
+    }
+}
+
+fn classify(error: &wasmtime::Error, store: &Store<HostState>, limits: &Limits) -> Exit {
+    if let Some(exit) = error.downcast_ref::<I32Exit>() {
+        return Exit::Code(exit.0);
+    }
+    if let Some(hit) = &store.data().limiter.hit {
+        return Exit::Limit(hit.clone());
+    }
+    match error.downcast_ref::<Trap>() {
+        Some(Trap::OutOfFuel) => Exit::Limit(LimitHit::Fuel {
+            fuel_per_request: limits.fuel_per_request,
+        }),
+        Some(trap) => Exit::Crashed(format!("wasm trap: {trap}")),
+        None => {
+            let full = error.chain().any(|cause| {
+                matches!(
+                    cause.downcast_ref::<wasmtime::component::ResourceTableError>(),
+                    Some(wasmtime::component::ResourceTableError::Full)
+                )
+            });
+            if full {
+                Exit::Limit(LimitHit::ResourceTable {
+                    resource_table_capacity: limits.resource_table_capacity,
+                })
+            } else {
+                Exit::Crashed(format!("{error:#}"))
+            }
+        }
+    }
+}
+
+/// Per-instance host state.
+pub struct HostState {
+    wasi: WasiCtx,
+    table: ResourceTable,
+    limiter: Limiter,
+    requests: Arc<AtomicU64>,
+    requests_seen: u64,
+    fuel_per_request: u64,
+}
+
+impl WasiView for HostState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+/// Memory, table and instance limits that remember which one was hit: a
+/// memory-limit failure is not a `Trap` variant.
+struct Limiter {
+    memory_bytes: u64,
+    table_elements: u64,
+    instances: usize,
+    tables: usize,
+    memories: usize,
+    hit: Option<LimitHit>,
+}
+
+impl Limiter {
+    fn new(limits: &Limits) -> Self {
+        let count = |v: u64| usize::try_from(v).unwrap_or(usize::MAX);
+        Self {
+            memory_bytes: limits.memory_bytes,
+            table_elements: limits.table_elements,
+            instances: count(limits.instances),
+            tables: count(limits.tables),
+            memories: count(limits.memories),
+            hit: None,
+        }
+    }
+}
+
+impl ResourceLimiter for Limiter {
+    fn memory_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        if desired as u64 > self.memory_bytes {
+            self.hit = Some(LimitHit::Memory {
+                memory_bytes: self.memory_bytes,
+            });
+            return Ok(false);
+        }
+        Ok(true)
+    }
+
+    fn table_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        if desired as u64 > self.table_elements {
+            self.hit = Some(LimitHit::TableElements {
+                table_elements: self.table_elements,
+            });
+            return Ok(false);
+        }
+        Ok(true)
+    }
+
+    fn instances(&self) -> usize {
+        self.instances
+    }
+
+    fn tables(&self) -> usize {
+        self.tables
+    }
+
+    fn memories(&self) -> usize {
+        self.memories
+    }
+}
+
+/// Launches a wasm server for the transport: prepare (measure, compile or
+/// load, pre-instantiate), then start an instance.
+pub(crate) async fn launch(
+    engine: WasmEngine,
+    path: PathBuf,
+    expected: Expectation,
+    launch: WasmLaunch,
+    tracker: Arc<Tracker>,
+) -> Result<Launched, LaunchError> {
+    let prepared = engine.prepare(&path, expected).await?;
+    Ok(prepared.launch(&launch, &tracker))
+}

@@ -1,0 +1,188 @@
+//! Builds every guest binary in `guests/` for wasm32-wasip2 and natively, in a
+//! target dir of its own with the host's RUSTFLAGS stripped, and generates a
+//! constant per guest and target for tests to use. Fails when a guest has no
+//! test that uses it.
+
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Where tests that use guests live, relative to the workspace root.
+const TEST_DIRS: &[&str] = &["tests", "crates/host/tests", "benches"];
+
+fn main() {
+    let manifest_dir = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").unwrap());
+    let root = manifest_dir
+        .join("../..")
+        .canonicalize()
+        .expect("workspace root");
+    let guests = root.join("guests");
+    let out_dir = PathBuf::from(std::env::var_os("OUT_DIR").unwrap());
+    // OUT_DIR is <target>/<profile>/build/<pkg>-<hash>/out.
+    let target_dir = out_dir
+        .ancestors()
+        .nth(4)
+        .map(|target| target.join("guests"))
+        .unwrap_or_else(|| root.join("target/guests"));
+
+    for path in ["guests", "crates/wit-bindings"] {
+        println!("cargo:rerun-if-changed={}", root.join(path).display());
+    }
+    for dir in TEST_DIRS {
+        println!("cargo:rerun-if-changed={}", root.join(dir).display());
+    }
+
+    let bins = guest_bins(&guests);
+    let host = std::env::var("HOST").unwrap();
+    build(&root, &guests, &target_dir, Some("wasm32-wasip2"));
+    build(&root, &guests, &target_dir, None);
+
+    let mut generated = String::new();
+    let mut all = String::new();
+    for bin in &bins {
+        let constant = bin.to_uppercase().replace('-', "_");
+        let wasm = target_dir.join(format!("wasm32-wasip2/release/{bin}.wasm"));
+        let native = target_dir.join(format!("release/{bin}{}", std::env::consts::EXE_SUFFIX));
+        for path in [&wasm, &native] {
+            assert!(
+                path.exists(),
+                "guest build did not produce {}",
+                path.display()
+            );
+        }
+        writeln!(
+            generated,
+            "/// The `{bin}` guest built for wasm32-wasip2.\npub const {constant}_WASM: &str = {:?};",
+            wasm.display().to_string()
+        )
+        .unwrap();
+        writeln!(
+            generated,
+            "/// The `{bin}` guest built natively for {host}.\npub const {constant}_NATIVE: &str = {:?};",
+            native.display().to_string()
+        )
+        .unwrap();
+        writeln!(all, "    ({bin:?}, {constant}_WASM, {constant}_NATIVE),").unwrap();
+    }
+    writeln!(
+        generated,
+        "/// Every guest: (name, wasm path, native path).\npub const ALL: &[(&str, &str, &str)] = &[\n{all}];"
+    )
+    .unwrap();
+    std::fs::write(out_dir.join("guests.rs"), generated).unwrap();
+
+    check_every_guest_is_tested(&root, &bins);
+}
+
+/// Guest binaries: each package's main binary, and every `src/bin/*.rs`.
+fn guest_bins(guests: &Path) -> Vec<String> {
+    let mut bins = BTreeSet::new();
+    for entry in std::fs::read_dir(guests).unwrap() {
+        let package = entry.unwrap().path();
+        if !package.join("Cargo.toml").exists() {
+            continue;
+        }
+        if package.join("src/main.rs").exists() {
+            bins.insert(package.file_name().unwrap().to_string_lossy().into_owned());
+        }
+        if let Ok(entries) = std::fs::read_dir(package.join("src/bin")) {
+            for entry in entries {
+                let path = entry.unwrap().path();
+                if path.extension().is_some_and(|e| e == "rs") {
+                    bins.insert(path.file_stem().unwrap().to_string_lossy().into_owned());
+                }
+            }
+        }
+    }
+    bins.into_iter().collect()
+}
+
+fn build(root: &Path, guests: &Path, target_dir: &Path, target: Option<&str>) {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    cmd.current_dir(guests)
+        .arg("build")
+        .arg("--release")
+        .arg("--workspace")
+        .arg("--locked")
+        .arg("--target-dir")
+        .arg(target_dir);
+    if let Some(target) = target {
+        cmd.arg("--target").arg(target);
+    }
+    // The host build's flags (and wrappers, coverage, sanitizers) are not the
+    // guests' business.
+    for var in [
+        "RUSTFLAGS",
+        "CARGO_ENCODED_RUSTFLAGS",
+        "CARGO_BUILD_RUSTFLAGS",
+        "CARGO_TARGET_DIR",
+        "CARGO_BUILD_TARGET",
+        "RUSTC_WRAPPER",
+        "RUSTC_WORKSPACE_WRAPPER",
+        "CARGO_PROFILE_RELEASE_DEBUG",
+        "CARGO_INCREMENTAL",
+    ] {
+        cmd.env_remove(var);
+    }
+    for (key, _) in std::env::vars_os() {
+        let key = key.to_string_lossy();
+        if key.starts_with("CARGO_FEATURE_") || key.starts_with("CARGO_CFG_") {
+            cmd.env_remove(key.as_ref());
+        }
+    }
+    // The same bytes wherever the checkout is: remap the paths compiled in.
+    let mut flags = vec![format!("--remap-path-prefix={}=/moat", root.display())];
+    if let Some(home) = std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")))
+    {
+        flags.push(format!("--remap-path-prefix={}=/cargo", home.display()));
+    }
+    cmd.env("CARGO_ENCODED_RUSTFLAGS", flags.join("\x1f"));
+    let status = cmd
+        .status()
+        .unwrap_or_else(|e| panic!("running cargo to build the guests: {e}"));
+    assert!(
+        status.success(),
+        "building the guests in {} for {} failed",
+        guests.display(),
+        target.unwrap_or("the host")
+    );
+}
+
+/// Every guest must be used by some test: a guest nobody runs is a hostile
+/// case nobody checks.
+fn check_every_guest_is_tested(root: &Path, bins: &[String]) {
+    let mut sources = String::new();
+    for dir in TEST_DIRS {
+        collect_sources(&root.join(dir), &mut sources);
+    }
+    let untested: Vec<&String> = bins
+        .iter()
+        .filter(|bin| {
+            let constant = bin.to_uppercase().replace('-', "_");
+            !sources.contains(&format!("{constant}_WASM"))
+                && !sources.contains(&format!("{constant}_NATIVE"))
+        })
+        .collect();
+    assert!(
+        untested.is_empty(),
+        "guests without a test that uses them: {untested:?}; use moat_test_guests::<NAME>_WASM or _NATIVE in a test under {TEST_DIRS:?}"
+    );
+}
+
+fn collect_sources(dir: &Path, out: &mut String) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            collect_sources(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push_str(&std::fs::read_to_string(&path).unwrap_or_default());
+        }
+    }
+}

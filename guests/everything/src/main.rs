@@ -1,0 +1,208 @@
+//! `everything`: a well-behaved MCP server built on rmcp that exercises what
+//! Moat carries: tools (`echo`, `add`, `sleep`, `fail`, `blob`, `progress`),
+//! progress notifications, one resource and one prompt.
+//!
+//! The same source builds for wasm32-wasip2 and natively; `main` uses
+//! `moat_wit::block_on` and `moat_wit::stdio` so that it runs on both.
+
+use std::time::Duration;
+
+use rmcp::{
+    ErrorData, Peer, RoleServer, ServerHandler, ServiceExt,
+    handler::server::{router::prompt::PromptRouter, tool::ToolRouter, wrapper::Parameters},
+    model::{
+        CallToolResult, ContentBlock, ListResourcesResult, PaginatedRequestParams,
+        ProgressNotificationParam, PromptMessage, ReadResourceRequestParams, ReadResourceResponse,
+        ReadResourceResult, RequestMetaObject, Resource, ResourceContents, Role,
+        ServerCapabilities, ServerConfig,
+    },
+    prompt, prompt_handler, prompt_router,
+    service::RequestContext,
+    tool, tool_handler, tool_router,
+};
+use schemars::JsonSchema;
+use serde::Deserialize;
+
+const README_URI: &str = "moat://everything/readme";
+const README_TEXT: &str = "everything: a test server for Moat";
+
+#[derive(Deserialize, JsonSchema)]
+struct EchoArgs {
+    /// Text to send back.
+    message: String,
+}
+
+#[derive(Deserialize, JsonSchema)]
+struct AddArgs {
+    a: i64,
+    b: i64,
+}
+
+#[derive(Deserialize, JsonSchema)]
+struct SleepArgs {
+    /// Milliseconds to wait before answering.
+    ms: u64,
+}
+
+#[derive(Deserialize, JsonSchema)]
+struct FailArgs {
+    /// The error text the tool reports.
+    message: String,
+}
+
+#[derive(Deserialize, JsonSchema)]
+struct BlobArgs {
+    /// Number of bytes of text to return.
+    n: usize,
+}
+
+#[derive(Deserialize, JsonSchema)]
+struct ProgressArgs {
+    /// Number of progress notifications to send before answering.
+    steps: u32,
+}
+
+#[derive(Deserialize, JsonSchema)]
+struct GreetArgs {
+    /// Who to greet.
+    name: String,
+}
+
+#[derive(Clone)]
+struct Everything {
+    #[expect(
+        dead_code,
+        reason = "the tool_handler and prompt_handler macros read the routers"
+    )]
+    tool_router: ToolRouter<Self>,
+    #[expect(
+        dead_code,
+        reason = "the tool_handler and prompt_handler macros read the routers"
+    )]
+    prompt_router: PromptRouter<Self>,
+}
+
+#[tool_router]
+impl Everything {
+    fn new() -> Self {
+        Self {
+            tool_router: Self::tool_router(),
+            prompt_router: Self::prompt_router(),
+        }
+    }
+
+    #[tool(description = "Returns its message unchanged")]
+    async fn echo(&self, Parameters(args): Parameters<EchoArgs>) -> String {
+        args.message
+    }
+
+    #[tool(description = "Adds two integers")]
+    async fn add(&self, Parameters(args): Parameters<AddArgs>) -> Result<String, ErrorData> {
+        args.a
+            .checked_add(args.b)
+            .map(|sum| sum.to_string())
+            .ok_or_else(|| ErrorData::invalid_params("a + b overflows i64", None))
+    }
+
+    #[tool(description = "Waits for ms milliseconds, then answers")]
+    async fn sleep(&self, Parameters(args): Parameters<SleepArgs>) -> String {
+        moat_wit::time::sleep(Duration::from_millis(args.ms)).await;
+        format!("slept {} ms", args.ms)
+    }
+
+    #[tool(description = "Fails with the given message as a tool error")]
+    async fn fail(&self, Parameters(args): Parameters<FailArgs>) -> CallToolResult {
+        CallToolResult::error(vec![ContentBlock::text(args.message)])
+    }
+
+    #[tool(description = "Returns n bytes of text")]
+    async fn blob(&self, Parameters(args): Parameters<BlobArgs>) -> String {
+        "x".repeat(args.n)
+    }
+
+    #[tool(description = "Sends steps progress notifications, then answers")]
+    async fn progress(
+        &self,
+        Parameters(args): Parameters<ProgressArgs>,
+        meta: RequestMetaObject,
+        client: Peer<RoleServer>,
+    ) -> Result<String, ErrorData> {
+        if let Some(token) = meta.get_progress_token() {
+            for step in 1..=args.steps {
+                client
+                    .notify_progress(
+                        ProgressNotificationParam::new(token.clone(), f64::from(step))
+                            .with_total(f64::from(args.steps))
+                            .with_message(format!("step {step}")),
+                    )
+                    .await
+                    .map_err(|error| ErrorData::internal_error(error.to_string(), None))?;
+            }
+        }
+        Ok(format!("{} steps done", args.steps))
+    }
+}
+
+#[prompt_router]
+impl Everything {
+    #[prompt(name = "greet", description = "Greets someone by name")]
+    async fn greet(&self, Parameters(args): Parameters<GreetArgs>) -> Vec<PromptMessage> {
+        vec![PromptMessage::new_text(
+            Role::User,
+            format!("Hello, {}!", args.name),
+        )]
+    }
+}
+
+#[tool_handler]
+#[prompt_handler]
+impl ServerHandler for Everything {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_prompts()
+                .enable_resources()
+                .build(),
+        )
+    }
+
+    async fn list_resources(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListResourcesResult, ErrorData> {
+        Ok(ListResourcesResult::with_all_items(vec![Resource::new(
+            README_URI, "readme",
+        )]))
+    }
+
+    async fn read_resource(
+        &self,
+        request: ReadResourceRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ReadResourceResponse, ErrorData> {
+        if request.uri == README_URI {
+            Ok(
+                ReadResourceResult::new(vec![ResourceContents::text(README_TEXT, README_URI)])
+                    .into(),
+            )
+        } else {
+            Err(ErrorData::resource_not_found(
+                format!("no resource {}", request.uri),
+                None,
+            ))
+        }
+    }
+}
+
+fn main() -> std::io::Result<()> {
+    moat_wit::block_on(async {
+        let service = Everything::new()
+            .serve(moat_wit::stdio())
+            .await
+            .map_err(std::io::Error::other)?;
+        service.waiting().await.map_err(std::io::Error::other)?;
+        Ok(())
+    })
+}

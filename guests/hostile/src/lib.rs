@@ -1,0 +1,94 @@
+//! A minimal hand-written MCP server loop shared by the hostile guests.
+//!
+//! It speaks just enough of the protocol to get a client through the legacy
+//! `initialize` handshake (it answers `server/discover` with method-not-found,
+//! as a pre-2026 server does) and to list one tool, `attack`. Each binary then
+//! misbehaves when `attack` is called. Blocking std I/O is deliberate: it works
+//! unchanged on wasm32-wasip2 and natively.
+
+use std::io::{BufRead, Write};
+
+use serde_json::{Value, json};
+
+/// What a hostile binary does when `tools/call` arrives. Returning `Some`
+/// answers the call with that result.
+pub trait Attack {
+    fn on_call(&mut self, id: &Value) -> Option<Value>;
+}
+
+impl<F: FnMut(&Value) -> Option<Value>> Attack for F {
+    fn on_call(&mut self, id: &Value) -> Option<Value> {
+        self(id)
+    }
+}
+
+/// Writes one JSON-RPC message as a line on stdout.
+pub fn send(message: &Value) {
+    let mut stdout = std::io::stdout().lock();
+    let mut line = message.to_string();
+    line.push('\n');
+    // A closed stdout means the host went away: nothing left to do.
+    if stdout
+        .write_all(line.as_bytes())
+        .and_then(|()| stdout.flush())
+        .is_err()
+    {
+        std::process::exit(0);
+    }
+}
+
+/// A text tool result for request `id`.
+pub fn text_result(id: &Value, text: &str) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "result": {"content": [{"type": "text", "text": text}]}})
+}
+
+/// Exits with `code`, carrying the code through WASI's `exit-with-code` on wasm.
+pub fn exit(code: u8) -> ! {
+    #[cfg(target_os = "wasi")]
+    wasip2::cli::exit::exit_with_code(code);
+    std::process::exit(i32::from(code))
+}
+
+/// Serves until stdin closes, calling `attack` for every `tools/call`.
+pub fn serve(name: &str, mut attack: impl Attack) {
+    let stdin = std::io::stdin();
+    for line in stdin.lock().lines() {
+        let Ok(line) = line else { return };
+        let Ok(message) = serde_json::from_str::<Value>(&line) else {
+            continue;
+        };
+        let Some(method) = message.get("method").and_then(Value::as_str) else {
+            continue;
+        };
+        let Some(id) = message.get("id") else {
+            continue; // a notification
+        };
+        match method {
+            "initialize" => {
+                let version = message
+                    .pointer("/params/protocolVersion")
+                    .cloned()
+                    .unwrap_or(json!("2025-06-18"));
+                send(&json!({"jsonrpc": "2.0", "id": id, "result": {
+                    "protocolVersion": version,
+                    "capabilities": {"tools": {}},
+                    "serverInfo": {"name": name, "version": "0.1.0"}
+                }}));
+            }
+            "tools/list" => send(&json!({"jsonrpc": "2.0", "id": id, "result": {"tools": [{
+                "name": "attack",
+                "description": "Misbehaves",
+                "inputSchema": {"type": "object"}
+            }]}})),
+            "tools/call" => {
+                if let Some(reply) = attack.on_call(id) {
+                    send(&reply);
+                }
+            }
+            "ping" => send(&json!({"jsonrpc": "2.0", "id": id, "result": {}})),
+            _ => send(&json!({"jsonrpc": "2.0", "id": id, "error": {
+                "code": -32601, "message": format!("method not found: {method}")
+            }})),
+        }
+    }
+}
