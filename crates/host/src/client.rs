@@ -16,7 +16,6 @@ use tokio::sync::mpsc;
 
 use crate::LaunchError;
 use crate::config::{ServerKind, ServerSpec};
-use crate::identity::{Digest, Evidence};
 use crate::transport::{Fault, ServerTransport, Shared};
 use crate::wasm::{WasmEngine, WasmLaunch};
 
@@ -335,11 +334,4 @@ impl Session {
         debug_assert_eq!(shared.tracker().live(), 0);
         Ok(())
     }
-}
-
-/// What `moat tools` reports about a server besides its tools.
-#[derive(Clone, Debug)]
-pub struct ServerReport {
-    pub digest: Digest,
-    pub evidence: Evidence,
 }

@@ -56,6 +56,10 @@ pub struct Launched {
     pub stop: Box<dyn Fn() + Send + Sync>,
     /// Called each time a request is sent: starts a fresh CPU budget.
     pub on_request: Box<dyn Fn() + Send + Sync>,
+    /// The digest of the bytes that run.
+    pub digest: crate::identity::Digest,
+    /// How that digest was obtained.
+    pub evidence: crate::identity::Evidence,
 }
 
 /// A fault that ended a session with a server. The first fault wins.
@@ -271,6 +275,7 @@ pub struct Shared {
     pending: Mutex<HashMap<RequestId, (String, Instant)>>,
     pending_changed: Notify,
     requests_sent: AtomicU64,
+    identity: std::sync::OnceLock<(crate::identity::Digest, crate::identity::Evidence)>,
 }
 
 impl Shared {
@@ -286,12 +291,18 @@ impl Shared {
             pending: Mutex::new(HashMap::new()),
             pending_changed: Notify::new(),
             requests_sent: AtomicU64::new(0),
+            identity: std::sync::OnceLock::new(),
         }
     }
 
     /// The server's configured name.
     pub fn server(&self) -> &str {
         &self.server
+    }
+
+    /// The digest of the bytes that run and its evidence class, once launched.
+    pub fn identity(&self) -> Option<(crate::identity::Digest, crate::identity::Evidence)> {
+        self.identity.get().copied()
     }
 
     /// The fault that ended the session, if one did.
@@ -428,7 +439,10 @@ impl Connected {
             task: server_task,
             stop,
             on_request,
+            digest,
+            evidence,
         } = launched;
+        let _ = shared.identity.set((digest, evidence));
         let stop: Arc<dyn Fn() + Send + Sync> = Arc::from(stop);
         let (incoming_tx, incoming) = mpsc::channel(64);
         let (outgoing, outgoing_rx) = mpsc::channel::<Vec<u8>>(64);

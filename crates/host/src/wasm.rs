@@ -21,7 +21,7 @@ use wasmtime_wasi::p2::bindings::CommandPre;
 use wasmtime_wasi::{I32Exit, WasiCtx, WasiCtxView, WasiView};
 
 use crate::LaunchError;
-use crate::identity::{Digest, Expectation};
+use crate::identity::{Digest, Evidence, Expectation};
 use crate::limits::{LimitHit, Limits};
 use crate::transport::{Exit, Launched, Tracker};
 
@@ -350,6 +350,8 @@ impl PreparedComponent {
             on_request: Box::new(move || {
                 requests.fetch_add(1, Ordering::SeqCst);
             }),
+            digest: self.digest,
+            evidence: Evidence::WasmMeasured,
         }
     }
 }

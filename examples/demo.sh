@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Moat's main job on the bundled example: build Moat and the `everything`
+# guest from source, then list its tools and call one through the wasm
+# sandbox. Safe to run again; later runs reuse the builds.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+step() { printf '\n==> %s\n' "$*" >&2; }
+
+step "toolchain: the wasm32-wasip2 target (pinned in rust-toolchain.toml)"
+rustup target add wasm32-wasip2 >/dev/null 2>&1 || rustup target add wasm32-wasip2
+
+step "building moat and the guests (the first build compiles wasmtime: several minutes)"
+cargo build --release --locked -p moat -p moat-test-guests
+
+step "moat tools --config examples/moat.toml everything"
+./target/release/moat tools --config examples/moat.toml everything
+
+step "moat call --config examples/moat.toml everything add '{\"a\":2,\"b\":40}'"
+./target/release/moat call --config examples/moat.toml everything add '{"a":2,"b":40}'

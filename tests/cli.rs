@@ -1,0 +1,160 @@
+//! The `moat` command line, run as a user would run it.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use moat_test_guests as guests;
+
+fn moat(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_moat"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env(
+            "MOAT_CACHE_DIR",
+            Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-cache"),
+        )
+        .env_remove("MOAT_CONFIG")
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("running moat")
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+#[test]
+fn the_example_config_serves_the_bundled_guest() {
+    // The example points at the guest the build script produced.
+    let config = moat_host::Config::load(Path::new("examples/moat.toml")).unwrap();
+    let moat_host::ServerKind::Wasm { path } = &config.server("everything").unwrap().kind;
+    assert_eq!(
+        path.canonicalize().unwrap(),
+        Path::new(guests::EVERYTHING_WASM).canonicalize().unwrap()
+    );
+
+    let output = moat(&[
+        "call",
+        "--config",
+        "examples/moat.toml",
+        "everything",
+        "add",
+        r#"{"a":2,"b":40}"#,
+    ]);
+    assert!(output.status.success(), "stderr: {}", stderr(&output));
+    let result: serde_json::Value = serde_json::from_str(&stdout(&output)).unwrap();
+    assert_eq!(result["content"][0]["text"], "42");
+}
+
+#[test]
+fn tools_lists_tools_with_evidence_and_digest() {
+    let output = moat(&["tools", "--config", "examples/moat.toml", "everything"]);
+    assert!(output.status.success(), "stderr: {}", stderr(&output));
+    let text = stdout(&output);
+    let digest = moat_host::Digest::of(&std::fs::read(guests::EVERYTHING_WASM).unwrap());
+    assert!(text.contains("evidence  wasm-measured"), "{text}");
+    assert!(text.contains(&format!("sha256    {digest}")), "{text}");
+    for tool in ["echo", "add", "sleep", "fail", "blob", "progress"] {
+        assert!(
+            text.lines().any(|l| l.starts_with(&format!("{tool} "))),
+            "{tool} missing from:\n{text}"
+        );
+    }
+    let json = moat(&[
+        "tools",
+        "--json",
+        "--config",
+        "examples/moat.toml",
+        "everything",
+    ]);
+    let report: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(report["evidence"], "wasm-measured");
+    assert_eq!(report["tools"].as_array().unwrap().len(), 6);
+}
+
+#[test]
+fn digest_prints_the_sha256_to_pin() {
+    let output = moat(&["digest", guests::EVERYTHING_WASM]);
+    assert!(output.status.success());
+    let expected = moat_host::Digest::of(&std::fs::read(guests::EVERYTHING_WASM).unwrap());
+    assert_eq!(stdout(&output).trim(), expected.to_string());
+}
+
+#[test]
+fn failures_exit_non_zero_with_one_line_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("moat.toml");
+    let wrong = "0".repeat(64);
+    std::fs::write(
+        &config,
+        format!(
+            "[servers.pinned]\nwasm = {:?}\nsha256 = \"{wrong}\"\n[servers.open]\nwasm = {:?}\n[servers.ok]\nwasm = {:?}\nallow_unmeasured = true\n",
+            guests::EVERYTHING_WASM,
+            guests::EVERYTHING_WASM,
+            guests::EVERYTHING_WASM
+        ),
+    )
+    .unwrap();
+    let config = config.to_str().unwrap();
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["call", "--config", config, "pinned", "add", "{}"],
+            "digest mismatch: pinned sha256 0000",
+        ),
+        (
+            &["call", "--config", config, "open", "add", "{}"],
+            "has no sha256 pinned",
+        ),
+        (
+            &["call", "--config", config, "nope", "add", "{}"],
+            "no server named `nope` (configured: ok, open, pinned)",
+        ),
+        (
+            &["call", "--config", config, "ok", "add", "[1]"],
+            "must be a JSON object, found an array",
+        ),
+        (
+            &["call", "--config", config, "ok", "add", "{"],
+            "not valid JSON",
+        ),
+        (
+            &[
+                "call",
+                "--config",
+                config,
+                "ok",
+                "fail",
+                r#"{"message":"boom"}"#,
+            ],
+            "reported an error: boom",
+        ),
+        (
+            &["call", "--config", "/nonexistent/moat.toml", "ok", "add"],
+            "reading config /nonexistent/moat.toml",
+        ),
+    ];
+    for (args, expected) in cases {
+        let output = moat(args);
+        assert!(!output.status.success(), "{args:?} succeeded");
+        let err = stderr(&output);
+        let last = err.lines().last().unwrap_or_default();
+        assert!(last.starts_with("moat: error: "), "{args:?}: {err}");
+        assert!(
+            last.contains(expected),
+            "{args:?}: expected {expected:?} in {last:?}"
+        );
+    }
+    let bad_toml = dir.path().join("bad.toml");
+    std::fs::write(&bad_toml, "[servers.a]\nwasm = \"a.wasm\"\nfuel = 1\n").unwrap();
+    let output = moat(&["tools", "--config", bad_toml.to_str().unwrap(), "a"]);
+    assert!(!output.status.success());
+    assert!(
+        stderr(&output).contains("bad.toml:3:1: unknown field `fuel`"),
+        "{}",
+        stderr(&output)
+    );
+}
