@@ -33,6 +33,7 @@ fn main() {
         println!("cargo:rerun-if-changed={}", root.join(dir).display());
     }
 
+    require_wasm_target();
     let bins = guest_bins(&guests);
     let host = std::env::var("HOST").unwrap();
     build(&root, &guests, &target_dir, Some("wasm32-wasip2"));
@@ -73,6 +74,26 @@ fn main() {
     std::fs::write(out_dir.join("guests.rs"), generated).unwrap();
 
     check_every_guest_is_tested(&root, &bins);
+}
+
+/// A clear error, rather than a wall of `can't find crate for std`, when the
+/// toolchain lacks the wasm32-wasip2 target.
+fn require_wasm_target() {
+    let rustc = std::env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
+    let sysroot = Command::new(rustc)
+        .args(["--print", "sysroot"])
+        .output()
+        .ok()
+        .map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()));
+    if let Some(sysroot) = sysroot {
+        let target = sysroot.join("lib/rustlib/wasm32-wasip2");
+        assert!(
+            target.exists(),
+            "the wasm32-wasip2 target is not installed in {}: run `rustup toolchain install` \
+             in the repository (it reads rust-toolchain.toml) or `rustup target add wasm32-wasip2`",
+            sysroot.display()
+        );
+    }
 }
 
 /// Guest binaries: each package's main binary, and every `src/bin/*.rs`.

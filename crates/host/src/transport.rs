@@ -494,16 +494,15 @@ impl Connected {
         self.shared.closing.store(true, Ordering::SeqCst);
         // EOF on the server's stdin.
         self.outgoing.take();
-        if let Some(mut server_task) = self.server_task.take() {
-            if tokio::time::timeout(self.grace, &mut server_task)
+        if let Some(mut server_task) = self.server_task.take()
+            && tokio::time::timeout(self.grace, &mut server_task)
                 .await
                 .is_err()
-            {
-                tracing::debug!(server = %self.shared.server, "grace period over; stopping server");
-                (self.stop)();
-                server_task.abort();
-                let _ = server_task.await;
-            }
+        {
+            tracing::debug!(server = %self.shared.server, "grace period over; stopping server");
+            (self.stop)();
+            server_task.abort();
+            let _ = server_task.await;
         }
         // The server is gone, so its pipes are closed and every task ends.
         for task in self.tasks.drain(..) {
@@ -567,14 +566,13 @@ impl rmcp::transport::Transport<RoleClient> for Connected {
             ClientJsonRpcMessage::Notification(notification) => {
                 if let rmcp::model::ClientNotification::CancelledNotification(cancelled) =
                     &notification.notification
+                    && let Some(id) = &cancelled.params.request_id
                 {
-                    if let Some(id) = &cancelled.params.request_id {
-                        shared
-                            .pending
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .remove(id);
-                    }
+                    shared
+                        .pending
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .remove(id);
                 }
             }
             _ => {}
