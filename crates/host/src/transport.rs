@@ -56,10 +56,34 @@ pub struct Launched {
     pub stop: Box<dyn Fn() + Send + Sync>,
     /// Called each time a request is sent: starts a fresh CPU budget.
     pub on_request: Box<dyn Fn() + Send + Sync>,
+    /// Counters the launcher keeps while the server runs.
+    pub metrics: Arc<Metrics>,
     /// The digest of the bytes that run.
     pub digest: crate::identity::Digest,
     /// How that digest was obtained.
     pub evidence: crate::identity::Evidence,
+}
+
+/// What a launcher counts while a server runs. A launcher that cannot count
+/// something leaves it at zero.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    /// Calls from the guest into the host (wasm).
+    pub hostcalls: AtomicU64,
+    /// Fuel the guest has used, over its whole life (wasm).
+    pub fuel_consumed: AtomicU64,
+}
+
+impl Metrics {
+    /// Calls from the guest into the host so far.
+    pub fn hostcalls(&self) -> u64 {
+        self.hostcalls.load(Ordering::SeqCst)
+    }
+
+    /// Fuel used so far.
+    pub fn fuel_consumed(&self) -> u64 {
+        self.fuel_consumed.load(Ordering::SeqCst)
+    }
 }
 
 /// A fault that ended a session with a server. The first fault wins.
@@ -276,6 +300,7 @@ pub struct Shared {
     pending_changed: Notify,
     requests_sent: AtomicU64,
     identity: std::sync::OnceLock<(crate::identity::Digest, crate::identity::Evidence)>,
+    metrics: std::sync::OnceLock<Arc<Metrics>>,
 }
 
 impl Shared {
@@ -292,6 +317,7 @@ impl Shared {
             pending_changed: Notify::new(),
             requests_sent: AtomicU64::new(0),
             identity: std::sync::OnceLock::new(),
+            metrics: std::sync::OnceLock::new(),
         }
     }
 
@@ -303,6 +329,11 @@ impl Shared {
     /// The digest of the bytes that run and its evidence class, once launched.
     pub fn identity(&self) -> Option<(crate::identity::Digest, crate::identity::Evidence)> {
         self.identity.get().copied()
+    }
+
+    /// The launcher's counters (zero before launch).
+    pub fn metrics(&self) -> Arc<Metrics> {
+        self.metrics.get().cloned().unwrap_or_default()
     }
 
     /// The fault that ended the session, if one did.
@@ -439,10 +470,12 @@ impl Connected {
             task: server_task,
             stop,
             on_request,
+            metrics,
             digest,
             evidence,
         } = launched;
         let _ = shared.identity.set((digest, evidence));
+        let _ = shared.metrics.set(metrics);
         let stop: Arc<dyn Fn() + Send + Sync> = Arc::from(stop);
         let (incoming_tx, incoming) = mpsc::channel(64);
         let (outgoing, outgoing_rx) = mpsc::channel::<Vec<u8>>(64);

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::watch;
 use wasmtime::component::{Component, Linker, ResourceTable};
-use wasmtime::{Config, Engine, ResourceLimiter, Store, Trap};
+use wasmtime::{CallHook, Config, Engine, ResourceLimiter, Store, Trap};
 use wasmtime_wasi::cli::{AsyncStdinStream, AsyncStdoutStream};
 use wasmtime_wasi::p2::bindings::CommandPre;
 use wasmtime_wasi::{I32Exit, WasiCtx, WasiCtxView, WasiView};
@@ -23,7 +23,7 @@ use wasmtime_wasi::{I32Exit, WasiCtx, WasiCtxView, WasiView};
 use crate::LaunchError;
 use crate::identity::{Digest, Evidence, Expectation};
 use crate::limits::{LimitHit, Limits};
-use crate::transport::{Exit, Launched, Tracker};
+use crate::transport::{Exit, Launched, Metrics, Tracker};
 
 /// Bytes buffered in each in-memory stdio pipe.
 const PIPE_BYTES: usize = 64 * 1024;
@@ -319,6 +319,7 @@ impl PreparedComponent {
             usize::try_from(limits.resource_table_capacity).unwrap_or(usize::MAX),
         );
         let requests = Arc::new(AtomicU64::new(0));
+        let metrics = Arc::new(Metrics::default());
         let state = HostState {
             wasi,
             table,
@@ -326,6 +327,8 @@ impl PreparedComponent {
             requests: requests.clone(),
             requests_seen: 0,
             fuel_per_request: limits.fuel_per_request,
+            fuel_at_last_hook: limits.fuel_per_request,
+            metrics: metrics.clone(),
         };
         let (exit_tx, exit) = watch::channel(None);
         let engine = self.engine.clone();
@@ -350,6 +353,7 @@ impl PreparedComponent {
             on_request: Box::new(move || {
                 requests.fetch_add(1, Ordering::SeqCst);
             }),
+            metrics,
             digest: self.digest,
             evidence: Evidence::WasmMeasured,
         }
@@ -371,14 +375,26 @@ async fn run_instance(
     {
         return Exit::Crashed(format!("configuring fuel: {error}"));
     }
-    // A fresh CPU budget each time the host sends a request: the guest's next
-    // call into the host (reading stdin) sees the new request count.
-    store.call_hook(|mut store, _| {
+    // Counts fuel and host calls at each guest-host transition, and grants a
+    // fresh CPU budget each time the host has sent a request: the guest's
+    // next call into the host (reading stdin) sees the new request count.
+    store.call_hook(|mut store, hook| {
+        let remaining = store.get_fuel()?;
         let state = store.data_mut();
+        let used = state.fuel_at_last_hook.saturating_sub(remaining);
+        state.fuel_at_last_hook = remaining;
+        state
+            .metrics
+            .fuel_consumed
+            .fetch_add(used, Ordering::Relaxed);
+        if matches!(hook, CallHook::CallingHost) {
+            state.metrics.hostcalls.fetch_add(1, Ordering::Relaxed);
+        }
         let now = state.requests.load(Ordering::SeqCst);
         if now != state.requests_seen {
             state.requests_seen = now;
             let budget = state.fuel_per_request;
+            state.fuel_at_last_hook = budget;
             store.set_fuel(budget)?;
         }
         Ok(())
@@ -432,6 +448,8 @@ pub struct HostState {
     requests: Arc<AtomicU64>,
     requests_seen: u64,
     fuel_per_request: u64,
+    fuel_at_last_hook: u64,
+    metrics: Arc<Metrics>,
 }
 
 impl WasiView for HostState {

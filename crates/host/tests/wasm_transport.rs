@@ -551,3 +551,31 @@ async fn a_corrupt_or_foreign_cache_file_is_recompiled_not_loaded() {
     assert_eq!(session.list_tools().await.unwrap().len(), 1);
     session.close().await.unwrap();
 }
+
+/// An idle guest parks in `wasi:io/poll`: a 300 ms sleep inside the guest
+/// costs a handful of host calls and almost no fuel, where busy polling would
+/// cost thousands of calls and hundreds of millions of fuel units.
+#[tokio::test]
+async fn an_idle_guest_burns_no_fuel_and_makes_no_busy_host_calls() {
+    let session = connect(&spec("everything", guests::EVERYTHING_WASM)).await;
+    session
+        .call_tool("add", args(json!({"a": 1, "b": 1})))
+        .await
+        .unwrap();
+    let metrics = session.shared().metrics();
+    let (calls, fuel) = (metrics.hostcalls(), metrics.fuel_consumed());
+    assert!(calls > 0 && fuel > 0, "the counters count");
+    let slept = session
+        .call_tool("sleep", args(json!({"ms": 300})))
+        .await
+        .unwrap();
+    assert_eq!(text(&slept), "slept 300 ms");
+    let calls = metrics.hostcalls() - calls;
+    let fuel = metrics.fuel_consumed() - fuel;
+    assert!(calls < 200, "{calls} host calls during a 300 ms idle sleep");
+    assert!(
+        fuel < 20_000_000,
+        "{fuel} fuel used during a 300 ms idle sleep"
+    );
+    session.close().await.unwrap();
+}

@@ -14,7 +14,7 @@
 //! [`block_on`] and [`stdio`]; the same source then builds natively too, where
 //! these two forward to tokio's own runtime and stdio:
 //!
-//! ```ignore
+//! ```text
 //! fn main() -> std::io::Result<()> {
 //!     moat_wit::block_on(async {
 //!         let service = MyServer::new()
