@@ -2,10 +2,12 @@
 //! side by side with an in-process rmcp baseline (client and server over an
 //! in-memory duplex) in the same run.
 //!
+//! Each group runs on a current-thread and on a multi-thread tokio runtime.
+//!
 //! `cargo bench --bench transport`
 
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use moat_host::{Handshake, Host, ServerSpec, Session};
@@ -63,14 +65,6 @@ fn add_args() -> Option<rmcp::model::JsonObject> {
     serde_json::json!({"a": 2, "b": 40}).as_object().cloned()
 }
 
-async fn start_and_close(host: &Host) {
-    let session = host
-        .connect_with(&spec(), Handshake::Initialize)
-        .await
-        .expect("connect");
-    session.close().await.expect("close");
-}
-
 async fn in_process_session() -> rmcp::service::RunningService<rmcp::RoleClient, BenchClient> {
     let (server_io, client_io) = tokio::io::duplex(64 * 1024);
     tokio::spawn(async move {
@@ -84,70 +78,118 @@ async fn in_process_session() -> rmcp::service::RunningService<rmcp::RoleClient,
         .expect("in-process client")
 }
 
+/// Times `connect` alone; closing happens outside the measurement.
+async fn time_connects(host: &Host, iters: u64) -> Duration {
+    let mut total = Duration::ZERO;
+    for _ in 0..iters {
+        let started = Instant::now();
+        let session = host
+            .connect_with(&spec(), Handshake::Initialize)
+            .await
+            .expect("connect");
+        total += started.elapsed();
+        session.close().await.expect("close");
+    }
+    total
+}
+
+fn runtimes() -> [(&'static str, tokio::runtime::Runtime); 2] {
+    [
+        (
+            "current_thread",
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap(),
+        ),
+        ("multi_thread", tokio::runtime::Runtime::new().unwrap()),
+    ]
+}
+
 fn start_to_initialized(c: &mut Criterion) {
-    let runtime = tokio::runtime::Runtime::new().unwrap();
     let cache = tempfile::tempdir().unwrap();
-    let warm = Host::new(Some(cache.path().to_owned())).unwrap();
-    runtime.block_on(start_and_close(&warm));
+    for (flavor, runtime) in runtimes() {
+        let warm = Host::new(Some(cache.path().to_owned())).unwrap();
+        runtime.block_on(time_connects(&warm, 1));
 
-    let mut group = c.benchmark_group("start_to_initialized");
-    group.sample_size(10);
-    group.measurement_time(Duration::from_secs(20));
-    group.bench_function("wasm_cold_compile", |b| {
-        b.to_async(&runtime).iter(|| async {
-            let host = Host::new(None).unwrap();
-            start_and_close(&host).await;
-        })
-    });
-    group.finish();
+        let mut group = c.benchmark_group(format!("start_to_initialized/{flavor}"));
+        group.sample_size(10);
+        group.measurement_time(Duration::from_secs(15));
+        group.bench_function("wasm_cold_compile", |b| {
+            b.to_async(&runtime).iter_custom(|iters| async move {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    // A fresh engine without a cache: compile every time.
+                    total += time_connects(&Host::new(None).unwrap(), 1).await;
+                }
+                total
+            })
+        });
+        group.finish();
 
-    let mut group = c.benchmark_group("start_to_initialized");
-    group.bench_function("wasm_from_disk_cache", |b| {
-        b.to_async(&runtime).iter(|| async {
-            let host = Host::new(Some(cache.path().to_owned())).unwrap();
-            start_and_close(&host).await;
-        })
-    });
-    group.bench_function("wasm_pre_instantiated", |b| {
-        b.to_async(&runtime).iter(|| start_and_close(&warm))
-    });
-    group.bench_function("in_process_rmcp", |b| {
-        b.to_async(&runtime).iter(|| async {
-            let client = in_process_session().await;
-            client.cancel().await.unwrap();
-        })
-    });
-    group.finish();
+        let mut group = c.benchmark_group(format!("start_to_initialized/{flavor}"));
+        group.bench_function("wasm_from_disk_cache", |b| {
+            b.to_async(&runtime).iter_custom(|iters| {
+                let cache = cache.path().to_owned();
+                async move {
+                    let mut total = Duration::ZERO;
+                    for _ in 0..iters {
+                        let host = Host::new(Some(cache.clone())).unwrap();
+                        total += time_connects(&host, 1).await;
+                    }
+                    total
+                }
+            })
+        });
+        group.bench_function("wasm_pre_instantiated", |b| {
+            b.to_async(&runtime)
+                .iter_custom(|iters| time_connects(&warm, iters))
+        });
+        group.bench_function("in_process_rmcp", |b| {
+            b.to_async(&runtime).iter_custom(|iters| async move {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    let started = Instant::now();
+                    let client = in_process_session().await;
+                    total += started.elapsed();
+                    client.cancel().await.unwrap();
+                }
+                total
+            })
+        });
+        group.finish();
+    }
 }
 
 fn tool_call_round_trip(c: &mut Criterion) {
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    let host = Host::new(Some(
-        Path::new(env!("CARGO_TARGET_TMPDIR")).join("bench-cache"),
-    ))
-    .unwrap();
-    let session: Session = runtime
-        .block_on(host.connect_with(&spec(), Handshake::Initialize))
+    for (flavor, runtime) in runtimes() {
+        let host = Host::new(Some(
+            Path::new(env!("CARGO_TARGET_TMPDIR")).join("bench-cache"),
+        ))
         .unwrap();
-    let baseline = runtime.block_on(in_process_session());
+        let session: Session = runtime
+            .block_on(host.connect_with(&spec(), Handshake::Initialize))
+            .unwrap();
+        let baseline = runtime.block_on(in_process_session());
 
-    let mut group = c.benchmark_group("tool_call_round_trip");
-    group.bench_function("wasm", |b| {
-        b.to_async(&runtime)
-            .iter(|| async { session.call_tool("add", add_args()).await.unwrap() })
-    });
-    group.bench_function("in_process_rmcp", |b| {
-        b.to_async(&runtime).iter(|| async {
-            let mut params = CallToolRequestParams::new("add");
-            params.arguments = add_args();
-            baseline.call_tool(params).await.unwrap()
-        })
-    });
-    group.finish();
-    runtime.block_on(async {
-        session.close().await.unwrap();
-        baseline.cancel().await.unwrap();
-    });
+        let mut group = c.benchmark_group(format!("tool_call_round_trip/{flavor}"));
+        group.bench_function("wasm", |b| {
+            b.to_async(&runtime)
+                .iter(|| async { session.call_tool("add", add_args()).await.unwrap() })
+        });
+        group.bench_function("in_process_rmcp", |b| {
+            b.to_async(&runtime).iter(|| async {
+                let mut params = CallToolRequestParams::new("add");
+                params.arguments = add_args();
+                baseline.call_tool(params).await.unwrap()
+            })
+        });
+        group.finish();
+        runtime.block_on(async {
+            session.close().await.unwrap();
+            baseline.cancel().await.unwrap();
+        });
+    }
 }
 
 criterion_group!(benches, start_to_initialized, tool_call_round_trip);

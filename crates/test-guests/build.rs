@@ -153,7 +153,9 @@ fn build(root: &Path, guests: &Path, target_dir: &Path, target: Option<&str>) {
             cmd.env_remove(key.as_ref());
         }
     }
-    // The same bytes wherever the checkout is: remap the paths compiled in.
+    // Keep the build machine's paths (home, checkout) out of the guests.
+    // (Bytes still differ between checkouts: cargo hashes path dependencies'
+    // locations into crate metadata.)
     let mut flags = vec![format!("--remap-path-prefix={}=/moat", root.display())];
     if let Some(home) = std::env::var_os("CARGO_HOME")
         .map(PathBuf::from)

@@ -451,7 +451,7 @@ impl ServerTransport {
 pub struct Connected {
     shared: Arc<Shared>,
     incoming: mpsc::Receiver<ServerJsonRpcMessage>,
-    outgoing: Option<mpsc::Sender<Vec<u8>>>,
+    stdin: Arc<tokio::sync::Mutex<Option<Box<dyn AsyncWrite + Send + Unpin>>>>,
     on_request: Arc<dyn Fn() + Send + Sync>,
     stop: Arc<dyn Fn() + Send + Sync>,
     server_task: Option<JoinHandle<()>>,
@@ -478,7 +478,6 @@ impl Connected {
         let _ = shared.metrics.set(metrics);
         let stop: Arc<dyn Fn() + Send + Sync> = Arc::from(stop);
         let (incoming_tx, incoming) = mpsc::channel(64);
-        let (outgoing, outgoing_rx) = mpsc::channel::<Vec<u8>>(64);
         let max_line = usize::try_from(limits.max_line_bytes).unwrap_or(usize::MAX);
         let tracker = shared.tracker.clone();
         let tasks = vec![
@@ -494,7 +493,6 @@ impl Connected {
                 ),
             ),
             spawn_tracked(&tracker, drain_stderr(shared.clone(), stderr)),
-            spawn_tracked(&tracker, write_stdin(shared.clone(), stdin, outgoing_rx)),
             spawn_tracked(
                 &tracker,
                 watchdog(
@@ -508,7 +506,7 @@ impl Connected {
         Self {
             shared,
             incoming,
-            outgoing: Some(outgoing),
+            stdin: Arc::new(tokio::sync::Mutex::new(Some(stdin))),
             on_request: Arc::from(on_request),
             stop,
             server_task: Some(server_task),
@@ -526,7 +524,9 @@ impl Connected {
     async fn shutdown(&mut self) {
         self.shared.closing.store(true, Ordering::SeqCst);
         // EOF on the server's stdin.
-        self.outgoing.take();
+        if let Some(mut stdin) = self.stdin.lock().await.take() {
+            let _ = stdin.shutdown().await;
+        }
         if let Some(mut server_task) = self.server_task.take()
             && tokio::time::timeout(self.grace, &mut server_task)
                 .await
@@ -576,7 +576,7 @@ impl rmcp::transport::Transport<RoleClient> for Connected {
         item: TxJsonRpcMessage<RoleClient>,
     ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
         let shared = self.shared.clone();
-        let outgoing = self.outgoing.clone();
+        let stdin = self.stdin.clone();
         let encoded = serde_json::to_vec(&item);
         match &item {
             ClientJsonRpcMessage::Request(request) => {
@@ -625,8 +625,21 @@ impl rmcp::transport::Transport<RoleClient> for Connected {
                     server: shared.server.clone(),
                 },
             };
-            let outgoing = outgoing.ok_or_else(closed)?;
-            outgoing.send(line).await.map_err(|_| closed())
+            // One message per lock: lines never interleave.
+            let mut guard = stdin.lock().await;
+            let writer = guard.as_mut().ok_or_else(closed)?;
+            match async {
+                writer.write_all(&line).await?;
+                writer.flush().await
+            }
+            .await
+            {
+                Ok(()) => Ok(()),
+                Err(error) => {
+                    tracing::debug!(server = %shared.server, %error, "writing to server stdin failed");
+                    Err(closed())
+                }
+            }
         }
     }
 
@@ -638,26 +651,6 @@ impl rmcp::transport::Transport<RoleClient> for Connected {
         self.shutdown().await;
         Ok(())
     }
-}
-
-async fn write_stdin(
-    shared: Arc<Shared>,
-    mut stdin: Box<dyn AsyncWrite + Send + Unpin>,
-    mut outgoing: mpsc::Receiver<Vec<u8>>,
-) {
-    while let Some(line) = outgoing.recv().await {
-        if let Err(error) = async {
-            stdin.write_all(&line).await?;
-            stdin.flush().await
-        }
-        .await
-        {
-            tracing::debug!(server = %shared.server, %error, "writing to server stdin failed");
-            return;
-        }
-    }
-    // All senders gone: the client closed. Deliver EOF.
-    let _ = stdin.shutdown().await;
 }
 
 async fn drain_stderr(shared: Arc<Shared>, stderr: Box<dyn AsyncRead + Send + Unpin>) {
