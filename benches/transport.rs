@@ -10,7 +10,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use moat_host::{Handshake, Host, ServerSpec, Session};
+use moat_host::wasm::WasmLaunch;
+use moat_host::{Expectation, Handshake, Host, ServerSpec, Session};
 use moat_test_guests as guests;
 use rmcp::handler::server::{tool::ToolRouter, wrapper::Parameters};
 use rmcp::model::{CallToolRequestParams, ServerCapabilities, ServerConfig};
@@ -141,9 +142,33 @@ fn start_to_initialized(c: &mut Criterion) {
                 }
             })
         });
-        group.bench_function("wasm_pre_instantiated", |b| {
+        group.bench_function("wasm_read_and_measure_each_time", |b| {
             b.to_async(&runtime)
                 .iter_custom(|iters| time_connects(&warm, iters))
+        });
+        let prepared = runtime
+            .block_on(
+                warm.wasm()
+                    .prepare(Path::new(guests::EVERYTHING_WASM), Expectation::Unpinned),
+            )
+            .unwrap();
+        group.bench_function("wasm_pre_instantiated", |b| {
+            b.to_async(&runtime).iter_custom(|iters| {
+                let prepared = prepared.clone();
+                async move {
+                    let mut total = Duration::ZERO;
+                    for _ in 0..iters {
+                        let started = Instant::now();
+                        let transport = prepared.transport(WasmLaunch::from_spec(&spec()));
+                        let session = Session::connect(transport, Handshake::Initialize)
+                            .await
+                            .expect("connect");
+                        total += started.elapsed();
+                        session.close().await.expect("close");
+                    }
+                    total
+                }
+            })
         });
         group.bench_function("in_process_rmcp", |b| {
             b.to_async(&runtime).iter_custom(|iters| async move {

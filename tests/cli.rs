@@ -92,10 +92,11 @@ fn failures_exit_non_zero_with_one_line_errors() {
     std::fs::write(
         &config,
         format!(
-            "[servers.pinned]\nwasm = {:?}\nsha256 = \"{wrong}\"\n[servers.open]\nwasm = {:?}\n[servers.ok]\nwasm = {:?}\nallow_unmeasured = true\n",
+            "[servers.pinned]\nwasm = {:?}\nsha256 = \"{wrong}\"\n[servers.open]\nwasm = {:?}\n[servers.ok]\nwasm = {:?}\nallow_unmeasured = true\n[servers.spin]\nwasm = {:?}\nallow_unmeasured = true\nlimits = {{ fuel_per_request = 100000000 }}\n",
             guests::EVERYTHING_WASM,
             guests::EVERYTHING_WASM,
-            guests::EVERYTHING_WASM
+            guests::EVERYTHING_WASM,
+            guests::SPIN_WASM,
         ),
     )
     .unwrap();
@@ -111,7 +112,11 @@ fn failures_exit_non_zero_with_one_line_errors() {
         ),
         (
             &["call", "--config", config, "nope", "add", "{}"],
-            "no server named `nope` (configured: ok, open, pinned)",
+            "no server named `nope` (configured: ok, open, pinned, spin)",
+        ),
+        (
+            &["call", "--config", config, "spin", "attack"],
+            "tools/call `attack` on server `spin` failed: server `spin` hit its CPU limit: fuel_per_request = 100000000 used up",
         ),
         (
             &["call", "--config", config, "ok", "add", "[1]"],

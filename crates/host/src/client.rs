@@ -122,12 +122,7 @@ impl Host {
         })?;
         match &spec.kind {
             ServerKind::Wasm { path } => {
-                let launch = WasmLaunch {
-                    name: spec.name.clone(),
-                    args: spec.args.clone(),
-                    env: spec.environment(),
-                    limits: spec.limits.clone(),
-                };
+                let launch = WasmLaunch::from_spec(spec);
                 let engine = self.wasm.clone();
                 let path = path.clone();
                 Ok(ServerTransport::new(
@@ -320,7 +315,6 @@ impl Session {
     /// the server is stopped and every task of the transport awaited.
     pub async fn close(self) -> Result<(), ClientError> {
         let server = self.server().to_owned();
-        let shared = self.shared.clone();
         self.service
             .cancel()
             .await
@@ -330,8 +324,7 @@ impl Session {
                 operation: "close".into(),
                 detail: e.to_string(),
             })?;
-        // The transport's close has awaited its tasks; the instance too.
-        debug_assert_eq!(shared.tracker().live(), 0);
+        // The transport's close has awaited its tasks and the instance.
         Ok(())
     }
 }

@@ -283,7 +283,30 @@ pub struct WasmLaunch {
     pub limits: Limits,
 }
 
+impl WasmLaunch {
+    /// What `spec` grants one instance.
+    pub fn from_spec(spec: &crate::config::ServerSpec) -> Self {
+        Self {
+            name: spec.name.clone(),
+            args: spec.args.clone(),
+            env: spec.environment(),
+            limits: spec.limits.clone(),
+        }
+    }
+}
+
 impl PreparedComponent {
+    /// A transport that launches an instance of this already measured and
+    /// pre-instantiated component when connected: no file is read again.
+    pub fn transport(&self, launch: WasmLaunch) -> crate::transport::ServerTransport {
+        let prepared = self.clone();
+        crate::transport::ServerTransport::new(
+            launch.name.clone(),
+            launch.limits.clone(),
+            move |tracker| async move { Ok(prepared.launch(&launch, &tracker)) },
+        )
+    }
+
     /// The sha256 of the component's bytes.
     pub fn digest(&self) -> Digest {
         self.digest
