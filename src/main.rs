@@ -109,14 +109,26 @@ async fn run(command: Command) -> Result<ExitCode> {
             let identity = session.shared().identity();
             session.close().await?;
             let tools = tools?;
-            let (digest, evidence) = identity
-                .map(|(d, e)| (d.to_string(), e.to_string()))
+            let (digest, evidence, measured) = identity
+                .map(|i| {
+                    (
+                        i.digest
+                            .map(|d| d.to_string())
+                            .unwrap_or_else(|| "not measured".into()),
+                        i.evidence.to_string(),
+                        i.measured,
+                    )
+                })
                 .unwrap_or_default();
             if json {
                 let report = serde_json::json!({
                     "server": server,
                     "sha256": digest,
                     "evidence": evidence,
+                    "measured": measured
+                        .iter()
+                        .map(|(path, digest)| serde_json::json!({"path": path, "sha256": digest.to_string()}))
+                        .collect::<Vec<_>>(),
                     "tools": tools,
                 });
                 println!("{}", serde_json::to_string_pretty(&report)?);
@@ -124,6 +136,9 @@ async fn run(command: Command) -> Result<ExitCode> {
                 println!("server    {server}");
                 println!("evidence  {evidence}");
                 println!("sha256    {digest}");
+                for (path, digest) in &measured {
+                    println!("measured  {digest}  {}", path.display());
+                }
                 println!();
                 let width = tools.iter().map(|t| t.name.len()).max().unwrap_or(4).max(4);
                 println!("{:width$}  DESCRIPTION", "TOOL");

@@ -64,6 +64,11 @@ fn main() {
             native.display().to_string()
         )
         .unwrap();
+        writeln!(
+            generated,
+            "/// The `{bin}` guest, both builds.\npub const {constant}: Guest = Guest {{ name: {bin:?}, wasm: {constant}_WASM, native: {constant}_NATIVE }};"
+        )
+        .unwrap();
         writeln!(all, "    ({bin:?}, {constant}_WASM, {constant}_NATIVE),").unwrap();
     }
     writeln!(
@@ -184,16 +189,24 @@ fn check_every_guest_is_tested(root: &Path, bins: &[String]) {
     }
     let untested: Vec<&String> = bins
         .iter()
-        .filter(|bin| {
-            let constant = bin.to_uppercase().replace('-', "_");
-            !sources.contains(&format!("{constant}_WASM"))
-                && !sources.contains(&format!("{constant}_NATIVE"))
-        })
+        .filter(|bin| !uses(&sources, &bin.to_uppercase().replace('-', "_")))
         .collect();
     assert!(
         untested.is_empty(),
-        "guests without a test that uses them: {untested:?}; use moat_test_guests::<NAME>_WASM or _NATIVE in a test under {TEST_DIRS:?}"
+        "guests without a test that uses them: {untested:?}; use moat_test_guests::<NAME> (or <NAME>_WASM, <NAME>_NATIVE) in a test under {TEST_DIRS:?}"
     );
+}
+
+/// Whether `sources` name the guest's constant: `::NAME`, `::NAME_WASM` or
+/// `::NAME_NATIVE`.
+fn uses(sources: &str, constant: &str) -> bool {
+    let needle = format!("::{constant}");
+    sources.match_indices(&needle).any(|(at, _)| {
+        let rest = &sources[at + needle.len()..];
+        rest.starts_with("_WASM")
+            || rest.starts_with("_NATIVE")
+            || !rest.starts_with(|c: char| c.is_ascii_alphanumeric() || c == '_')
+    })
 }
 
 fn collect_sources(dir: &Path, out: &mut String) {

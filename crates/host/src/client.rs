@@ -131,6 +131,36 @@ impl Host {
                     move |tracker| crate::wasm::launch(engine, path, expected, launch, tracker),
                 ))
             }
+            #[cfg(unix)]
+            ServerKind::Native {
+                command,
+                base_dir,
+                cwd,
+                measure,
+            } => {
+                let path_var = std::env::var_os("PATH");
+                let resolved = crate::command::resolve(command, base_dir, path_var.as_deref())
+                    .map_err(crate::native::NativeError::from)?;
+                let launch = crate::native::NativeLaunch {
+                    name: spec.name.clone(),
+                    resolved,
+                    args: spec.args.clone(),
+                    env: spec.environment(),
+                    cwd: cwd.clone(),
+                    measure: measure.clone(),
+                    expected,
+                    limits: spec.limits.clone(),
+                };
+                Ok(ServerTransport::new(
+                    spec.name.clone(),
+                    spec.limits.clone(),
+                    move |tracker| crate::native::launch(launch, tracker),
+                ))
+            }
+            #[cfg(not(unix))]
+            ServerKind::Native { .. } => Err(LaunchError::Unsupported {
+                server: spec.name.clone(),
+            }),
         }
     }
 

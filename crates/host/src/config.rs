@@ -46,8 +46,21 @@ pub struct ServerSpec {
 /// What kind of server a spec describes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ServerKind {
-    /// A WASI preview-2 component, by absolute path.
+    /// A WASI preview-2 component, by path.
     Wasm { path: PathBuf },
+    /// A native executable run as a child process.
+    Native {
+        /// The command as configured: argv[0], and what is resolved (on
+        /// PATH when it has no slash, else against `base_dir`).
+        command: String,
+        /// The config file's directory, for relative paths.
+        base_dir: PathBuf,
+        /// The working directory (default: the config file's directory).
+        cwd: PathBuf,
+        /// Extra files or directories whose digests join the identity (an
+        /// interpreter's script, a package directory).
+        measure: Vec<PathBuf>,
+    },
 }
 
 impl ServerSpec {
@@ -62,6 +75,20 @@ impl ServerSpec {
             env: BTreeMap::new(),
             env_passthrough: Vec::new(),
             limits: Limits::default(),
+        }
+    }
+
+    /// A spec for a native command with default limits and nothing granted.
+    pub fn native(name: impl Into<String>, command: impl Into<String>) -> Self {
+        let base_dir = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."));
+        Self {
+            kind: ServerKind::Native {
+                command: command.into(),
+                cwd: base_dir.clone(),
+                base_dir,
+                measure: Vec::new(),
+            },
+            ..Self::wasm(name, "")
         }
     }
 
@@ -123,6 +150,10 @@ struct RawConfig {
 #[serde(deny_unknown_fields)]
 struct RawServer {
     wasm: Option<Spanned<String>>,
+    command: Option<Spanned<String>>,
+    cwd: Option<String>,
+    #[serde(default)]
+    measure: Vec<String>,
     sha256: Option<Spanned<String>>,
     #[serde(default)]
     allow_unmeasured: bool,
@@ -178,13 +209,51 @@ impl Config {
             }
             let server_span = server.span();
             let server = server.into_inner();
-            let Some(wasm) = server.wasm else {
-                return Err(invalid(
-                    Some(server_span),
-                    format!("server `{name}`: `wasm = \"path\"` is required"),
-                ));
+            let kind = match (server.wasm, server.command) {
+                (Some(wasm), None) => {
+                    if server.cwd.is_some() || !server.measure.is_empty() {
+                        return Err(invalid(
+                            Some(wasm.span()),
+                            format!(
+                                "server `{name}`: `cwd` and `measure` apply to native `command` servers, not `wasm`"
+                            ),
+                        ));
+                    }
+                    ServerKind::Wasm {
+                        path: base.join(wasm.get_ref()),
+                    }
+                }
+                (None, Some(command)) => {
+                    if command.get_ref().is_empty() || command.get_ref().contains('\0') {
+                        return Err(invalid(
+                            Some(command.span()),
+                            format!("server `{name}`: `command` must be a program name or path"),
+                        ));
+                    }
+                    ServerKind::Native {
+                        command: command.into_inner(),
+                        base_dir: base.to_owned(),
+                        cwd: server
+                            .cwd
+                            .map_or_else(|| base.to_owned(), |cwd| base.join(cwd)),
+                        measure: server.measure.iter().map(|p| base.join(p)).collect(),
+                    }
+                }
+                (Some(wasm), Some(_)) => {
+                    return Err(invalid(
+                        Some(wasm.span()),
+                        format!("server `{name}`: set either `wasm` or `command`, not both"),
+                    ));
+                }
+                (None, None) => {
+                    return Err(invalid(
+                        Some(server_span),
+                        format!(
+                            "server `{name}`: `wasm = \"path\"` or `command = \"program\"` is required"
+                        ),
+                    ));
+                }
             };
-            let wasm_path = base.join(wasm.get_ref());
             let sha256 = match server.sha256 {
                 None => None,
                 Some(value) => Some(value.get_ref().parse::<Digest>().map_err(|error| {
@@ -228,7 +297,7 @@ impl Config {
                 name.clone(),
                 ServerSpec {
                     name,
-                    kind: ServerKind::Wasm { path: wasm_path },
+                    kind,
                     sha256,
                     allow_unmeasured: server.allow_unmeasured,
                     args: server.args,
@@ -367,9 +436,49 @@ request_timeout_ms = 100
         );
         assert!(message.contains("request_timeout_ms must be greater than 0"));
         let (_, _, message) = invalid_at("[servers.a]\nargs = []\n");
-        assert!(message.contains("`wasm = \"path\"` is required"));
+        assert!(message.contains("`wasm = \"path\"` or `command = \"program\"` is required"));
+        let (line, _, message) = invalid_at("[servers.a]\nwasm = \"a.wasm\"\ncommand = \"node\"\n");
+        assert_eq!(line, 2);
+        assert!(message.contains("either `wasm` or `command`"), "{message}");
+        let (_, _, message) = invalid_at("[servers.a]\nwasm = \"a.wasm\"\nmeasure = [\"x\"]\n");
+        assert!(
+            message.contains("`cwd` and `measure` apply to native"),
+            "{message}"
+        );
         let (_, _, message) = invalid_at("[servers.\"a__b\"]\nwasm = \"a.wasm\"\n");
         assert!(message.contains("server name `a__b`"));
+    }
+
+    #[test]
+    fn native_server_entry_parses() {
+        let config = parse(
+            r#"
+[servers.time]
+command = "python3"
+args = ["-m", "mcp_server_time", "$(touch X)"]
+cwd = "work"
+measure = ["venv/lib/site-packages/mcp_server_time"]
+allow_unmeasured = true
+[servers.time.limits]
+cpu_seconds = 5
+address_space_bytes = 1073741824
+"#,
+        )
+        .unwrap();
+        let server = config.server("time").unwrap();
+        assert_eq!(
+            server.kind,
+            ServerKind::Native {
+                command: "python3".into(),
+                base_dir: PathBuf::from("/etc/moat"),
+                cwd: PathBuf::from("/etc/moat/work"),
+                measure: vec![PathBuf::from(
+                    "/etc/moat/venv/lib/site-packages/mcp_server_time"
+                )],
+            }
+        );
+        assert_eq!(server.args[2], "$(touch X)");
+        assert_eq!(server.limits.cpu_seconds, 5);
     }
 
     #[test]

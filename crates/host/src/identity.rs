@@ -16,6 +16,11 @@ impl Digest {
         Self(Sha256::digest(bytes).into())
     }
 
+    /// A digest from its raw 32 bytes.
+    pub fn from_bytes(bytes: [u8; 32]) -> Self {
+        Self(bytes)
+    }
+
     /// The raw 32 bytes.
     pub fn as_bytes(&self) -> &[u8; 32] {
         &self.0

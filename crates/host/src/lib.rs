@@ -1,15 +1,18 @@
 //! moat-host: runs MCP servers isolated, measured and bounded.
 //!
 //! Modules, dependencies pointing one way: [`config`] (parse and validate
-//! `moat.toml`) → [`identity`] (digests, evidence) → [`wasm`] (the wasm
-//! launcher) → [`transport`] (the one client transport over any launcher) →
+//! `moat.toml`) → [`identity`] (digests, evidence) → [`command`] (command
+//! resolution) → [`wasm`] and `native` (the launchers) → [`transport`] (the one client transport over any launcher) →
 //! [`client`] (a connected session with a server, typed errors).
 //! [`limits`] is shared vocabulary.
 
 pub mod client;
+pub mod command;
 pub mod config;
 pub mod identity;
 pub mod limits;
+#[cfg(unix)]
+pub mod native;
 pub mod transport;
 pub mod wasm;
 
@@ -30,6 +33,11 @@ pub enum LaunchError {
     Unmeasured { server: String },
     #[error(transparent)]
     Wasm(#[from] wasm::WasmError),
+    #[cfg(unix)]
+    #[error(transparent)]
+    Native(#[from] native::NativeError),
+    #[error("server `{server}`: native servers are not supported on this platform yet")]
+    Unsupported { server: String },
     #[error(transparent)]
     Transport(#[from] TransportError),
 }

@@ -48,8 +48,22 @@ pub struct Limits {
     /// Size of the rolling stderr buffer kept for diagnostics. Default 64 KiB.
     pub stderr_buffer_bytes: u64,
     /// How long close waits after closing stdin before stopping the server,
-    /// in milliseconds. Default 2,000.
+    /// and again after SIGTERM before SIGKILL (native), in milliseconds.
+    /// Default 2,000.
     pub close_grace_ms: u64,
+    /// CPU for native servers: RLIMIT_CPU, seconds of CPU time over the
+    /// process's life (SIGXCPU, then SIGKILL a second later). Default 300.
+    pub cpu_seconds: u64,
+    /// Memory for native servers: RLIMIT_AS, bytes of address space. Runtimes
+    /// such as V8 reserve far more than they use. Default 8 GiB.
+    pub address_space_bytes: u64,
+    /// RLIMIT_NOFILE: open files of a native server. Default 1,024.
+    pub open_files: u64,
+    /// RLIMIT_NPROC: processes of the user the native server runs as (the
+    /// kernel counts per user and does not apply it to root). Default 4,096.
+    pub processes: u64,
+    /// RLIMIT_FSIZE: largest file a native server may write. Default 1 GiB.
+    pub file_size_bytes: u64,
 }
 
 impl Default for Limits {
@@ -69,6 +83,11 @@ impl Default for Limits {
             max_line_bytes: 16 << 20,
             stderr_buffer_bytes: 64 << 10,
             close_grace_ms: 2_000,
+            cpu_seconds: 300,
+            address_space_bytes: 8 << 30,
+            open_files: 1024,
+            processes: 4096,
+            file_size_bytes: 1 << 30,
         }
     }
 }
@@ -95,6 +114,10 @@ impl Limits {
             ("request_timeout_ms", self.request_timeout_ms),
             ("resource_table_capacity", self.resource_table_capacity),
             ("max_line_bytes", self.max_line_bytes),
+            ("cpu_seconds", self.cpu_seconds),
+            ("address_space_bytes", self.address_space_bytes),
+            ("open_files", self.open_files),
+            ("processes", self.processes),
         ];
         for (name, value) in positive {
             if value == 0 {
@@ -120,6 +143,10 @@ pub enum LimitHit {
     LineLength { max_line_bytes: u64 },
     /// The guest held more than `resource_table_capacity` host resources.
     ResourceTable { resource_table_capacity: u64 },
+    /// A native server used up `cpu_seconds` (RLIMIT_CPU).
+    CpuSeconds { cpu_seconds: u64 },
+    /// A native server ran out of address space (RLIMIT_AS).
+    AddressSpace { address_space_bytes: u64 },
 }
 
 impl fmt::Display for LimitHit {
@@ -150,6 +177,18 @@ impl fmt::Display for LimitHit {
             } => write!(
                 f,
                 "resource limit: resource_table_capacity = {resource_table_capacity} exceeded"
+            ),
+            Self::CpuSeconds { cpu_seconds } => {
+                write!(
+                    f,
+                    "CPU limit: cpu_seconds = {cpu_seconds} used up (RLIMIT_CPU)"
+                )
+            }
+            Self::AddressSpace {
+                address_space_bytes,
+            } => write!(
+                f,
+                "memory limit: address_space_bytes = {address_space_bytes} exhausted (RLIMIT_AS)"
             ),
         }
     }

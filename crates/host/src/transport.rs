@@ -52,15 +52,31 @@ pub struct Launched {
     pub exit: watch::Receiver<Option<Exit>>,
     /// The task that owns the running server; it ends when the server does.
     pub task: JoinHandle<()>,
-    /// Stops the server at once (drop the instance, or kill the process group).
+    /// Asks the server to stop (native: SIGTERM to its process group; wasm:
+    /// the same as `stop`).
+    pub terminate: Box<dyn Fn() + Send + Sync>,
+    /// Stops the server at once (drop the instance, or SIGKILL the group).
     pub stop: Box<dyn Fn() + Send + Sync>,
     /// Called each time a request is sent: starts a fresh CPU budget.
     pub on_request: Box<dyn Fn() + Send + Sync>,
     /// Counters the launcher keeps while the server runs.
     pub metrics: Arc<Metrics>,
-    /// The digest of the bytes that run.
-    pub digest: crate::identity::Digest,
-    /// How that digest was obtained.
+    /// The digest of the bytes that run, when measured.
+    pub digest: Option<crate::identity::Digest>,
+    /// Extra files measured into the identity, with their digests.
+    pub measured: Vec<(std::path::PathBuf, crate::identity::Digest)>,
+    /// How the identity was obtained.
+    pub evidence: crate::identity::Evidence,
+}
+
+/// What was measured about a running server.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Identity {
+    /// The digest of the bytes that run, when measured.
+    pub digest: Option<crate::identity::Digest>,
+    /// Extra files measured into the identity, with their digests.
+    pub measured: Vec<(std::path::PathBuf, crate::identity::Digest)>,
+    /// The evidence class.
     pub evidence: crate::identity::Evidence,
 }
 
@@ -299,7 +315,7 @@ pub struct Shared {
     pending: Mutex<HashMap<RequestId, (String, Instant)>>,
     pending_changed: Notify,
     requests_sent: AtomicU64,
-    identity: std::sync::OnceLock<(crate::identity::Digest, crate::identity::Evidence)>,
+    identity: std::sync::OnceLock<Identity>,
     metrics: std::sync::OnceLock<Arc<Metrics>>,
 }
 
@@ -326,9 +342,9 @@ impl Shared {
         &self.server
     }
 
-    /// The digest of the bytes that run and its evidence class, once launched.
-    pub fn identity(&self) -> Option<(crate::identity::Digest, crate::identity::Evidence)> {
-        self.identity.get().copied()
+    /// What was measured about the server, once launched.
+    pub fn identity(&self) -> Option<Identity> {
+        self.identity.get().cloned()
     }
 
     /// The launcher's counters (zero before launch).
@@ -453,6 +469,7 @@ pub struct Connected {
     incoming: mpsc::Receiver<ServerJsonRpcMessage>,
     stdin: Arc<tokio::sync::Mutex<Option<Box<dyn AsyncWrite + Send + Unpin>>>>,
     on_request: Arc<dyn Fn() + Send + Sync>,
+    terminate: Box<dyn Fn() + Send + Sync>,
     stop: Arc<dyn Fn() + Send + Sync>,
     server_task: Option<JoinHandle<()>>,
     tasks: Vec<JoinHandle<()>>,
@@ -468,13 +485,19 @@ impl Connected {
             stderr,
             exit,
             task: server_task,
+            terminate,
             stop,
             on_request,
             metrics,
             digest,
+            measured,
             evidence,
         } = launched;
-        let _ = shared.identity.set((digest, evidence));
+        let _ = shared.identity.set(Identity {
+            digest,
+            measured,
+            evidence,
+        });
         let _ = shared.metrics.set(metrics);
         let stop: Arc<dyn Fn() + Send + Sync> = Arc::from(stop);
         let (incoming_tx, incoming) = mpsc::channel(64);
@@ -508,6 +531,7 @@ impl Connected {
             incoming,
             stdin: Arc::new(tokio::sync::Mutex::new(Some(stdin))),
             on_request: Arc::from(on_request),
+            terminate,
             stop,
             server_task: Some(server_task),
             tasks,
@@ -527,15 +551,31 @@ impl Connected {
         if let Some(mut stdin) = self.stdin.lock().await.take() {
             let _ = stdin.shutdown().await;
         }
-        if let Some(mut server_task) = self.server_task.take()
-            && tokio::time::timeout(self.grace, &mut server_task)
+        if let Some(mut server_task) = self.server_task.take() {
+            // The grace period after EOF, then terminate and the grace period
+            // again, then kill.
+            let mut done = tokio::time::timeout(self.grace, &mut server_task)
                 .await
-                .is_err()
-        {
-            tracing::debug!(server = %self.shared.server, "grace period over; stopping server");
-            (self.stop)();
-            server_task.abort();
-            let _ = server_task.await;
+                .is_ok();
+            if !done {
+                tracing::debug!(server = %self.shared.server, "grace period over; terminating server");
+                (self.terminate)();
+                done = tokio::time::timeout(self.grace, &mut server_task)
+                    .await
+                    .is_ok();
+            }
+            if !done {
+                tracing::debug!(server = %self.shared.server, "still running; killing server");
+                (self.stop)();
+                done = tokio::time::timeout(self.grace, &mut server_task)
+                    .await
+                    .is_ok();
+            }
+            if !done {
+                tracing::warn!(server = %self.shared.server, "server did not stop; abandoning its task");
+                server_task.abort();
+                let _ = server_task.await;
+            }
         }
         // The server is gone, so its pipes are closed and every task ends.
         for task in self.tasks.drain(..) {

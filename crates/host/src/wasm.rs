@@ -366,18 +366,21 @@ impl PreparedComponent {
             let _ = exit_tx.send(Some(status));
         });
         let abort = task.abort_handle();
+        let terminate = task.abort_handle();
         Launched {
             stdin: Box::new(stdin_host),
             stdout: Box::new(stdout_host),
             stderr: Box::new(stderr_host),
             exit,
             task,
+            terminate: Box::new(move || terminate.abort()),
             stop: Box::new(move || abort.abort()),
             on_request: Box::new(move || {
                 requests.fetch_add(1, Ordering::SeqCst);
             }),
             metrics,
-            digest: self.digest,
+            digest: Some(self.digest),
+            measured: Vec::new(),
             evidence: Evidence::WasmMeasured,
         }
     }

@@ -1,20 +1,67 @@
-//! The wasm transport end to end: real guests built from source, driven
-//! through the one client transport.
+//! The transport conformance suite: every test is written once and runs
+//! against both launchers, wasm and native, with the same guests built from
+//! the same source. Launcher-specific checks live in `wasm_launch.rs` and
+//! `native_launch.rs`.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use moat_host::rmcp::model::{CallToolResult, JsonObject};
 use moat_host::transport::TransportError;
-use moat_host::wasm::{CacheOutcome, WasmError};
 use moat_host::{
-    ClientError, Digest, Expectation, Fault, Handshake, Host, LaunchError, LimitHit, ServerSpec,
-    Session,
+    ClientError, Evidence, Fault, Handshake, Host, LaunchError, LimitHit, ServerSpec, Session,
 };
-use moat_test_guests as guests;
+use moat_test_guests::{self as guests, Guest};
 use serde_json::json;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Launcher {
+    Wasm,
+    Native,
+}
+
+/// Each test below runs once per launcher: `wasm::name` and `native::name`.
+macro_rules! conformance {
+    ($($test:ident),* $(,)?) => {
+        mod wasm {
+            $(
+                #[tokio::test]
+                async fn $test() {
+                    super::$test(super::Launcher::Wasm).await
+                }
+            )*
+        }
+        mod native {
+            $(
+                #[tokio::test]
+                async fn $test() {
+                    super::$test(super::Launcher::Native).await
+                }
+            )*
+        }
+    };
+}
+
+conformance!(
+    handshake_on_initialize_and_on_server_discover,
+    tools_list_and_calls_go_through,
+    progress_notifications_arrive_in_order,
+    resource_read_and_prompt_get,
+    argv_and_environment_arrive_exactly,
+    spinning_guest_hits_the_cpu_limit_within_the_deadline,
+    heartbeat_keeps_ticking_while_a_guest_spins,
+    growing_memory_hits_the_memory_limit,
+    endless_line_is_a_framing_error_with_host_memory_bounded,
+    non_json_line_is_a_framing_error,
+    exit_mid_call_carries_the_code_and_a_sanitised_stderr_tail,
+    stderr_flood_keeps_the_protocol_working_and_the_buffer_bounded,
+    deadline_fails_the_call_and_stops_the_server,
+    a_transport_connects_once_and_leaves_no_task_after_close,
+    a_connect_cancelled_part_way_leaves_nothing_behind,
+    an_unpinned_server_needs_consent,
+);
 
 /// One host for the whole test binary, with an on-disk component cache, as a
 /// long-running `moat serve` would have.
@@ -26,8 +73,13 @@ fn host() -> &'static Host {
     })
 }
 
-fn spec(name: &str, path: &str) -> ServerSpec {
-    let mut spec = ServerSpec::wasm(name, path);
+/// The spec for `guest` built for `launcher`, launched with consent
+/// and without a pin.
+fn spec(launcher: Launcher, guest: Guest) -> ServerSpec {
+    let mut spec = match launcher {
+        Launcher::Wasm => ServerSpec::wasm(guest.name, guest.wasm),
+        Launcher::Native => ServerSpec::native(guest.name, guest.native),
+    };
     spec.allow_unmeasured = true;
     spec
 }
@@ -51,8 +103,8 @@ async fn connect(spec: &ServerSpec) -> Session {
 }
 
 /// After any hostile case, the same host process serves a fresh instance.
-async fn host_still_serves_everything() {
-    let session = connect(&spec("everything", guests::EVERYTHING_WASM)).await;
+async fn host_still_serves_everything(launcher: Launcher) {
+    let session = connect(&spec(launcher, guests::EVERYTHING)).await;
     let result = session
         .call_tool("add", args(json!({"a": 2, "b": 40})))
         .await
@@ -68,9 +120,8 @@ fn fault_of(error: ClientError) -> Fault {
     }
 }
 
-#[tokio::test]
-async fn handshake_on_initialize_and_on_server_discover() {
-    let everything = spec("everything", guests::EVERYTHING_WASM);
+async fn handshake_on_initialize_and_on_server_discover(launcher: Launcher) {
+    let everything = spec(launcher, guests::EVERYTHING);
     let legacy = host()
         .connect_with(&everything, Handshake::Initialize)
         .await
@@ -87,16 +138,15 @@ async fn handshake_on_initialize_and_on_server_discover() {
 
     // A server that only knows `initialize` (it answers server/discover with
     // method-not-found) is reached through the automatic fallback.
-    let old_server = connect(&spec("non-json", guests::NON_JSON_WASM)).await;
+    let old_server = connect(&spec(launcher, guests::NON_JSON)).await;
     assert_eq!(old_server.protocol_version().as_deref(), Some("2025-11-25"));
     let tools = old_server.list_tools().await.unwrap();
     assert_eq!(tools[0].name, "attack");
     old_server.close().await.unwrap();
 }
 
-#[tokio::test]
-async fn tools_list_and_calls_go_through() {
-    let session = connect(&spec("everything", guests::EVERYTHING_WASM)).await;
+async fn tools_list_and_calls_go_through(launcher: Launcher) {
+    let session = connect(&spec(launcher, guests::EVERYTHING)).await;
     let mut names: Vec<String> = session
         .list_tools()
         .await
@@ -148,9 +198,8 @@ async fn tools_list_and_calls_go_through() {
     session.close().await.unwrap();
 }
 
-#[tokio::test]
-async fn progress_notifications_arrive_in_order() {
-    let mut session = connect(&spec("everything", guests::EVERYTHING_WASM)).await;
+async fn progress_notifications_arrive_in_order(launcher: Launcher) {
+    let mut session = connect(&spec(launcher, guests::EVERYTHING)).await;
     let mut progress = session.take_progress().unwrap();
     let result = session
         .call_tool("progress", args(json!({"steps": 5})))
@@ -170,9 +219,8 @@ async fn progress_notifications_arrive_in_order() {
     session.close().await.unwrap();
 }
 
-#[tokio::test]
-async fn resource_read_and_prompt_get() {
-    let session = connect(&spec("everything", guests::EVERYTHING_WASM)).await;
+async fn resource_read_and_prompt_get(launcher: Launcher) {
+    let session = connect(&spec(launcher, guests::EVERYTHING)).await;
     let resources = session.list_resources().await.unwrap();
     assert_eq!(resources.len(), 1);
     let read = session.read_resource(&resources[0].uri).await.unwrap();
@@ -187,35 +235,49 @@ async fn resource_read_and_prompt_get() {
     session.close().await.unwrap();
 }
 
-#[tokio::test]
-async fn spinning_guest_hits_the_cpu_limit_within_the_deadline() {
-    let mut spin = spec("spin", guests::SPIN_WASM);
+async fn spinning_guest_hits_the_cpu_limit_within_the_deadline(launcher: Launcher) {
+    let mut spin = spec(launcher, guests::SPIN);
     spin.limits.fuel_per_request = 200_000_000;
+    spin.limits.cpu_seconds = 1;
     spin.limits.request_timeout_ms = 60_000;
     let session = connect(&spin).await;
     let started = Instant::now();
     let fault = fault_of(session.call_tool("attack", None).await.unwrap_err());
     assert!(started.elapsed() < Duration::from_millis(spin.limits.request_timeout_ms));
+    let (limit, named) = cpu_limit(launcher);
     assert_eq!(
         fault,
         Fault::Limit {
             server: "spin".into(),
-            limit: LimitHit::Fuel {
-                fuel_per_request: 200_000_000
-            }
+            limit
         }
     );
-    assert!(fault.to_string().contains("fuel_per_request = 200000000"));
+    assert!(fault.to_string().contains(named), "{fault}");
     session.close().await.unwrap();
-    host_still_serves_everything().await;
+    host_still_serves_everything(launcher).await;
 }
 
-/// On a current-thread runtime a guest that never yielded would starve every
-/// other task; fuel's async yield keeps the heartbeat ticking.
-#[tokio::test(flavor = "current_thread")]
-async fn heartbeat_keeps_ticking_while_a_guest_spins() {
-    let mut spin = spec("spin", guests::SPIN_WASM);
-    spin.limits.fuel_per_request = 1_000_000_000;
+/// The CPU limit each launcher enforces, as the tests configure it, and how
+/// its error names it.
+fn cpu_limit(launcher: Launcher) -> (LimitHit, &'static str) {
+    match launcher {
+        Launcher::Wasm => (
+            LimitHit::Fuel {
+                fuel_per_request: 200_000_000,
+            },
+            "fuel_per_request = 200000000",
+        ),
+        Launcher::Native => (LimitHit::CpuSeconds { cpu_seconds: 1 }, "cpu_seconds = 1"),
+    }
+}
+
+/// The suite runs on a current-thread runtime: a wasm guest that never
+/// yielded would starve every other task; fuel's async yield keeps the
+/// heartbeat ticking. A native guest runs in its own process.
+async fn heartbeat_keeps_ticking_while_a_guest_spins(launcher: Launcher) {
+    let mut spin = spec(launcher, guests::SPIN);
+    spin.limits.fuel_per_request = 200_000_000;
+    spin.limits.cpu_seconds = 1;
     let session = connect(&spin).await;
     let ticks = Arc::new(AtomicU64::new(0));
     let heartbeat = tokio::spawn({
@@ -232,13 +294,10 @@ async fn heartbeat_keeps_ticking_while_a_guest_spins() {
     let error = session.call_tool("attack", None).await.unwrap_err();
     let during = ticks.load(Ordering::SeqCst) - before;
     heartbeat.abort();
-    assert!(matches!(
-        error.fault(),
-        Some(Fault::Limit {
-            limit: LimitHit::Fuel { .. },
-            ..
-        })
-    ));
+    match error.fault() {
+        Some(Fault::Limit { limit, .. }) => assert_eq!(*limit, cpu_limit(launcher).0),
+        other => panic!("expected the CPU limit, got {other:?}"),
+    }
     assert!(
         during >= 5,
         "heartbeat ticked only {during} times during the spin"
@@ -246,23 +305,29 @@ async fn heartbeat_keeps_ticking_while_a_guest_spins() {
     session.close().await.unwrap();
 }
 
-#[tokio::test]
-async fn growing_memory_hits_the_memory_limit() {
-    let mut grow = spec("grow-memory", guests::GROW_MEMORY_WASM);
+async fn growing_memory_hits_the_memory_limit(launcher: Launcher) {
+    let mut grow = spec(launcher, guests::GROW_MEMORY);
     grow.limits.memory_bytes = 32 << 20;
+    grow.limits.address_space_bytes = 256 << 20;
     let session = connect(&grow).await;
     let fault = fault_of(session.call_tool("attack", None).await.unwrap_err());
+    let limit = match launcher {
+        Launcher::Wasm => LimitHit::Memory {
+            memory_bytes: 32 << 20,
+        },
+        Launcher::Native => LimitHit::AddressSpace {
+            address_space_bytes: 256 << 20,
+        },
+    };
     assert_eq!(
         fault,
         Fault::Limit {
             server: "grow-memory".into(),
-            limit: LimitHit::Memory {
-                memory_bytes: 32 << 20
-            }
+            limit
         }
     );
     session.close().await.unwrap();
-    host_still_serves_everything().await;
+    host_still_serves_everything(launcher).await;
 }
 
 fn peak_rss_bytes() -> u64 {
@@ -274,9 +339,8 @@ fn peak_rss_bytes() -> u64 {
         .map_or(0, |kb| kb * 1024)
 }
 
-#[tokio::test]
-async fn endless_line_is_a_framing_error_with_host_memory_bounded() {
-    let mut endless = spec("endless-line", guests::ENDLESS_LINE_WASM);
+async fn endless_line_is_a_framing_error_with_host_memory_bounded(launcher: Launcher) {
+    let mut endless = spec(launcher, guests::ENDLESS_LINE);
     endless.limits.max_line_bytes = 1 << 20;
     let session = connect(&endless).await;
     let before = peak_rss_bytes();
@@ -293,12 +357,11 @@ async fn endless_line_is_a_framing_error_with_host_memory_bounded() {
     let grown = peak_rss_bytes().saturating_sub(before);
     assert!(grown < 128 << 20, "peak RSS grew by {grown} bytes");
     session.close().await.unwrap();
-    host_still_serves_everything().await;
+    host_still_serves_everything(launcher).await;
 }
 
-#[tokio::test]
-async fn non_json_line_is_a_framing_error() {
-    let session = connect(&spec("non-json", guests::NON_JSON_WASM)).await;
+async fn non_json_line_is_a_framing_error(launcher: Launcher) {
+    let session = connect(&spec(launcher, guests::NON_JSON)).await;
     let fault = fault_of(session.call_tool("attack", None).await.unwrap_err());
     match fault {
         Fault::NotJsonRpc {
@@ -310,12 +373,11 @@ async fn non_json_line_is_a_framing_error() {
         other => panic!("expected a framing fault, got {other:?}"),
     }
     session.close().await.unwrap();
-    host_still_serves_everything().await;
+    host_still_serves_everything(launcher).await;
 }
 
-#[tokio::test]
-async fn exit_mid_call_carries_the_code_and_a_sanitised_stderr_tail() {
-    let session = connect(&spec("exit-mid-call", guests::EXIT_MID_CALL_WASM)).await;
+async fn exit_mid_call_carries_the_code_and_a_sanitised_stderr_tail(launcher: Launcher) {
+    let session = connect(&spec(launcher, guests::EXIT_MID_CALL)).await;
     let fault = fault_of(session.call_tool("attack", None).await.unwrap_err());
     match fault {
         Fault::Exited {
@@ -330,12 +392,11 @@ async fn exit_mid_call_carries_the_code_and_a_sanitised_stderr_tail() {
         other => panic!("expected an exit fault, got {other:?}"),
     }
     session.close().await.unwrap();
-    host_still_serves_everything().await;
+    host_still_serves_everything(launcher).await;
 }
 
-#[tokio::test]
-async fn stderr_flood_keeps_the_protocol_working_and_the_buffer_bounded() {
-    let mut flood = spec("stderr-flood", guests::STDERR_FLOOD_WASM);
+async fn stderr_flood_keeps_the_protocol_working_and_the_buffer_bounded(launcher: Launcher) {
+    let mut flood = spec(launcher, guests::STDERR_FLOOD);
     flood.limits.stderr_buffer_bytes = 4096;
     let session = connect(&flood).await;
     for _ in 0..3 {
@@ -352,12 +413,11 @@ async fn stderr_flood_keeps_the_protocol_working_and_the_buffer_bounded() {
         stderr.total_bytes()
     );
     session.close().await.unwrap();
-    host_still_serves_everything().await;
+    host_still_serves_everything(launcher).await;
 }
 
-#[tokio::test]
-async fn deadline_fails_the_call_and_stops_the_instance() {
-    let mut slow = spec("everything", guests::EVERYTHING_WASM);
+async fn deadline_fails_the_call_and_stops_the_server(launcher: Launcher) {
+    let mut slow = spec(launcher, guests::EVERYTHING);
     slow.limits.request_timeout_ms = 300;
     let session = connect(&slow).await;
     let tracker = session.shared().tracker().clone();
@@ -380,10 +440,9 @@ async fn deadline_fails_the_call_and_stops_the_instance() {
     assert_eq!(tracker.live(), 0);
 }
 
-#[tokio::test]
-async fn a_transport_connects_once_and_leaves_no_task_after_close() {
+async fn a_transport_connects_once_and_leaves_no_task_after_close(launcher: Launcher) {
     let transport = host()
-        .transport(&spec("everything", guests::EVERYTHING_WASM))
+        .transport(&spec(launcher, guests::EVERYTHING))
         .unwrap();
     let tracker = transport.shared().tracker().clone();
     let connected = transport.connect().await.expect("first connect");
@@ -394,12 +453,12 @@ async fn a_transport_connects_once_and_leaves_no_task_after_close() {
         Err(other) => panic!("expected AlreadyConnected, got {other}"),
         Ok(_) => panic!("a second connect must fail"),
     }
-    // instance + stdout reader + stderr drain + watchdog
+    // the server (instance or waiter) + stdout reader + stderr drain + watchdog
     assert_eq!(tracker.live(), 4);
     drop(connected);
 
     let transport = host()
-        .transport(&spec("everything", guests::EVERYTHING_WASM))
+        .transport(&spec(launcher, guests::EVERYTHING))
         .unwrap();
     let tracker = transport.shared().tracker().clone();
     let session = Session::connect(transport, Handshake::Auto).await.unwrap();
@@ -408,10 +467,9 @@ async fn a_transport_connects_once_and_leaves_no_task_after_close() {
     assert_eq!(tracker.live(), 0, "tasks left running after close");
 }
 
-#[tokio::test]
-async fn a_connect_cancelled_part_way_leaves_nothing_behind() {
+async fn a_connect_cancelled_part_way_leaves_nothing_behind(launcher: Launcher) {
     let transport = host()
-        .transport(&spec("everything", guests::EVERYTHING_WASM))
+        .transport(&spec(launcher, guests::EVERYTHING))
         .unwrap();
     let tracker = transport.shared().tracker().clone();
     tokio::select! {
@@ -429,153 +487,89 @@ async fn a_connect_cancelled_part_way_leaves_nothing_behind() {
     assert_eq!(tracker.live(), 0);
 }
 
-fn temp_copy(source: &str) -> (tempfile::TempDir, PathBuf) {
+async fn argv_and_environment_arrive_exactly(launcher: Launcher) {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("guest.wasm");
-    std::fs::copy(source, &path).unwrap();
-    (dir, path)
-}
-
-#[tokio::test]
-async fn a_component_with_one_byte_changed_is_refused() {
-    let original = std::fs::read(guests::EVERYTHING_WASM).unwrap();
-    let pinned = Digest::of(&original);
-    let (_dir, path) = temp_copy(guests::EVERYTHING_WASM);
-    let mut bytes = original.clone();
-    let last = bytes.len() - 1;
-    bytes[last] ^= 0x01;
-    std::fs::write(&path, &bytes).unwrap();
-
-    let mut tampered = ServerSpec::wasm("everything", &path);
-    tampered.sha256 = Some(pinned);
-    match host().connect(&tampered).await {
-        Err(ClientError::Launch(LaunchError::Wasm(WasmError::Digest { mismatch, .. }))) => {
-            assert_eq!(mismatch.expected, pinned);
-            assert_eq!(mismatch.actual, Digest::of(&bytes));
-        }
-        Err(other) => panic!("expected a digest error, got {other}"),
-        Ok(_) => panic!("a tampered component must not launch"),
+    let hostile_args: Vec<String> = [
+        "$(touch X)",
+        "`touch Y`",
+        "a; touch Z",
+        "--",
+        "--flag=1",
+        "",
+        "two words",
+        "ünï\tcødé",
+        "'quoted' \"double\"",
+    ]
+    .map(String::from)
+    .to_vec();
+    let mut report = spec(launcher, guests::REPORT);
+    report.args = hostile_args.clone();
+    report.env.insert("GREETING".into(), "hello".into());
+    report.env_passthrough = vec!["PATH".into(), "MOAT_SURELY_UNSET".into()];
+    if let moat_host::ServerKind::Native { cwd, .. } = &mut report.kind {
+        *cwd = dir.path().to_owned();
     }
-    // The same pin admits the original bytes.
-    let mut genuine = ServerSpec::wasm("everything", guests::EVERYTHING_WASM);
-    genuine.sha256 = Some(pinned);
-    host()
-        .connect(&genuine)
-        .await
+    let session = connect(&report).await;
+    let result = session.call_tool("attack", None).await.unwrap();
+    session.close().await.unwrap();
+    let seen: serde_json::Value = serde_json::from_str(&text(&result)).unwrap();
+    let argv: Vec<String> = serde_json::from_value(seen["argv"].clone()).unwrap();
+    assert_eq!(
+        argv[1..],
+        hostile_args[..],
+        "argv after argv[0], byte for byte"
+    );
+    let argv0 = match launcher {
+        Launcher::Wasm => "report".to_owned(),
+        // argv[0] stays as configured, not /proc/self/fd/N.
+        Launcher::Native => guests::REPORT_NATIVE.to_owned(),
+    };
+    assert_eq!(argv[0], argv0);
+    let mut names: Vec<&str> = seen["env"]
+        .as_object()
         .unwrap()
-        .close()
-        .await
-        .unwrap();
+        .keys()
+        .map(String::as_str)
+        .collect();
+    names.sort();
+    assert_eq!(names, ["GREETING", "PATH"], "the environment is exact");
+    assert_eq!(seen["env"]["GREETING"], "hello");
+    assert_eq!(
+        seen["env"]["PATH"].as_str(),
+        std::env::var("PATH").ok().as_deref()
+    );
+    if launcher == Launcher::Native {
+        assert_eq!(
+            Path::new(seen["cwd"].as_str().unwrap()),
+            dir.path().canonicalize().unwrap()
+        );
+    }
+    for file in ["X", "Y", "Z"] {
+        assert!(
+            !dir.path().join(file).exists(),
+            "a shell ran: {file} exists"
+        );
+        assert!(!Path::new(file).exists(), "a shell ran: {file} exists");
+    }
 }
 
-#[tokio::test]
-async fn an_unpinned_component_needs_consent() {
-    let unpinned = ServerSpec::wasm("everything", guests::EVERYTHING_WASM);
+async fn an_unpinned_server_needs_consent(launcher: Launcher) {
+    let mut unpinned = spec(launcher, guests::EVERYTHING);
+    unpinned.allow_unmeasured = false;
     match host().connect(&unpinned).await {
         Err(ClientError::Launch(LaunchError::Unmeasured { server })) => {
             assert_eq!(server, "everything")
         }
         Err(other) => panic!("expected an unmeasured refusal, got {other}"),
-        Ok(_) => panic!("an unpinned component must not launch without consent"),
+        Ok(_) => panic!("an unpinned server must not launch without consent"),
     }
-}
-
-#[tokio::test]
-async fn a_corrupt_or_foreign_cache_file_is_recompiled_not_loaded() {
-    let cache = tempfile::tempdir().unwrap();
-    let path = Path::new(guests::NON_JSON_WASM);
-    let digest = Digest::of(&std::fs::read(path).unwrap());
-    let fresh = || Host::new(Some(cache.path().to_owned())).unwrap();
-
-    let first = fresh()
-        .wasm()
-        .prepare(path, Expectation::Unpinned)
-        .await
-        .unwrap();
-    assert_eq!(first.cache_outcome(), CacheOutcome::Compiled);
-    let engine = fresh();
-    let cache_file = engine.wasm().cache_path(digest).unwrap();
-    let second = engine
-        .wasm()
-        .prepare(path, Expectation::Unpinned)
-        .await
-        .unwrap();
-    assert_eq!(second.cache_outcome(), CacheOutcome::Hit);
-    let again = engine
-        .wasm()
-        .prepare(path, Expectation::Unpinned)
-        .await
-        .unwrap();
-    assert_eq!(again.cache_outcome(), CacheOutcome::Memory);
-
-    // One flipped byte in the compiled payload.
-    let mut file = std::fs::read(&cache_file).unwrap();
-    let middle = file.len() / 2;
-    file[middle] ^= 0xff;
-    std::fs::write(&cache_file, &file).unwrap();
-    let third = fresh()
-        .wasm()
-        .prepare(path, Expectation::Unpinned)
-        .await
-        .unwrap();
-    assert_eq!(third.cache_outcome(), CacheOutcome::Recompiled);
-    assert_eq!(
-        fresh()
-            .wasm()
-            .prepare(path, Expectation::Unpinned)
-            .await
-            .unwrap()
-            .cache_outcome(),
-        CacheOutcome::Hit,
-        "the corrupt file was rewritten"
-    );
-
-    // A file whose recorded digest matches its payload, but the payload is
-    // not wasmtime's: refused by the engine, recompiled.
-    let garbage = b"not a compiled component".to_vec();
-    let mut foreign = b"MOAT-CWASM1\n".to_vec();
-    foreign.extend_from_slice(Digest::of(&garbage).as_bytes());
-    foreign.extend_from_slice(&garbage);
-    std::fs::write(&cache_file, &foreign).unwrap();
-    let fourth = fresh()
-        .wasm()
-        .prepare(path, Expectation::Unpinned)
-        .await
-        .unwrap();
-    assert_eq!(fourth.cache_outcome(), CacheOutcome::Recompiled);
-
-    // And the recompiled component runs.
-    let mut spec = ServerSpec::wasm("non-json", path);
-    spec.allow_unmeasured = true;
-    let session = fresh().connect(&spec).await.unwrap();
-    assert_eq!(session.list_tools().await.unwrap().len(), 1);
-    session.close().await.unwrap();
-}
-
-/// An idle guest parks in `wasi:io/poll`: a 300 ms sleep inside the guest
-/// costs a handful of host calls and almost no fuel, where busy polling would
-/// cost thousands of calls and hundreds of millions of fuel units.
-#[tokio::test]
-async fn an_idle_guest_burns_no_fuel_and_makes_no_busy_host_calls() {
-    let session = connect(&spec("everything", guests::EVERYTHING_WASM)).await;
-    session
-        .call_tool("add", args(json!({"a": 1, "b": 1})))
-        .await
-        .unwrap();
-    let metrics = session.shared().metrics();
-    let (calls, fuel) = (metrics.hostcalls(), metrics.fuel_consumed());
-    assert!(calls > 0 && fuel > 0, "the counters count");
-    let slept = session
-        .call_tool("sleep", args(json!({"ms": 300})))
-        .await
-        .unwrap();
-    assert_eq!(text(&slept), "slept 300 ms");
-    let calls = metrics.hostcalls() - calls;
-    let fuel = metrics.fuel_consumed() - fuel;
-    assert!(calls < 200, "{calls} host calls during a 300 ms idle sleep");
-    assert!(
-        fuel < 20_000_000,
-        "{fuel} fuel used during a 300 ms idle sleep"
-    );
+    // With consent it runs, and reports what it is.
+    let session = connect(&spec(launcher, guests::EVERYTHING)).await;
+    let identity = session.shared().identity().unwrap();
+    let expected = match launcher {
+        Launcher::Wasm => Evidence::WasmMeasured,
+        Launcher::Native => Evidence::NativeUnmeasured,
+    };
+    assert_eq!(identity.evidence, expected);
     session.close().await.unwrap();
 }

@@ -1,0 +1,250 @@
+//! Native-only checks of the native launcher: the measured launch (links,
+//! changed bytes, a swap after the check), process-group cleanup checked
+//! through /proc, and a real MCP server that nobody here wrote.
+#![cfg(target_os = "linux")]
+
+use std::path::{Path, PathBuf};
+
+use moat_host::command::resolve;
+use moat_host::native::{self, NativeError, NativeLaunch};
+use moat_host::rmcp::model::CallToolResult;
+use moat_host::{
+    ClientError, Digest, Evidence, Expectation, Handshake, Host, LaunchError, ServerSpec, Session,
+};
+use moat_test_guests as guests;
+
+fn host() -> Host {
+    Host::new(None).expect("host")
+}
+
+fn text(result: &CallToolResult) -> String {
+    let content = serde_json::to_value(&result.content).unwrap();
+    content
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|c| c["text"].as_str())
+        .collect()
+}
+
+fn digest_of(path: impl AsRef<Path>) -> Digest {
+    Digest::of(&std::fs::read(path).unwrap())
+}
+
+/// A copy of a guest binary in a fresh directory, as `server`.
+fn copy_guest(source: &str) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("server");
+    std::fs::copy(source, &path).unwrap();
+    (dir, path)
+}
+
+fn pinned(name: &str, path: &Path, digest: Digest) -> ServerSpec {
+    let mut spec = ServerSpec::native(name, path.to_str().unwrap());
+    spec.sha256 = Some(digest);
+    spec
+}
+
+fn expect_native_error(result: Result<Session, ClientError>) -> NativeError {
+    match result {
+        Err(ClientError::Launch(LaunchError::Native(error))) => error,
+        Err(other) => panic!("expected a native launch error, got {other}"),
+        Ok(_) => panic!("the launch must be refused"),
+    }
+}
+
+#[tokio::test]
+async fn a_pinned_executable_runs_with_native_measured_evidence() {
+    let digest = digest_of(guests::EVERYTHING_NATIVE);
+    let spec = pinned("everything", Path::new(guests::EVERYTHING_NATIVE), digest);
+    let session = host().connect(&spec).await.unwrap();
+    let identity = session.shared().identity().unwrap();
+    assert_eq!(identity.evidence, Evidence::NativeMeasured);
+    assert_eq!(identity.digest, Some(digest));
+    session.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn one_changed_byte_is_refused() {
+    let (_dir, path) = copy_guest(guests::EVERYTHING_NATIVE);
+    let genuine = digest_of(&path);
+    let mut bytes = std::fs::read(&path).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0x01;
+    std::fs::write(&path, &bytes).unwrap();
+    match expect_native_error(host().connect(&pinned("server", &path, genuine)).await) {
+        NativeError::Digest { mismatch, .. } => {
+            assert_eq!(mismatch.expected, genuine);
+            assert_eq!(mismatch.actual, Digest::of(&bytes));
+        }
+        other => panic!("expected a digest mismatch, got {other}"),
+    }
+}
+
+#[tokio::test]
+async fn a_symlink_put_in_place_of_the_executable_is_refused() {
+    let (dir, path) = copy_guest(guests::EVERYTHING_NATIVE);
+    let digest = digest_of(&path);
+    let spec = pinned("server", &path, digest);
+    let resolved = path.canonicalize().unwrap();
+    // The transport resolves the configured path now ...
+    let transport = host().transport(&spec).unwrap();
+    // ... and then a link to the very same bytes takes the file's place.
+    let elsewhere = dir.path().join("elsewhere");
+    std::fs::rename(&path, &elsewhere).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, &path).unwrap();
+    let result = Session::connect(transport, Handshake::Auto).await;
+    match expect_native_error(result) {
+        NativeError::Symlink { path: refused } => assert_eq!(refused, resolved),
+        other => panic!("expected a symlink refusal, got {other}"),
+    }
+}
+
+#[tokio::test]
+async fn a_configured_link_is_resolved_once_and_argv0_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let link = dir.path().join("report-link");
+    std::os::unix::fs::symlink(guests::REPORT_NATIVE, &link).unwrap();
+    let mut spec = pinned("report", &link, digest_of(guests::REPORT_NATIVE));
+    spec.args = vec!["x".into()];
+    let session = host().connect(&spec).await.unwrap();
+    let result = session.call_tool("attack", None).await.unwrap();
+    session.close().await.unwrap();
+    let seen: serde_json::Value = serde_json::from_str(&text(&result)).unwrap();
+    assert_eq!(seen["argv"][0], link.to_str().unwrap());
+    assert_eq!(seen["argv"][1], "x");
+}
+
+/// Whatever replaces the file after the digest check, the measured bytes
+/// are what runs: the descriptor that was hashed is the one executed.
+#[tokio::test]
+async fn replacing_the_file_after_the_check_still_runs_the_measured_bytes() {
+    let (_dir, path) = copy_guest(guests::EVERYTHING_NATIVE);
+    let digest = digest_of(&path);
+    let executable = native::open_measured(&path, Expectation::Pinned(digest)).unwrap();
+    assert_eq!(executable.digest(), Some(digest));
+
+    // Swap in other bytes (a different server) under the same name.
+    let swapped = path.with_file_name("swapped");
+    std::fs::copy(guests::REPORT_NATIVE, &swapped).unwrap();
+    std::fs::rename(&swapped, &path).unwrap();
+
+    let resolved = resolve(path.to_str().unwrap(), Path::new("/"), None).unwrap();
+    let launch = NativeLaunch {
+        name: "everything".into(),
+        resolved,
+        args: Vec::new(),
+        env: Vec::new(),
+        cwd: std::env::temp_dir(),
+        measure: Vec::new(),
+        expected: Expectation::Pinned(digest),
+        limits: Default::default(),
+    };
+    let session = Session::connect(native::transport(launch, executable), Handshake::Auto)
+        .await
+        .unwrap();
+    let mut tools: Vec<String> = session
+        .list_tools()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|t| t.name.to_string())
+        .collect();
+    tools.sort();
+    // `everything`'s tools, not the swapped-in `report`'s `attack`.
+    assert_eq!(tools, ["add", "blob", "echo", "fail", "progress", "sleep"]);
+    session.close().await.unwrap();
+}
+
+/// A process is gone when /proc no longer has it, or it is a zombie
+/// waiting for its reaper.
+fn running(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => false,
+        Ok(stat) => {
+            let state = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.trim_start().chars().next());
+            state != Some('Z') && state != Some('X')
+        }
+    }
+}
+
+#[tokio::test]
+async fn children_and_grandchildren_are_gone_after_close() {
+    let mut spec = ServerSpec::native("fork-tree", guests::FORK_TREE_NATIVE);
+    spec.allow_unmeasured = true;
+    spec.limits.close_grace_ms = 200;
+    let session = host().connect(&spec).await.unwrap();
+    let result = session.call_tool("attack", None).await.unwrap();
+    let pids: Vec<u32> = text(&result)
+        .split_whitespace()
+        .map(|p| p.parse().unwrap())
+        .collect();
+    assert_eq!(pids.len(), 2, "child and grandchild");
+    for pid in &pids {
+        assert!(running(*pid), "{pid} should be running before close");
+    }
+    session.close().await.unwrap();
+    for pid in &pids {
+        assert!(!running(*pid), "{pid} outlived the session");
+    }
+}
+
+#[tokio::test]
+async fn a_command_missing_from_path_is_an_explicit_error() {
+    let mut spec = ServerSpec::native("ghost", "moat-no-such-command-anywhere");
+    spec.allow_unmeasured = true;
+    match host().transport(&spec) {
+        Err(LaunchError::Native(NativeError::Resolve(error))) => {
+            let message = error.to_string();
+            assert!(
+                message.starts_with("command `moat-no-such-command-anywhere` not found on PATH"),
+                "{message}"
+            );
+        }
+        Err(other) => panic!("expected a resolution error, got {other}"),
+        Ok(_) => panic!("a missing command must not resolve"),
+    }
+}
+
+/// The npm registry's reference server, installed by `tests/setup.sh`, run
+/// under node with the interpreter pinned and the package measured.
+#[tokio::test]
+async fn a_real_mcp_server_from_npm_runs_under_node() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let package = root.join("target/npm/node_modules/@modelcontextprotocol/server-everything");
+    assert!(
+        package.join("dist/index.js").exists(),
+        "{} is missing: run `bash tests/setup.sh` (the README's test command does)",
+        package.display()
+    );
+    let node = resolve("node", Path::new("/"), std::env::var_os("PATH").as_deref())
+        .expect("node on PATH (tests/setup.sh installs it)");
+    let mut spec = ServerSpec::native("everything-js", "node");
+    spec.sha256 = Some(digest_of(&node.target));
+    spec.args = vec![
+        package.join("dist/index.js").to_str().unwrap().into(),
+        "stdio".into(),
+    ];
+    if let moat_host::ServerKind::Native { measure, .. } = &mut spec.kind {
+        measure.push(package.join("dist"));
+    }
+    let session = host().connect(&spec).await.unwrap();
+    let identity = session.shared().identity().unwrap();
+    assert_eq!(identity.evidence, Evidence::NativeMeasured);
+    assert_eq!(identity.measured.len(), 1);
+    let tools = session.list_tools().await.unwrap();
+    assert!(tools.iter().any(|t| t.name == "echo"), "{tools:?}");
+    let echoed = session
+        .call_tool(
+            "echo",
+            serde_json::json!({"message": "through moat"})
+                .as_object()
+                .cloned(),
+        )
+        .await
+        .unwrap();
+    assert!(text(&echoed).contains("through moat"), "{}", text(&echoed));
+    session.close().await.unwrap();
+}

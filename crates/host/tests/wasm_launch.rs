@@ -1,0 +1,172 @@
+//! Wasm-only checks of the wasm launcher: the measured bytes, the compiled
+//! component cache, and what an idle guest costs.
+
+use std::path::{Path, PathBuf};
+
+use moat_host::rmcp::model::{CallToolResult, JsonObject};
+use moat_host::wasm::{CacheOutcome, WasmError};
+use moat_host::{ClientError, Digest, Expectation, Host, LaunchError, ServerSpec};
+use moat_test_guests as guests;
+use serde_json::json;
+
+fn host() -> Host {
+    Host::new(Some(
+        Path::new(env!("CARGO_TARGET_TMPDIR")).join("component-cache"),
+    ))
+    .expect("host")
+}
+
+fn args(value: serde_json::Value) -> Option<JsonObject> {
+    value.as_object().cloned()
+}
+
+fn text(result: &CallToolResult) -> String {
+    let content = serde_json::to_value(&result.content).unwrap();
+    content
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|c| c["text"].as_str())
+        .collect()
+}
+
+fn temp_copy(source: &str) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("guest.wasm");
+    std::fs::copy(source, &path).unwrap();
+    (dir, path)
+}
+
+#[tokio::test]
+async fn a_component_with_one_byte_changed_is_refused() {
+    let original = std::fs::read(guests::EVERYTHING_WASM).unwrap();
+    let pinned = Digest::of(&original);
+    let (_dir, path) = temp_copy(guests::EVERYTHING_WASM);
+    let mut bytes = original.clone();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0x01;
+    std::fs::write(&path, &bytes).unwrap();
+
+    let mut tampered = ServerSpec::wasm("everything", &path);
+    tampered.sha256 = Some(pinned);
+    match host().connect(&tampered).await {
+        Err(ClientError::Launch(LaunchError::Wasm(WasmError::Digest { mismatch, .. }))) => {
+            assert_eq!(mismatch.expected, pinned);
+            assert_eq!(mismatch.actual, Digest::of(&bytes));
+        }
+        Err(other) => panic!("expected a digest error, got {other}"),
+        Ok(_) => panic!("a tampered component must not launch"),
+    }
+    // The same pin admits the original bytes.
+    let mut genuine = ServerSpec::wasm("everything", guests::EVERYTHING_WASM);
+    genuine.sha256 = Some(pinned);
+    host()
+        .connect(&genuine)
+        .await
+        .unwrap()
+        .close()
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_corrupt_or_foreign_cache_file_is_recompiled_not_loaded() {
+    let cache = tempfile::tempdir().unwrap();
+    let path = Path::new(guests::NON_JSON_WASM);
+    let digest = Digest::of(&std::fs::read(path).unwrap());
+    let fresh = || Host::new(Some(cache.path().to_owned())).unwrap();
+
+    let first = fresh()
+        .wasm()
+        .prepare(path, Expectation::Unpinned)
+        .await
+        .unwrap();
+    assert_eq!(first.cache_outcome(), CacheOutcome::Compiled);
+    let engine = fresh();
+    let cache_file = engine.wasm().cache_path(digest).unwrap();
+    let second = engine
+        .wasm()
+        .prepare(path, Expectation::Unpinned)
+        .await
+        .unwrap();
+    assert_eq!(second.cache_outcome(), CacheOutcome::Hit);
+    let again = engine
+        .wasm()
+        .prepare(path, Expectation::Unpinned)
+        .await
+        .unwrap();
+    assert_eq!(again.cache_outcome(), CacheOutcome::Memory);
+
+    // One flipped byte in the compiled payload.
+    let mut file = std::fs::read(&cache_file).unwrap();
+    let middle = file.len() / 2;
+    file[middle] ^= 0xff;
+    std::fs::write(&cache_file, &file).unwrap();
+    let third = fresh()
+        .wasm()
+        .prepare(path, Expectation::Unpinned)
+        .await
+        .unwrap();
+    assert_eq!(third.cache_outcome(), CacheOutcome::Recompiled);
+    assert_eq!(
+        fresh()
+            .wasm()
+            .prepare(path, Expectation::Unpinned)
+            .await
+            .unwrap()
+            .cache_outcome(),
+        CacheOutcome::Hit,
+        "the corrupt file was rewritten"
+    );
+
+    // A file whose recorded digest matches its payload, but the payload is
+    // not wasmtime's: refused by the engine, recompiled.
+    let garbage = b"not a compiled component".to_vec();
+    let mut foreign = b"MOAT-CWASM1\n".to_vec();
+    foreign.extend_from_slice(Digest::of(&garbage).as_bytes());
+    foreign.extend_from_slice(&garbage);
+    std::fs::write(&cache_file, &foreign).unwrap();
+    let fourth = fresh()
+        .wasm()
+        .prepare(path, Expectation::Unpinned)
+        .await
+        .unwrap();
+    assert_eq!(fourth.cache_outcome(), CacheOutcome::Recompiled);
+
+    // And the recompiled component runs.
+    let mut spec = ServerSpec::wasm("non-json", path);
+    spec.allow_unmeasured = true;
+    let session = fresh().connect(&spec).await.unwrap();
+    assert_eq!(session.list_tools().await.unwrap().len(), 1);
+    session.close().await.unwrap();
+}
+
+/// An idle guest parks in `wasi:io/poll`: a 300 ms sleep inside the guest
+/// costs a handful of host calls and almost no fuel, where busy polling would
+/// cost thousands of calls and hundreds of millions of fuel units.
+#[tokio::test]
+async fn an_idle_guest_burns_no_fuel_and_makes_no_busy_host_calls() {
+    let mut spec = ServerSpec::wasm("everything", guests::EVERYTHING_WASM);
+    spec.allow_unmeasured = true;
+    let session = host().connect(&spec).await.unwrap();
+    session
+        .call_tool("add", args(json!({"a": 1, "b": 1})))
+        .await
+        .unwrap();
+    let metrics = session.shared().metrics();
+    let (calls, fuel) = (metrics.hostcalls(), metrics.fuel_consumed());
+    assert!(calls > 0 && fuel > 0, "the counters count");
+    let slept = session
+        .call_tool("sleep", args(json!({"ms": 300})))
+        .await
+        .unwrap();
+    assert_eq!(text(&slept), "slept 300 ms");
+    let calls = metrics.hostcalls() - calls;
+    let fuel = metrics.fuel_consumed() - fuel;
+    assert!(calls < 200, "{calls} host calls during a 300 ms idle sleep");
+    assert!(
+        fuel < 20_000_000,
+        "{fuel} fuel used during a 300 ms idle sleep"
+    );
+    session.close().await.unwrap();
+}

@@ -1,0 +1,23 @@
+//! Not hostile: answers `attack` with what it was given, as JSON text:
+//! `{"argv": [...], "env": {...}, "cwd": "..."}`. Tests use it to check that
+//! argv, the environment and the working directory arrive exactly.
+fn main() {
+    hostile::serve("report", |id: &serde_json::Value| {
+        let argv: Vec<String> = std::env::args_os()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        let env: serde_json::Map<String, serde_json::Value> = std::env::vars_os()
+            .map(|(k, v)| {
+                (
+                    k.to_string_lossy().into_owned(),
+                    serde_json::Value::String(v.to_string_lossy().into_owned()),
+                )
+            })
+            .collect();
+        let cwd = std::env::current_dir()
+            .map(|d| d.display().to_string())
+            .unwrap_or_default();
+        let report = serde_json::json!({"argv": argv, "env": env, "cwd": cwd});
+        Some(hostile::text_result(id, &report.to_string()))
+    });
+}

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Set-up for the test suite on a fresh machine: the pinned Rust toolchain with
+# the wasm32-wasip2 target, Node.js, and the third-party MCP server the native
+# tests run (from the npm registry, into target/npm). Safe to run again.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# rust-toolchain.toml pins the toolchain, its components and targets.
+rustup toolchain install
+
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        apt-get update -qq && apt-get install -y -qq nodejs npm >/dev/null
+    else
+        echo "tests/setup.sh: node and npm are needed (install Node.js 20 or newer)" >&2
+        exit 1
+    fi
+fi
+
+# The reference MCP server, pinned to one version.
+SERVER_EVERYTHING=2026.8.31
+installed=target/npm/node_modules/@modelcontextprotocol/server-everything/package.json
+if ! grep -q "\"version\": \"$SERVER_EVERYTHING\"" "$installed" 2>/dev/null; then
+    mkdir -p target/npm
+    npm install --prefix target/npm --no-audit --no-fund --silent \
+        "@modelcontextprotocol/server-everything@$SERVER_EVERYTHING"
+fi
