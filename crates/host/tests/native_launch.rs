@@ -3,11 +3,14 @@
 //! through /proc, and a real MCP server that nobody here wrote.
 #![cfg(target_os = "linux")]
 
+mod common;
+
+use common::text;
+
 use std::path::{Path, PathBuf};
 
 use moat_host::command::resolve;
 use moat_host::native::{self, NativeError, NativeLaunch};
-use moat_host::rmcp::model::CallToolResult;
 use moat_host::{
     ClientError, Digest, Evidence, Expectation, Handshake, Host, LaunchError, ServerSpec, Session,
 };
@@ -15,16 +18,6 @@ use moat_test_guests as guests;
 
 fn host() -> Host {
     Host::new(None).expect("host")
-}
-
-fn text(result: &CallToolResult) -> String {
-    let content = serde_json::to_value(&result.content).unwrap();
-    content
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|c| c["text"].as_str())
-        .collect()
 }
 
 fn digest_of(path: impl AsRef<Path>) -> Digest {

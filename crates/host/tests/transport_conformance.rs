@@ -3,12 +3,15 @@
 //! the same source. Launcher-specific checks live in `wasm_launch.rs` and
 //! `native_launch.rs`.
 
+mod common;
+
+use common::{args, text};
+
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use moat_host::rmcp::model::{CallToolResult, JsonObject};
 use moat_host::transport::TransportError;
 use moat_host::{
     ClientError, Evidence, Fault, Handshake, Host, LaunchError, LimitHit, ServerSpec, Session,
@@ -82,20 +85,6 @@ fn spec(launcher: Launcher, guest: Guest) -> ServerSpec {
     };
     spec.allow_unmeasured = true;
     spec
-}
-
-fn args(value: serde_json::Value) -> Option<JsonObject> {
-    value.as_object().cloned()
-}
-
-fn text(result: &CallToolResult) -> String {
-    let content = serde_json::to_value(&result.content).unwrap();
-    content
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|c| c["text"].as_str())
-        .collect()
 }
 
 async fn connect(spec: &ServerSpec) -> Session {

@@ -1,9 +1,12 @@
 //! Wasm-only checks of the wasm launcher: the measured bytes, the compiled
 //! component cache, and what an idle guest costs.
 
+mod common;
+
+use common::{args, text};
+
 use std::path::{Path, PathBuf};
 
-use moat_host::rmcp::model::{CallToolResult, JsonObject};
 use moat_host::wasm::{CacheOutcome, WasmError};
 use moat_host::{ClientError, Digest, Expectation, Host, LaunchError, ServerSpec};
 use moat_test_guests as guests;
@@ -14,20 +17,6 @@ fn host() -> Host {
         Path::new(env!("CARGO_TARGET_TMPDIR")).join("component-cache"),
     ))
     .expect("host")
-}
-
-fn args(value: serde_json::Value) -> Option<JsonObject> {
-    value.as_object().cloned()
-}
-
-fn text(result: &CallToolResult) -> String {
-    let content = serde_json::to_value(&result.content).unwrap();
-    content
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|c| c["text"].as_str())
-        .collect()
 }
 
 fn temp_copy(source: &str) -> (tempfile::TempDir, PathBuf) {
