@@ -1,5 +1,5 @@
-//! Start-to-initialized and tool-call round trip through the wasm transport,
-//! side by side with an in-process rmcp baseline (client and server over an
+//! Start-to-initialized and tool-call round trip through the one transport,
+//! wasm and native (the same guest built both ways), side by side with an in-process rmcp baseline (client and server over an
 //! in-memory duplex) in the same run.
 //!
 //! Each group runs on a current-thread and on a multi-thread tokio runtime.
@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use moat_host::wasm::WasmLaunch;
-use moat_host::{Expectation, Handshake, Host, ServerSpec, Session};
+use moat_host::{Digest, Expectation, Handshake, Host, ServerSpec, Session};
 use moat_test_guests as guests;
 use rmcp::handler::server::{tool::ToolRouter, wrapper::Parameters};
 use rmcp::model::{CallToolRequestParams, ServerCapabilities, ServerConfig};
@@ -62,6 +62,15 @@ fn spec() -> ServerSpec {
     spec
 }
 
+/// The same guest built natively, pinned (so the launch hashes it).
+fn native_spec() -> ServerSpec {
+    let mut spec = ServerSpec::native("everything", guests::EVERYTHING_NATIVE);
+    spec.sha256 = Some(Digest::of(
+        &std::fs::read(guests::EVERYTHING_NATIVE).unwrap(),
+    ));
+    spec
+}
+
 fn add_args() -> Option<rmcp::model::JsonObject> {
     serde_json::json!({"a": 2, "b": 40}).as_object().cloned()
 }
@@ -81,11 +90,15 @@ async fn in_process_session() -> rmcp::service::RunningService<rmcp::RoleClient,
 
 /// Times `connect` alone; closing happens outside the measurement.
 async fn time_connects(host: &Host, iters: u64) -> Duration {
+    time_connects_to(host, &spec(), iters).await
+}
+
+async fn time_connects_to(host: &Host, spec: &ServerSpec, iters: u64) -> Duration {
     let mut total = Duration::ZERO;
     for _ in 0..iters {
         let started = Instant::now();
         let session = host
-            .connect_with(&spec(), Handshake::Initialize)
+            .connect_with(spec, Handshake::Initialize)
             .await
             .expect("connect");
         total += started.elapsed();
@@ -170,6 +183,11 @@ fn start_to_initialized(c: &mut Criterion) {
                 }
             })
         });
+        let native = native_spec();
+        group.bench_function("native_measured_spawn", |b| {
+            b.to_async(&runtime)
+                .iter_custom(|iters| time_connects_to(&warm, &native, iters))
+        });
         group.bench_function("in_process_rmcp", |b| {
             b.to_async(&runtime).iter_custom(|iters| async move {
                 let mut total = Duration::ZERO;
@@ -195,12 +213,19 @@ fn tool_call_round_trip(c: &mut Criterion) {
         let session: Session = runtime
             .block_on(host.connect_with(&spec(), Handshake::Initialize))
             .unwrap();
+        let native: Session = runtime
+            .block_on(host.connect_with(&native_spec(), Handshake::Initialize))
+            .unwrap();
         let baseline = runtime.block_on(in_process_session());
 
         let mut group = c.benchmark_group(format!("tool_call_round_trip/{flavor}"));
         group.bench_function("wasm", |b| {
             b.to_async(&runtime)
                 .iter(|| async { session.call_tool("add", add_args()).await.unwrap() })
+        });
+        group.bench_function("native", |b| {
+            b.to_async(&runtime)
+                .iter(|| async { native.call_tool("add", add_args()).await.unwrap() })
         });
         group.bench_function("in_process_rmcp", |b| {
             b.to_async(&runtime).iter(|| async {
@@ -212,6 +237,7 @@ fn tool_call_round_trip(c: &mut Criterion) {
         group.finish();
         runtime.block_on(async {
             session.close().await.unwrap();
+            native.close().await.unwrap();
             baseline.cancel().await.unwrap();
         });
     }

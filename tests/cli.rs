@@ -165,3 +165,35 @@ fn failures_exit_non_zero_with_one_line_errors() {
         stderr(&output)
     );
 }
+
+#[test]
+fn tools_and_call_work_unchanged_for_a_native_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("moat.toml");
+    let digest = moat_host::Digest::of(&std::fs::read(guests::EVERYTHING_NATIVE).unwrap());
+    std::fs::write(
+        &config,
+        format!(
+            "[servers.native]\ncommand = {:?}\nsha256 = \"{digest}\"\n[servers.native.limits]\ncpu_seconds = 10\n",
+            guests::EVERYTHING_NATIVE
+        ),
+    )
+    .unwrap();
+    let config = config.to_str().unwrap();
+    let output = moat(&["tools", "--config", config, "native"]);
+    assert!(output.status.success(), "stderr: {}", stderr(&output));
+    let text = stdout(&output);
+    assert!(text.contains("evidence  native-measured"), "{text}");
+    assert!(text.contains(&format!("sha256    {digest}")), "{text}");
+    let output = moat(&[
+        "call",
+        "--config",
+        config,
+        "native",
+        "add",
+        r#"{"a":2,"b":40}"#,
+    ]);
+    assert!(output.status.success(), "stderr: {}", stderr(&output));
+    let result: serde_json::Value = serde_json::from_str(&stdout(&output)).unwrap();
+    assert_eq!(result["content"][0]["text"], "42");
+}
