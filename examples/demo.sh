@@ -18,3 +18,6 @@ step "moat tools --config examples/moat.toml everything"
 
 step "moat call --config examples/moat.toml everything add '{\"a\":2,\"b\":40}'"
 ./target/release/moat call --config examples/moat.toml everything add '{"a":2,"b":40}'
+
+step "moat call --config examples/moat.toml everything-native add '{\"a\":2,\"b\":40}'  (the same guest, native)"
+./target/release/moat call --config examples/moat.toml everything-native add '{"a":2,"b":40}'
