@@ -6,6 +6,8 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
+use moat_host::lock::{LOCK_VERSION, Lock, printable};
+use moat_host::policy::ToolStatus;
 use moat_host::rmcp::model::JsonObject;
 use moat_host::{Config, Digest, Host, Session};
 
@@ -27,6 +29,9 @@ enum Command {
         /// The config file.
         #[arg(long, short, env = "MOAT_CONFIG", default_value = "moat.toml")]
         config: PathBuf,
+        /// Fail if moat.lock is missing (it is enforced whenever present).
+        #[arg(long)]
+        locked: bool,
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
@@ -38,12 +43,22 @@ enum Command {
         /// The config file.
         #[arg(long, short, env = "MOAT_CONFIG", default_value = "moat.toml")]
         config: PathBuf,
+        /// Fail if moat.lock is missing (it is enforced whenever present).
+        #[arg(long)]
+        locked: bool,
         /// The server, as named in the config.
         server: String,
         /// The tool.
         tool: String,
         /// The arguments, a JSON object.
         arguments: Option<String>,
+    },
+    /// Start every server, measure it and write moat.lock beside the config:
+    /// digests, execution identity, evidence and every tool's definition.
+    Lock {
+        /// The config file.
+        #[arg(long, short, env = "MOAT_CONFIG", default_value = "moat.toml")]
+        config: PathBuf,
     },
     /// Print the sha256 of a file, to pin it with `sha256 = "..."`.
     Digest {
@@ -99,16 +114,61 @@ async fn run(command: Command) -> Result<ExitCode> {
             println!("{}", Digest::of(&bytes));
             Ok(ExitCode::SUCCESS)
         }
+        Command::Lock { config } => {
+            let loaded = Config::load(&config)?;
+            let host = Host::new(Host::default_cache_dir())?;
+            let mut lock = Lock {
+                version: LOCK_VERSION,
+                ..Lock::default()
+            };
+            for (name, spec) in &loaded.servers {
+                eprintln!("moat: measuring `{name}`");
+                let locked = host
+                    .measure(spec)
+                    .await
+                    .with_context(|| format!("locking server `{name}`"))?;
+                println!(
+                    "{name}: {} sha256 {} identity {} ({} tools)",
+                    locked.evidence,
+                    locked.sha256,
+                    locked.identity,
+                    locked.tools.len()
+                );
+                for tool in &locked.tools {
+                    if !tool.flags.is_empty() {
+                        println!(
+                            "  warning: tool `{}` has untrusted metadata: {}",
+                            printable(&tool.name),
+                            tool.flags.join(", ")
+                        );
+                    }
+                }
+                lock.servers.insert(name.clone(), locked);
+            }
+            let path = Lock::path_for(&config);
+            let before = std::fs::read(&path).ok();
+            lock.write(&path)?;
+            let state = match before {
+                Some(before) if before == lock.to_text().as_bytes() => "unchanged",
+                Some(_) => "updated",
+                None => "created",
+            };
+            println!("wrote {} ({state})", path.display());
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Tools {
             config,
+            locked,
             json,
             server,
         } => {
-            let session = connect(&config, &server).await?;
+            let session = connect(&config, &server, locked).await?;
             let tools = session.list_tools().await;
+            let reports = session.tool_reports().await;
             let identity = session.shared().identity();
             session.close().await?;
             let tools = tools?;
+            let reports = reports?;
             let (digest, evidence, measured) = identity
                 .map(|i| {
                     (
@@ -130,6 +190,10 @@ async fn run(command: Command) -> Result<ExitCode> {
                         .map(|(path, digest)| serde_json::json!({"path": path, "sha256": digest.to_string()}))
                         .collect::<Vec<_>>(),
                     "tools": tools,
+                    "pins": reports.as_ref().map(|reports| reports
+                        .iter()
+                        .map(|r| serde_json::json!({"name": r.name, "status": r.status.word(), "detail": format!("{:?}", r.status)}))
+                        .collect::<Vec<_>>()),
                 });
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {
@@ -141,26 +205,67 @@ async fn run(command: Command) -> Result<ExitCode> {
                 }
                 println!();
                 let width = tools.iter().map(|t| t.name.len()).max().unwrap_or(4).max(4);
-                println!("{:width$}  DESCRIPTION", "TOOL");
-                for tool in &tools {
-                    let description = tool
-                        .description
-                        .as_deref()
-                        .map(printable)
-                        .unwrap_or_default();
-                    println!("{:width$}  {description}", printable(&tool.name));
+                match &reports {
+                    None => {
+                        println!("{:width$}  DESCRIPTION", "TOOL");
+                        for tool in &tools {
+                            let description = tool
+                                .description
+                                .as_deref()
+                                .map(printable)
+                                .unwrap_or_default();
+                            println!("{:width$}  {description}", printable(&tool.name));
+                        }
+                    }
+                    Some(reports) => {
+                        let width = reports
+                            .iter()
+                            .map(|r| r.name.len())
+                            .max()
+                            .unwrap_or(4)
+                            .max(width);
+                        println!(
+                            "{:width$}  {:7}  DESCRIPTION (from moat.lock)",
+                            "TOOL", "STATUS"
+                        );
+                        for report in reports {
+                            let detail = match &report.status {
+                                ToolStatus::Pinned { .. } => tools
+                                    .iter()
+                                    .find(|t| t.name == report.name)
+                                    .and_then(|t| t.description.as_deref())
+                                    .map(printable)
+                                    .unwrap_or_default(),
+                                ToolStatus::Drifted { locked, live } => {
+                                    format!("unavailable: locked {locked}, live {live}")
+                                }
+                                ToolStatus::New { live } => {
+                                    format!("unavailable: not in the lock (live {live})")
+                                }
+                                ToolStatus::Missing { locked } => {
+                                    format!("the server no longer lists it (locked {locked})")
+                                }
+                            };
+                            println!(
+                                "{:width$}  {:7}  {detail}",
+                                printable(&report.name),
+                                report.status.word()
+                            );
+                        }
+                    }
                 }
             }
             Ok(ExitCode::SUCCESS)
         }
         Command::Call {
             config,
+            locked,
             server,
             tool,
             arguments,
         } => {
             let arguments = parse_arguments(arguments.as_deref())?;
-            let session = connect(&config, &server).await?;
+            let session = connect(&config, &server, locked).await?;
             let result = session.call_tool(&tool, arguments).await;
             session.close().await?;
             let result = result?;
@@ -206,17 +311,20 @@ fn parse_arguments(arguments: Option<&str>) -> Result<Option<JsonObject>> {
     }
 }
 
-async fn connect(config_path: &Path, server: &str) -> Result<Session> {
+/// Connects to `server`, enforcing moat.lock when it exists beside the
+/// config (and requiring it with `--locked`).
+async fn connect(config_path: &Path, server: &str, locked: bool) -> Result<Session> {
     let config = Config::load(config_path)?;
     let spec = config.server(server)?;
-    let host = Host::new(Host::default_cache_dir())?;
+    let mut host = Host::new(Host::default_cache_dir())?;
+    let lock_path = Lock::path_for(config_path);
+    match Lock::load(&lock_path)? {
+        Some(lock) => host = host.with_lock(lock, lock_path),
+        None if locked => bail!(
+            "--locked: {} does not exist; run `moat lock` to create it",
+            lock_path.display()
+        ),
+        None => {}
+    }
     Ok(host.connect(spec).await?)
-}
-
-/// Server-supplied text is untrusted: never write control characters or
-/// escape sequences to a terminal.
-fn printable(text: &str) -> String {
-    text.chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .collect()
 }

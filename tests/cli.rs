@@ -60,7 +60,9 @@ fn tools_lists_tools_with_evidence_and_digest() {
     let digest = moat_host::Digest::of(&std::fs::read(guests::EVERYTHING_WASM).unwrap());
     assert!(text.contains("evidence  wasm-measured"), "{text}");
     assert!(text.contains(&format!("sha256    {digest}")), "{text}");
-    for tool in ["echo", "add", "sleep", "fail", "blob", "progress"] {
+    for tool in [
+        "echo", "add", "sleep", "fail", "blob", "progress", "calls", "shape",
+    ] {
         assert!(
             text.lines().any(|l| l.starts_with(&format!("{tool} "))),
             "{tool} missing from:\n{text}"
@@ -75,7 +77,7 @@ fn tools_lists_tools_with_evidence_and_digest() {
     ]);
     let report: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
     assert_eq!(report["evidence"], "wasm-measured");
-    assert_eq!(report["tools"].as_array().unwrap().len(), 6);
+    assert_eq!(report["tools"].as_array().unwrap().len(), 8);
 }
 
 #[test]
@@ -196,4 +198,105 @@ fn tools_and_call_work_unchanged_for_a_native_server() {
     assert!(output.status.success(), "stderr: {}", stderr(&output));
     let result: serde_json::Value = serde_json::from_str(&stdout(&output)).unwrap();
     assert_eq!(result["content"][0]["text"], "42");
+}
+
+#[test]
+fn lock_writes_a_byte_identical_lock_and_tools_enforce_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("moat.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[servers.everything]\nwasm = {:?}\nallow_unmeasured = true\nenv = {{ EVERYTHING_DRIFT = \"0\" }}\n[servers.shady]\ncommand = {:?}\nallow_unmeasured = true\n",
+            guests::EVERYTHING_WASM,
+            guests::SHADY_METADATA_NATIVE,
+        ),
+    )
+    .unwrap();
+    let config_arg = config.to_str().unwrap();
+    let lock_path = dir.path().join("moat.lock");
+
+    // --locked refuses to run without a lock.
+    let output = moat(&["tools", "--locked", "--config", config_arg, "everything"]);
+    assert!(!output.status.success());
+    assert!(
+        stderr(&output).contains("does not exist; run `moat lock`"),
+        "{}",
+        stderr(&output)
+    );
+
+    let output = moat(&["lock", "--config", config_arg]);
+    assert!(output.status.success(), "stderr: {}", stderr(&output));
+    let first = std::fs::read(&lock_path).unwrap();
+    let text = stdout(&output);
+    assert!(text.contains("created"), "{text}");
+    assert!(
+        text.contains("warning: tool `attack` has untrusted metadata: ansi-escape, bidi-controls, zero-width-characters"),
+        "{text}"
+    );
+    assert!(
+        !output.stdout.contains(&0x1b),
+        "raw escape written to the terminal"
+    );
+
+    let output = moat(&["lock", "--config", config_arg]);
+    assert!(output.status.success(), "stderr: {}", stderr(&output));
+    assert!(stdout(&output).contains("unchanged"), "{}", stdout(&output));
+    assert_eq!(
+        std::fs::read(&lock_path).unwrap(),
+        first,
+        "moat.lock is byte-identical"
+    );
+
+    let output = moat(&["tools", "--locked", "--config", config_arg, "everything"]);
+    assert!(output.status.success(), "stderr: {}", stderr(&output));
+    assert!(
+        stdout(&output)
+            .lines()
+            .any(|l| l.starts_with("echo ") && l.contains(" pinned ")),
+        "{}",
+        stdout(&output)
+    );
+    let output = moat(&["tools", "--config", config_arg, "shady"]);
+    assert!(output.status.success(), "stderr: {}", stderr(&output));
+    assert!(
+        !output.stdout.contains(&0x1b),
+        "raw escape written to the terminal"
+    );
+    assert!(
+        stdout(&output).contains("\\u{1b}[8m"),
+        "{}",
+        stdout(&output)
+    );
+
+    // Drift the `echo` tool: `moat tools` reports it, `moat call` refuses it.
+    let drifted = std::fs::read_to_string(&config)
+        .unwrap()
+        .replace("\"0\"", "\"1\"");
+    std::fs::write(&config, drifted).unwrap();
+    let output = moat(&["tools", "--config", config_arg, "everything"]);
+    let text = stdout(&output);
+    let echo = text
+        .lines()
+        .find(|l| l.starts_with("echo "))
+        .unwrap_or_default();
+    assert!(
+        echo.contains(" drifted ") && echo.contains("unavailable: locked "),
+        "{text}"
+    );
+    let output = moat(&[
+        "call",
+        "--config",
+        config_arg,
+        "everything",
+        "echo",
+        r#"{"message":"x"}"#,
+    ]);
+    assert!(!output.status.success());
+    assert!(
+        stderr(&output)
+            .contains("tool `echo` on server `everything` is unavailable: its definition drifted"),
+        "{}",
+        stderr(&output)
+    );
 }

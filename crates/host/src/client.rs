@@ -14,8 +14,16 @@ use rmcp::service::{NotificationContext, RunningService};
 use rmcp::{ClientHandler, ClientLifecycleMode, ClientServiceExt, RoleClient, ServiceError};
 use tokio::sync::mpsc;
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use crate::LaunchError;
 use crate::config::{ServerKind, ServerSpec};
+use crate::identity::{Digest, Expectation};
+use crate::lock::{
+    IdentityParts, Lock, LockedServer, LockedTool, canonical_tool, execution_identity,
+    metadata_flags, tool_pin,
+};
+use crate::policy::{Pins, ToolReport, ToolStatus};
 use crate::transport::{Fault, ServerTransport, Shared};
 use crate::wasm::{WasmEngine, WasmLaunch};
 
@@ -71,6 +79,56 @@ pub enum ClientError {
         operation: String,
         detail: String,
     },
+    #[error(transparent)]
+    Lock(#[from] crate::lock::LockError),
+    #[error("server `{server}` is not in {lock}: run `moat lock` to approve it")]
+    NotLocked { server: String, lock: String },
+    #[error("server `{server}`: {lock} is damaged: {detail}")]
+    BadLock {
+        server: String,
+        lock: String,
+        detail: String,
+    },
+    #[error(
+        "server `{server}`: the config pins sha256 {config} but the lock approved {locked}: run `moat lock` after checking which is right"
+    )]
+    LockConflict {
+        server: String,
+        config: String,
+        locked: String,
+    },
+    #[error(
+        "server `{server}`: its execution identity changed since the lock (locked {locked}, now {live}): argv, cwd, environment names or measured files differ; run `moat lock` to approve"
+    )]
+    IdentityChanged {
+        server: String,
+        locked: String,
+        live: String,
+    },
+    #[error(transparent)]
+    Policy(#[from] crate::policy::PolicyError),
+    #[error("tool `{tool}` on server `{server}` is unavailable: {reason}")]
+    ToolUnavailable {
+        server: String,
+        tool: String,
+        reason: String,
+    },
+    #[error(
+        "tool `{tool}` on server `{server}`: invalid params {violation} (not sent to the server)"
+    )]
+    InvalidArguments {
+        server: String,
+        tool: String,
+        violation: crate::policy::SchemaViolation,
+    },
+    #[error(
+        "tool `{tool}` on server `{server}`: structuredContent violates the pinned outputSchema {violation}; the result was withheld"
+    )]
+    InvalidOutput {
+        server: String,
+        tool: String,
+        violation: crate::policy::SchemaViolation,
+    },
 }
 
 impl ClientError {
@@ -87,6 +145,7 @@ impl ClientError {
 #[derive(Clone)]
 pub struct Host {
     wasm: WasmEngine,
+    lock: Option<(Arc<Lock>, PathBuf)>,
 }
 
 impl Host {
@@ -94,7 +153,15 @@ impl Host {
     pub fn new(cache_dir: Option<PathBuf>) -> Result<Self, LaunchError> {
         Ok(Self {
             wasm: WasmEngine::new(cache_dir)?,
+            lock: None,
         })
+    }
+
+    /// Enforces `lock` (read from `path`) on every connect: digests, the
+    /// execution identity and tool pins.
+    pub fn with_lock(mut self, lock: Lock, path: PathBuf) -> Self {
+        self.lock = Some((Arc::new(lock), path));
+        self
     }
 
     /// The default cache directory: `$MOAT_CACHE_DIR`, else
@@ -120,6 +187,15 @@ impl Host {
         let expected = spec.expectation().ok_or_else(|| LaunchError::Unmeasured {
             server: spec.name.clone(),
         })?;
+        self.transport_expecting(spec, expected)
+    }
+
+    /// A transport for `spec` whose bytes must meet `expected`.
+    pub fn transport_expecting(
+        &self,
+        spec: &ServerSpec,
+        expected: Expectation,
+    ) -> Result<ServerTransport, LaunchError> {
         match &spec.kind {
             ServerKind::Wasm { path } => {
                 let launch = WasmLaunch::from_spec(spec);
@@ -169,23 +245,146 @@ impl Host {
         self.connect_with(spec, Handshake::Auto).await
     }
 
-    /// Launches `spec` and completes the given handshake.
+    /// Launches `spec` and completes the given handshake. With a lock, the
+    /// bytes must be the locked bytes, the identity the locked identity, and
+    /// the session exposes pinned tools only.
     pub async fn connect_with(
         &self,
         spec: &ServerSpec,
         handshake: Handshake,
     ) -> Result<Session, ClientError> {
-        let transport = self.transport(spec)?;
-        Session::connect(transport, handshake).await
+        let Some((lock, lock_path)) = &self.lock else {
+            let transport = self.transport(spec)?;
+            return Session::connect(transport, handshake).await;
+        };
+        let lock_name = lock_path.display().to_string();
+        let locked = lock
+            .servers
+            .get(&spec.name)
+            .ok_or_else(|| ClientError::NotLocked {
+                server: spec.name.clone(),
+                lock: lock_name.clone(),
+            })?
+            .clone();
+        let digest: Digest = locked.sha256.parse().map_err(|e| ClientError::BadLock {
+            server: spec.name.clone(),
+            lock: lock_name.clone(),
+            detail: format!("sha256: {e}"),
+        })?;
+        if let Some(pin) = spec.sha256
+            && pin != digest
+        {
+            return Err(ClientError::LockConflict {
+                server: spec.name.clone(),
+                config: pin.to_string(),
+                locked: digest.to_string(),
+            });
+        }
+        let transport = self.transport_expecting(spec, Expectation::Pinned(digest))?;
+        let mut session = Session::connect(transport, handshake).await?;
+        if let Err(error) = session.enforce(spec, &locked).await {
+            let _ = session.close_quietly().await;
+            return Err(error);
+        }
+        Ok(session)
+    }
+
+    /// Starts `spec`, measures it and returns what `moat lock` records: its
+    /// digests, identity, evidence and every tool's pinned definition. A
+    /// digest pinned in the config must still match.
+    pub async fn measure(&self, spec: &ServerSpec) -> Result<LockedServer, ClientError> {
+        let expected = spec.sha256.map_or(Expectation::Record, Expectation::Pinned);
+        let transport = self.transport_expecting(spec, expected)?;
+        let session = Session::connect(transport, Handshake::Auto).await?;
+        let tools = session.list_tools().await;
+        let identity = session.shared().identity();
+        session.close().await?;
+        let tools = tools?;
+        let identity = identity.ok_or_else(|| ClientError::Protocol {
+            server: spec.name.clone(),
+            operation: "measure".into(),
+            detail: "the server reported no identity".into(),
+        })?;
+        let digest = identity.digest.ok_or_else(|| ClientError::Protocol {
+            server: spec.name.clone(),
+            operation: "measure".into(),
+            detail: "the server's bytes were not measured".into(),
+        })?;
+        let parts = identity_parts(spec, &identity);
+        let execution = execution_identity(&parts);
+        let mut locked_tools: Vec<LockedTool> = tools
+            .iter()
+            .map(|tool| {
+                let definition = canonical_tool(tool);
+                let mut flags = metadata_flags(&tool.name);
+                if let Some(description) = &tool.description {
+                    flags.extend(metadata_flags(description));
+                }
+                flags.sort();
+                flags.dedup();
+                LockedTool {
+                    name: tool.name.to_string(),
+                    sha256: tool_pin(&execution, &definition).to_string(),
+                    definition,
+                    flags,
+                }
+            })
+            .collect();
+        locked_tools.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(LockedServer {
+            kind: parts.kind.to_owned(),
+            evidence: identity.evidence.to_string(),
+            sha256: digest.to_string(),
+            identity: execution.to_string(),
+            measured: parts.measured,
+            tools: locked_tools,
+        })
     }
 }
 
-/// Receives what the server sends the client on its own: progress.
+/// The parts of a server's execution identity, from its spec and what the
+/// launcher measured. Environment names are the configured ones (values and
+/// pass-through names alike), whether or not a pass-through is set.
+fn identity_parts<'a>(
+    spec: &ServerSpec,
+    identity: &crate::transport::Identity,
+) -> IdentityParts<'a> {
+    let (kind, argv0, cwd) = match &spec.kind {
+        ServerKind::Wasm { .. } => ("wasm", spec.name.clone(), None),
+        ServerKind::Native { command, cwd, .. } => {
+            ("native", command.clone(), Some(cwd.display().to_string()))
+        }
+    };
+    let mut argv = vec![argv0];
+    argv.extend(spec.args.iter().cloned());
+    let mut env_names: Vec<String> = spec.env.keys().cloned().collect();
+    env_names.extend(spec.env_passthrough.iter().cloned());
+    IdentityParts {
+        kind,
+        sha256: identity.digest,
+        argv,
+        cwd,
+        env_names,
+        measured: identity
+            .measured
+            .iter()
+            .map(|(path, digest)| (path.display().to_string(), digest.to_string()))
+            .collect(),
+    }
+}
+
+/// Receives what the server sends the client on its own: progress, and
+/// word that its tool list changed.
 struct ClientSide {
     progress: mpsc::UnboundedSender<ProgressNotificationParam>,
+    tools_changed: Arc<AtomicBool>,
 }
 
 impl ClientHandler for ClientSide {
+    async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
+        self.tools_changed.store(true, Ordering::SeqCst);
+    }
+
     async fn on_progress(
         &self,
         params: ProgressNotificationParam,
@@ -200,6 +399,14 @@ pub struct Session {
     service: RunningService<RoleClient, ClientSide>,
     shared: Arc<Shared>,
     progress: Option<mpsc::UnboundedReceiver<ProgressNotificationParam>>,
+    tools_changed: Arc<AtomicBool>,
+    pins: Option<PinState>,
+}
+
+/// Pins being enforced on a session, and the latest check of the live tools.
+struct PinState {
+    pins: Pins,
+    reports: tokio::sync::Mutex<Vec<ToolReport>>,
 }
 
 impl Session {
@@ -214,8 +421,10 @@ impl Session {
         let server = shared.server().to_owned();
         let connected = transport.connect().await?;
         let (progress_tx, progress) = mpsc::unbounded_channel();
+        let tools_changed = Arc::new(AtomicBool::new(false));
         let client = ClientSide {
             progress: progress_tx,
+            tools_changed: tools_changed.clone(),
         };
         match client
             .serve_with_lifecycle(connected, handshake.mode())
@@ -225,6 +434,8 @@ impl Session {
                 service,
                 shared,
                 progress: Some(progress),
+                tools_changed,
+                pins: None,
             }),
             Err(error) => Err(match shared.fault() {
                 Some(fault) => ClientError::Fault {
@@ -287,12 +498,80 @@ impl Session {
         }
     }
 
-    /// Every tool the server lists.
-    pub async fn list_tools(&self) -> Result<Vec<Tool>, ClientError> {
+    /// Checks the running server against its lock entry: the execution
+    /// identity must be the locked one; then the live tools are compared with
+    /// the pins, which this session enforces from now on.
+    async fn enforce(
+        &mut self,
+        spec: &ServerSpec,
+        locked: &LockedServer,
+    ) -> Result<(), ClientError> {
+        let identity = self
+            .shared
+            .identity()
+            .ok_or_else(|| ClientError::Protocol {
+                server: self.server().to_owned(),
+                operation: "pin check".into(),
+                detail: "the server reported no identity".into(),
+            })?;
+        let live = execution_identity(&identity_parts(spec, &identity));
+        if live.to_string() != locked.identity {
+            return Err(ClientError::IdentityChanged {
+                server: self.server().to_owned(),
+                locked: locked.identity.clone(),
+                live: live.to_string(),
+            });
+        }
+        let pins = Pins::from_locked(locked, live)?;
+        let tools = self.live_tools().await?;
+        let reports = pins.evaluate(&tools);
+        for report in &reports {
+            if !matches!(report.status, ToolStatus::Pinned { .. }) {
+                tracing::warn!(server = %self.server(), tool = %report.name, status = report.status.word(), "tool not as pinned; unavailable");
+            }
+        }
+        self.pins = Some(PinState {
+            pins,
+            reports: tokio::sync::Mutex::new(reports),
+        });
+        Ok(())
+    }
+
+    async fn live_tools(&self) -> Result<Vec<Tool>, ClientError> {
         self.service
             .list_all_tools()
             .await
             .map_err(|e| self.error("tools/list", e))
+    }
+
+    /// The latest check of live tools against the pins, re-checked when the
+    /// server announced `notifications/tools/list_changed`. `None` without a
+    /// lock.
+    pub async fn tool_reports(&self) -> Result<Option<Vec<ToolReport>>, ClientError> {
+        let Some(state) = &self.pins else {
+            return Ok(None);
+        };
+        let mut reports = state.reports.lock().await;
+        if self.tools_changed.swap(false, Ordering::SeqCst) {
+            let live = self.live_tools().await?;
+            *reports = state.pins.evaluate(&live);
+        }
+        Ok(Some(reports.clone()))
+    }
+
+    /// The tools to expose. Without a lock, what the server lists; with one,
+    /// the pinned definitions of the tools that are as pinned (never the
+    /// server's own words).
+    pub async fn list_tools(&self) -> Result<Vec<Tool>, ClientError> {
+        match (&self.pins, self.tool_reports().await?) {
+            (Some(state), Some(reports)) => Ok(state.pins.exposed(&reports)),
+            _ => self.live_tools().await,
+        }
+    }
+
+    /// Closes without reporting errors (used on a failed pin check).
+    async fn close_quietly(self) -> Result<(), ClientError> {
+        self.close().await
     }
 
     /// Calls tool `name` with `arguments`.
@@ -301,14 +580,55 @@ impl Session {
         name: &str,
         arguments: Option<JsonObject>,
     ) -> Result<CallToolResult, ClientError> {
+        if let (Some(state), Some(reports)) = (&self.pins, self.tool_reports().await?) {
+            let status = reports.iter().find(|r| r.name == name).map(|r| &r.status);
+            let reason = match status {
+                Some(ToolStatus::Pinned { .. }) => None,
+                Some(ToolStatus::Drifted { locked, live }) => Some(format!(
+                    "its definition drifted from the lock (locked {locked}, live {live})"
+                )),
+                Some(ToolStatus::New { .. }) | None => Some("it is not in the lock".to_owned()),
+                Some(ToolStatus::Missing { .. }) => {
+                    Some("the server no longer lists it".to_owned())
+                }
+            };
+            if let Some(reason) = reason {
+                return Err(ClientError::ToolUnavailable {
+                    server: self.server().to_owned(),
+                    tool: name.to_owned(),
+                    reason,
+                });
+            }
+            let value = serde_json::Value::Object(arguments.clone().unwrap_or_default());
+            state
+                .pins
+                .check_arguments(name, &value)
+                .map_err(|violation| ClientError::InvalidArguments {
+                    server: self.server().to_owned(),
+                    tool: name.to_owned(),
+                    violation,
+                })?;
+        }
         let mut params = CallToolRequestParams::new(name.to_owned());
         if let Some(arguments) = arguments {
             params = params.with_arguments(arguments);
         }
-        self.service
+        let result = self
+            .service
             .call_tool(params)
             .await
-            .map_err(|e| self.error(&format!("tools/call `{name}`"), e))
+            .map_err(|e| self.error(&format!("tools/call `{name}`"), e))?;
+        if let (Some(state), Some(structured)) = (&self.pins, &result.structured_content) {
+            state
+                .pins
+                .check_output(name, structured)
+                .map_err(|violation| ClientError::InvalidOutput {
+                    server: self.server().to_owned(),
+                    tool: name.to_owned(),
+                    violation,
+                })?;
+        }
+        Ok(result)
     }
 
     /// Every resource the server lists.

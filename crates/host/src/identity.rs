@@ -105,6 +105,8 @@ pub enum Expectation {
     Pinned(Digest),
     /// No digest is pinned; the user consented with `allow_unmeasured`.
     Unpinned,
+    /// No digest is pinned yet: measure and report it (`moat lock`).
+    Record,
 }
 
 impl Expectation {

@@ -11,8 +11,10 @@ pub mod command;
 pub mod config;
 pub mod identity;
 pub mod limits;
+pub mod lock;
 #[cfg(unix)]
 pub mod native;
+pub mod policy;
 pub mod transport;
 pub mod wasm;
 

@@ -137,7 +137,7 @@ pub fn open_measured(
     }
     let digest = match expected {
         Expectation::Unpinned => None,
-        Expectation::Pinned(_) => {
+        Expectation::Pinned(_) | Expectation::Record => {
             // Read through a duplicate so the descriptor we execute stays put.
             let dup = fd.try_clone().map_err(|source| NativeError::Io {
                 syscall: "dup",

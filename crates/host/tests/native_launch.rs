@@ -145,7 +145,12 @@ async fn replacing_the_file_after_the_check_still_runs_the_measured_bytes() {
         .collect();
     tools.sort();
     // `everything`'s tools, not the swapped-in `report`'s `attack`.
-    assert_eq!(tools, ["add", "blob", "echo", "fail", "progress", "sleep"]);
+    assert_eq!(
+        tools,
+        [
+            "add", "blob", "calls", "echo", "fail", "progress", "shape", "sleep"
+        ]
+    );
     session.close().await.unwrap();
 }
 

@@ -3,9 +3,10 @@
 //! the same source. Launcher-specific checks live in `wasm_launch.rs` and
 //! `native_launch.rs`.
 
+#[macro_use]
 mod common;
 
-use common::{args, text};
+use common::{Launcher, args, spec, text};
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -16,38 +17,10 @@ use moat_host::transport::TransportError;
 use moat_host::{
     ClientError, Evidence, Fault, Handshake, Host, LaunchError, LimitHit, ServerSpec, Session,
 };
-use moat_test_guests::{self as guests, Guest};
+use moat_test_guests as guests;
 use serde_json::json;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Launcher {
-    Wasm,
-    Native,
-}
-
-/// Each test below runs once per launcher: `wasm::name` and `native::name`.
-macro_rules! conformance {
-    ($($test:ident),* $(,)?) => {
-        mod wasm {
-            $(
-                #[tokio::test]
-                async fn $test() {
-                    super::$test(super::Launcher::Wasm).await
-                }
-            )*
-        }
-        mod native {
-            $(
-                #[tokio::test]
-                async fn $test() {
-                    super::$test(super::Launcher::Native).await
-                }
-            )*
-        }
-    };
-}
-
-conformance!(
+both_launchers!(
     handshake_on_initialize_and_on_server_discover,
     tools_list_and_calls_go_through,
     progress_notifications_arrive_in_order,
@@ -74,17 +47,6 @@ fn host() -> &'static Host {
         let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("component-cache");
         Host::new(Some(cache)).expect("host")
     })
-}
-
-/// The spec for `guest` built for `launcher`, launched with consent
-/// and without a pin.
-fn spec(launcher: Launcher, guest: Guest) -> ServerSpec {
-    let mut spec = match launcher {
-        Launcher::Wasm => ServerSpec::wasm(guest.name, guest.wasm),
-        Launcher::Native => ServerSpec::native(guest.name, guest.native),
-    };
-    spec.allow_unmeasured = true;
-    spec
 }
 
 async fn connect(spec: &ServerSpec) -> Session {
@@ -144,7 +106,12 @@ async fn tools_list_and_calls_go_through(launcher: Launcher) {
         .map(|t| t.name.to_string())
         .collect();
     names.sort();
-    assert_eq!(names, ["add", "blob", "echo", "fail", "progress", "sleep"]);
+    assert_eq!(
+        names,
+        [
+            "add", "blob", "calls", "echo", "fail", "progress", "shape", "sleep"
+        ]
+    );
 
     let add = session
         .call_tool("add", args(json!({"a": 2, "b": 40})))

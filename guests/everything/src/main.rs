@@ -1,20 +1,31 @@
 //! `everything`: a well-behaved MCP server built on rmcp that exercises what
-//! Moat carries: tools (`echo`, `add`, `sleep`, `fail`, `blob`, `progress`),
-//! progress notifications, one resource and one prompt.
+//! Moat carries: tools (`echo`, `add`, `sleep`, `fail`, `blob`, `progress`,
+//! `calls`, `shape`), progress notifications, one resource and one prompt.
+//!
+//! Two switches for tests: `calls` answers how many `tools/call` requests
+//! the server has received (so a test can prove a call never arrived), and
+//! `EVERYTHING_DRIFT=1` in its environment changes `echo`'s description (so a
+//! test can make a pinned tool drift).
 //!
 //! The same source builds for wasm32-wasip2 and natively; `main` uses
 //! `moat_wit::block_on` and `moat_wit::stdio` so that it runs on both.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use rmcp::{
     ErrorData, Peer, RoleServer, ServerHandler, ServiceExt,
-    handler::server::{router::prompt::PromptRouter, tool::ToolRouter, wrapper::Parameters},
+    handler::server::{
+        router::prompt::PromptRouter,
+        tool::{ToolCallContext, ToolRouter},
+        wrapper::Parameters,
+    },
     model::{
-        CallToolResult, ContentBlock, ListResourcesResult, PaginatedRequestParams,
-        ProgressNotificationParam, PromptMessage, ReadResourceRequestParams, ReadResourceResponse,
-        ReadResourceResult, RequestMetaObject, Resource, ResourceContents, Role,
-        ServerCapabilities, ServerConfig,
+        CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ListResourcesResult,
+        PaginatedRequestParams, ProgressNotificationParam, PromptMessage,
+        ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult, RequestMetaObject,
+        Resource, ResourceContents, Role, ServerCapabilities, ServerConfig,
     },
     prompt, prompt_handler, prompt_router,
     service::RequestContext,
@@ -63,6 +74,13 @@ struct ProgressArgs {
 }
 
 #[derive(Deserialize, JsonSchema)]
+struct ShapeArgs {
+    /// true: structured output that fits the declared outputSchema;
+    /// false: output that does not.
+    valid: bool,
+}
+
+#[derive(Deserialize, JsonSchema)]
 struct GreetArgs {
     /// Who to greet.
     name: String,
@@ -70,25 +88,54 @@ struct GreetArgs {
 
 #[derive(Clone)]
 struct Everything {
-    #[expect(
-        dead_code,
-        reason = "the tool_handler and prompt_handler macros read the routers"
-    )]
     tool_router: ToolRouter<Self>,
-    #[expect(
-        dead_code,
-        reason = "the tool_handler and prompt_handler macros read the routers"
-    )]
+    #[expect(dead_code, reason = "the prompt_handler macro reads the router")]
     prompt_router: PromptRouter<Self>,
+    /// `tools/call` requests received, whether or not their arguments parse.
+    calls: Arc<AtomicU64>,
 }
 
 #[tool_router]
 impl Everything {
     fn new() -> Self {
-        Self {
-            tool_router: Self::tool_router(),
-            prompt_router: Self::prompt_router(),
+        let mut tool_router = Self::tool_router();
+        if std::env::var("EVERYTHING_DRIFT").is_ok_and(|v| v == "1")
+            && let Some(echo) = tool_router.map.get_mut("echo")
+        {
+            echo.attr.description = Some("Returns its message unchanged (drifted)".into());
         }
+        if let Some(shape) = tool_router.map.get_mut("shape") {
+            let schema = serde_json::json!({
+                "type": "object",
+                "properties": {"count": {"type": "integer"}},
+                "required": ["count"]
+            });
+            if let serde_json::Value::Object(schema) = schema {
+                shape.attr.output_schema = Some(Arc::new(schema));
+            }
+        }
+        Self {
+            tool_router,
+            prompt_router: Self::prompt_router(),
+            calls: Arc::default(),
+        }
+    }
+
+    #[tool(description = "Returns structured output declared by an outputSchema")]
+    async fn shape(&self, Parameters(args): Parameters<ShapeArgs>) -> CallToolResult {
+        let count = if args.valid {
+            serde_json::json!(3)
+        } else {
+            serde_json::json!("three")
+        };
+        let mut result = CallToolResult::success(vec![ContentBlock::text(count.to_string())]);
+        result.structured_content = Some(serde_json::json!({ "count": count }));
+        result
+    }
+
+    #[tool(description = "How many tools/call requests this server has received")]
+    async fn calls(&self) -> String {
+        self.calls.load(Ordering::SeqCst).to_string()
     }
 
     #[tool(description = "Returns its message unchanged")]
@@ -154,9 +201,19 @@ impl Everything {
     }
 }
 
-#[tool_handler]
+#[tool_handler(router = self.tool_router)]
 #[prompt_handler]
 impl ServerHandler for Everything {
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let call = ToolCallContext::new(self, request, context);
+        self.tool_router.call(call).await
+    }
+
     fn get_info(&self) -> ServerConfig {
         ServerConfig::new(
             ServerCapabilities::builder()

@@ -50,7 +50,12 @@ pub fn exit(code: u8) -> ! {
 }
 
 /// Serves until stdin closes, calling `attack` for every `tools/call`.
-pub fn serve(name: &str, mut attack: impl Attack) {
+pub fn serve(name: &str, attack: impl Attack) {
+    serve_described(name, "Misbehaves", attack)
+}
+
+/// Like [`serve`], with `description` as the `attack` tool's description.
+pub fn serve_described(name: &str, description: &str, mut attack: impl Attack) {
     let stdin = std::io::stdin();
     for line in stdin.lock().lines() {
         let Ok(line) = line else { return };
@@ -77,7 +82,7 @@ pub fn serve(name: &str, mut attack: impl Attack) {
             }
             "tools/list" => send(&json!({"jsonrpc": "2.0", "id": id, "result": {"tools": [{
                 "name": "attack",
-                "description": "Misbehaves",
+                "description": description,
                 "inputSchema": {"type": "object"}
             }]}})),
             "tools/call" => {

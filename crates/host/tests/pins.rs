@@ -1,0 +1,245 @@
+//! Tool pins and the lock, on both launchers: drift is refused and reported,
+//! restored tools come back, invalid arguments never reach the server,
+//! structured output is checked, and the bytes and identity must be the
+//! locked ones.
+
+#[macro_use]
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use common::{Launcher, args, spec, text};
+use moat_host::lock::{LOCK_VERSION, Lock, LockedServer};
+use moat_host::policy::ToolStatus;
+use moat_host::{ClientError, Host, LaunchError, ServerSpec, Session};
+use moat_test_guests as guests;
+use serde_json::json;
+
+both_launchers!(
+    a_drifted_tool_is_reported_and_refused_and_comes_back_when_restored,
+    invalid_arguments_never_reach_the_server,
+    structured_output_is_checked_against_the_pinned_schema,
+    other_bytes_than_the_locked_ones_are_refused,
+    a_changed_identity_is_refused,
+);
+
+fn cache() -> PathBuf {
+    Path::new(env!("CARGO_TARGET_TMPDIR")).join("component-cache")
+}
+
+/// `everything` with the drift switch set to `drift`.
+fn everything(launcher: Launcher, drift: &str) -> ServerSpec {
+    let mut spec = spec(launcher, guests::EVERYTHING);
+    spec.env.insert("EVERYTHING_DRIFT".into(), drift.into());
+    spec
+}
+
+async fn lock_of(specs: &[&ServerSpec]) -> Lock {
+    let host = Host::new(Some(cache())).unwrap();
+    let mut servers = BTreeMap::new();
+    for spec in specs {
+        servers.insert(
+            spec.name.clone(),
+            host.measure(spec).await.expect("measure"),
+        );
+    }
+    Lock {
+        version: LOCK_VERSION,
+        servers,
+    }
+}
+
+fn locked_host(lock: Lock) -> Host {
+    Host::new(Some(cache()))
+        .unwrap()
+        .with_lock(lock, PathBuf::from("moat.lock"))
+}
+
+async fn status_of(session: &Session, tool: &str) -> ToolStatus {
+    session
+        .tool_reports()
+        .await
+        .unwrap()
+        .expect("pins are enforced")
+        .into_iter()
+        .find(|r| r.name == tool)
+        .map(|r| r.status)
+        .expect("a report for every tool")
+}
+
+async fn a_drifted_tool_is_reported_and_refused_and_comes_back_when_restored(launcher: Launcher) {
+    let approved = everything(launcher, "0");
+    let host = locked_host(lock_of(&[&approved]).await);
+
+    let session = host.connect(&approved).await.unwrap();
+    assert!(matches!(
+        status_of(&session, "echo").await,
+        ToolStatus::Pinned { .. }
+    ));
+    assert_eq!(session.list_tools().await.unwrap().len(), 8);
+    session.close().await.unwrap();
+
+    // The same bytes and identity (an env value, not a name, changed), but
+    // the server now describes `echo` differently.
+    let drifted = everything(launcher, "1");
+    let session = host.connect(&drifted).await.unwrap();
+    let status = status_of(&session, "echo").await;
+    let ToolStatus::Drifted { locked, live } = &status else {
+        panic!("expected drift, got {status:?}");
+    };
+    assert_ne!(locked, live);
+    let exposed: Vec<String> = session
+        .list_tools()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|t| t.name.to_string())
+        .collect();
+    assert!(!exposed.contains(&"echo".to_owned()), "{exposed:?}");
+    assert_eq!(exposed.len(), 7, "the other tools stay available");
+    match session
+        .call_tool("echo", args(json!({"message": "hi"})))
+        .await
+    {
+        Err(ClientError::ToolUnavailable { tool, reason, .. }) => {
+            assert_eq!(tool, "echo");
+            assert!(reason.contains("drifted"), "{reason}");
+            assert!(reason.contains(locked.as_str()), "{reason}");
+        }
+        other => panic!("a drifted tool must be refused, got {other:?}"),
+    }
+    // Nothing reached the server.
+    let calls = session.call_tool("calls", None).await.unwrap();
+    assert_eq!(text(&calls), "1");
+    session.close().await.unwrap();
+
+    let restored = everything(launcher, "0");
+    let session = host.connect(&restored).await.unwrap();
+    let echoed = session
+        .call_tool("echo", args(json!({"message": "back"})))
+        .await
+        .unwrap();
+    assert_eq!(text(&echoed), "back");
+    session.close().await.unwrap();
+}
+
+async fn invalid_arguments_never_reach_the_server(launcher: Launcher) {
+    let approved = everything(launcher, "0");
+    let host = locked_host(lock_of(&[&approved]).await);
+    let session = host.connect(&approved).await.unwrap();
+    let cases = [
+        (json!({"a": "two", "b": 1}), "/a"),
+        (json!({"a": 1}), "/"),
+        (json!({"a": 1.5, "b": 2}), "/a"),
+    ];
+    for (arguments, pointer) in cases {
+        match session.call_tool("add", args(arguments.clone())).await {
+            Err(ClientError::InvalidArguments {
+                tool, violation, ..
+            }) => {
+                assert_eq!(tool, "add");
+                assert_eq!(violation.pointer, pointer, "{arguments}: {violation}");
+            }
+            other => panic!("{arguments} must be refused, got {other:?}"),
+        }
+    }
+    let ok = session
+        .call_tool("add", args(json!({"a": 2, "b": 40})))
+        .await
+        .unwrap();
+    assert_eq!(text(&ok), "42");
+    // The server saw the valid `add` and this `calls`, nothing else.
+    let calls = session.call_tool("calls", None).await.unwrap();
+    assert_eq!(text(&calls), "2");
+    session.close().await.unwrap();
+}
+
+async fn structured_output_is_checked_against_the_pinned_schema(launcher: Launcher) {
+    let approved = everything(launcher, "0");
+    let host = locked_host(lock_of(&[&approved]).await);
+    let session = host.connect(&approved).await.unwrap();
+    let good = session
+        .call_tool("shape", args(json!({"valid": true})))
+        .await
+        .unwrap();
+    assert_eq!(good.structured_content, Some(json!({"count": 3})));
+    match session
+        .call_tool("shape", args(json!({"valid": false})))
+        .await
+    {
+        Err(ClientError::InvalidOutput {
+            tool, violation, ..
+        }) => {
+            assert_eq!(tool, "shape");
+            assert_eq!(violation.pointer, "/count");
+        }
+        other => panic!("output outside the schema must be withheld, got {other:?}"),
+    }
+    session.close().await.unwrap();
+}
+
+async fn other_bytes_than_the_locked_ones_are_refused(launcher: Launcher) {
+    let approved = everything(launcher, "0");
+    let mut lock = lock_of(&[&approved]).await;
+    // Lock `everything` as the bytes of another guest.
+    let other = lock_of(&[&spec(launcher, guests::REPORT)]).await;
+    let entry: &mut LockedServer = lock.servers.get_mut("everything").unwrap();
+    entry.sha256 = other.servers["report"].sha256.clone();
+    let host = locked_host(lock);
+    match host.connect(&approved).await {
+        Err(ClientError::Launch(error)) => {
+            let message = error.to_string();
+            assert!(message.contains("digest mismatch"), "{message}");
+            assert!(
+                matches!(error, LaunchError::Wasm(_) | LaunchError::Native(_)),
+                "{error:?}"
+            );
+        }
+        Err(other) => panic!("expected a digest refusal, got {other}"),
+        Ok(_) => panic!("bytes other than the locked ones must not launch"),
+    }
+}
+
+async fn a_changed_identity_is_refused(launcher: Launcher) {
+    let approved = everything(launcher, "0");
+    let host = locked_host(lock_of(&[&approved]).await);
+    let mut changed = approved.clone();
+    changed.args = vec!["--extra".into()];
+    match host.connect(&changed).await {
+        Err(ClientError::IdentityChanged { server, .. }) => assert_eq!(server, "everything"),
+        Err(other) => panic!("expected an identity refusal, got {other}"),
+        Ok(_) => panic!("a changed identity must not pass the lock"),
+    }
+    let mut unknown = approved.clone();
+    unknown.name = "stranger".into();
+    match host.connect(&unknown).await {
+        Err(ClientError::NotLocked { server, .. }) => assert_eq!(server, "stranger"),
+        Err(other) => panic!("expected a not-locked refusal, got {other}"),
+        Ok(_) => panic!("a server missing from the lock must not run"),
+    }
+}
+
+#[tokio::test]
+async fn the_same_servers_lock_byte_identically() {
+    let approved = everything(Launcher::Native, "0");
+    let wasm = everything(Launcher::Wasm, "0");
+    let mut wasm = wasm.clone();
+    wasm.name = "everything-wasm".into();
+    let first = lock_of(&[&approved, &wasm]).await.to_text();
+    let second = lock_of(&[&approved, &wasm]).await.to_text();
+    assert_eq!(first, second);
+    assert!(first.contains("[servers.everything]"), "{first}");
+    assert!(first.contains("evidence = \"native-measured\""), "{first}");
+    assert!(first.contains("evidence = \"wasm-measured\""), "{first}");
+}
+
+#[tokio::test]
+async fn untrusted_metadata_is_flagged_at_lock_time() {
+    let lock = lock_of(&[&spec(Launcher::Wasm, guests::SHADY_METADATA)]).await;
+    let tool = &lock.servers["shady-metadata"].tools[0];
+    assert_eq!(
+        tool.flags,
+        ["ansi-escape", "bidi-controls", "zero-width-characters"]
+    );
+}
