@@ -226,6 +226,9 @@ impl Host {
                     measure: measure.clone(),
                     expected,
                     limits: spec.limits.clone(),
+                    dirs: spec.dirs.clone(),
+                    net: spec.net.clone(),
+                    sandbox: spec.sandbox,
                 };
                 Ok(ServerTransport::new(
                     spec.name.clone(),

@@ -41,6 +41,88 @@ pub struct ServerSpec {
     pub env_passthrough: Vec<String>,
     /// Bounds on the server.
     pub limits: Limits,
+    /// Directories granted to the server.
+    pub dirs: Vec<DirGrant>,
+    /// TCP destinations the server may connect to; none means no network.
+    pub net: Vec<NetGrant>,
+    /// What happens when the kernel cannot enforce a rule.
+    pub sandbox: Sandbox,
+}
+
+/// One `[[servers.NAME.dirs]]` grant.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DirGrant {
+    /// The directory on the host (absolute).
+    pub host: PathBuf,
+    /// Where a wasm guest sees it (native servers see `host`).
+    pub guest: String,
+    /// Read-only or read-write.
+    pub mode: DirMode,
+}
+
+/// Access to a granted directory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DirMode {
+    /// Read files and list directories.
+    Ro,
+    /// Also create, write, rename and remove.
+    Rw,
+}
+
+/// One `net` entry: `host:port`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct NetGrant {
+    /// An IP literal or a name (resolved at launch).
+    pub host: String,
+    pub port: u16,
+}
+
+impl std::fmt::Display for NetGrant {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.host.contains(':') {
+            write!(f, "[{}]:{}", self.host, self.port)
+        } else {
+            write!(f, "{}:{}", self.host, self.port)
+        }
+    }
+}
+
+impl std::str::FromStr for NetGrant {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (host, port) = s
+            .rsplit_once(':')
+            .ok_or_else(|| format!("{s:?} is not host:port"))?;
+        let host = host
+            .strip_prefix('[')
+            .and_then(|h| h.strip_suffix(']'))
+            .unwrap_or(host);
+        if host.is_empty() {
+            return Err(format!("{s:?} has no host"));
+        }
+        let port: u16 = port
+            .parse()
+            .ok()
+            .filter(|p| *p != 0)
+            .ok_or_else(|| format!("{s:?}: the port must be 1-65535"))?;
+        Ok(Self {
+            host: host.to_owned(),
+            port,
+        })
+    }
+}
+
+/// Whether a rule the kernel cannot enforce refuses the launch.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Sandbox {
+    /// Refuse the launch, naming the missing kernel feature.
+    #[default]
+    Required,
+    /// Launch, and record in the evidence what was and was not enforced.
+    BestEffort,
 }
 
 /// What kind of server a spec describes.
@@ -75,6 +157,9 @@ impl ServerSpec {
             env: BTreeMap::new(),
             env_passthrough: Vec::new(),
             limits: Limits::default(),
+            dirs: Vec::new(),
+            net: Vec::new(),
+            sandbox: Sandbox::default(),
         }
     }
 
@@ -165,6 +250,20 @@ struct RawServer {
     env_passthrough: Vec<Spanned<String>>,
     #[serde(default)]
     limits: Option<Spanned<Limits>>,
+    #[serde(default)]
+    dirs: Vec<Spanned<RawDir>>,
+    #[serde(default)]
+    net: Vec<Spanned<String>>,
+    #[serde(default)]
+    sandbox: Sandbox,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDir {
+    host: String,
+    guest: Option<String>,
+    mode: DirMode,
 }
 
 impl Config {
@@ -293,6 +392,44 @@ impl Config {
                     limits
                 }
             };
+            let is_wasm = matches!(kind, ServerKind::Wasm { .. });
+            let mut dirs = Vec::new();
+            for dir in server.dirs {
+                let span = dir.span();
+                let dir = dir.into_inner();
+                let guest = match (dir.guest, is_wasm) {
+                    (Some(guest), _) => guest,
+                    (None, false) => dir.host.clone(),
+                    (None, true) => {
+                        return Err(invalid(
+                            Some(span),
+                            format!(
+                                "server `{name}`: dirs: a wasm server needs `guest`, the path it sees"
+                            ),
+                        ));
+                    }
+                };
+                if !guest.starts_with('/') {
+                    return Err(invalid(
+                        Some(span),
+                        format!("server `{name}`: dirs: guest {guest:?} must be an absolute path"),
+                    ));
+                }
+                dirs.push(DirGrant {
+                    host: base.join(&dir.host),
+                    guest,
+                    mode: dir.mode,
+                });
+            }
+            let mut net = Vec::new();
+            for entry in &server.net {
+                net.push(entry.get_ref().parse::<NetGrant>().map_err(|message| {
+                    invalid(
+                        Some(entry.span()),
+                        format!("server `{name}`: net: {message}"),
+                    )
+                })?);
+            }
             servers.insert(
                 name.clone(),
                 ServerSpec {
@@ -308,6 +445,9 @@ impl Config {
                         .map(Spanned::into_inner)
                         .collect(),
                     limits,
+                    dirs,
+                    net,
+                    sandbox: server.sandbox,
                 },
             );
         }
@@ -479,6 +619,53 @@ address_space_bytes = 1073741824
         );
         assert_eq!(server.args[2], "$(touch X)");
         assert_eq!(server.limits.cpu_seconds, 5);
+    }
+
+    #[test]
+    fn capabilities_parse_and_bad_ones_are_placed() {
+        let config = parse(
+            r#"
+[servers.a]
+wasm = "a.wasm"
+net = ["127.0.0.1:8080", "[::1]:9", "example.org:443"]
+sandbox = "best-effort"
+[[servers.a.dirs]]
+host = "data"
+guest = "/data"
+mode = "ro"
+"#,
+        )
+        .unwrap();
+        let server = config.server("a").unwrap();
+        assert_eq!(server.sandbox, Sandbox::BestEffort);
+        assert_eq!(
+            server.dirs,
+            [DirGrant {
+                host: PathBuf::from("/etc/moat/data"),
+                guest: "/data".into(),
+                mode: DirMode::Ro
+            }]
+        );
+        let shown: Vec<String> = server.net.iter().map(|n| n.to_string()).collect();
+        assert_eq!(shown, ["127.0.0.1:8080", "[::1]:9", "example.org:443"]);
+
+        let (line, column, message) =
+            invalid_at("[servers.a]\nwasm = \"a.wasm\"\nnet = [\"localhost\"]\n");
+        assert_eq!((line, column), (3, 8));
+        assert!(message.contains("is not host:port"), "{message}");
+        let (_, _, message) = invalid_at("[servers.a]\nwasm = \"a.wasm\"\nnet = [\"h:0\"]\n");
+        assert!(message.contains("1-65535"), "{message}");
+        let (line, _, message) = invalid_at(
+            "[servers.a]\nwasm = \"a.wasm\"\n[[servers.a.dirs]]\nhost = \"d\"\nmode = \"rw\"\n",
+        );
+        assert_eq!(line, 3, "the [[servers.a.dirs]] entry");
+        assert!(message.contains("needs `guest`"), "{message}");
+        let (_, _, message) = invalid_at(
+            "[servers.a]\nwasm = \"a.wasm\"\n[[servers.a.dirs]]\nhost = \"d\"\nguest = \"/d\"\nmode = \"rwx\"\n",
+        );
+        assert!(message.contains("unknown variant `rwx`"), "{message}");
+        let (_, _, message) = invalid_at("[servers.a]\nwasm = \"a.wasm\"\nsandbox = \"off\"\n");
+        assert!(message.contains("unknown variant `off`"), "{message}");
     }
 
     #[test]

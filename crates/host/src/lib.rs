@@ -15,6 +15,8 @@ pub mod lock;
 #[cfg(unix)]
 pub mod native;
 pub mod policy;
+#[cfg(target_os = "linux")]
+pub mod sandbox;
 pub mod transport;
 pub mod wasm;
 

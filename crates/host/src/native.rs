@@ -11,7 +11,7 @@
 //! whole group, so grandchildren go too.
 
 use std::io::Read;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::process::Stdio;
@@ -55,8 +55,10 @@ pub enum NativeError {
         #[source]
         mismatch: DigestMismatch,
     },
+    #[error(transparent)]
+    Sandbox(#[from] crate::sandbox::SandboxError),
     #[error(
-        "spawning {path} (fork; prctl PR_SET_PDEATHSIG and PR_SET_NO_NEW_PRIVS; setrlimit; execve of the measured descriptor): {source}"
+        "spawning {path} (fork; prctl PR_SET_PDEATHSIG and PR_SET_NO_NEW_PRIVS; setrlimit; landlock_restrict_self; execve of the measured descriptor): {source}"
     )]
     Spawn {
         path: PathBuf,
@@ -84,6 +86,12 @@ pub struct NativeLaunch {
     pub expected: Expectation,
     /// Bounds.
     pub limits: Limits,
+    /// Directories granted (Landlock).
+    pub dirs: Vec<crate::config::DirGrant>,
+    /// TCP destinations granted (Landlock: by port).
+    pub net: Vec<crate::config::NetGrant>,
+    /// Whether a rule the kernel cannot enforce refuses the launch.
+    pub sandbox: crate::config::Sandbox,
 }
 
 /// The executable, opened without following links, with its digest when
@@ -309,6 +317,16 @@ fn spawn(
         .process_group(0)
         .kill_on_drop(true);
     let rlimits = rlimits(&launch.limits);
+    let sandbox = crate::sandbox::plan(&crate::sandbox::Grants {
+        executable: executable.fd.as_fd(),
+        executable_path: &launch.resolved.target,
+        measure: &launch.measure,
+        dirs: &launch.dirs,
+        net: &launch.net,
+        sandbox: launch.sandbox,
+    })?;
+    let ruleset = crate::sandbox::ruleset_fd(&sandbox);
+    let proc_self_access = sandbox.proc_self_access;
     let parent = rustix::process::getpid();
     let exe_fd = executable
         .fd
@@ -336,6 +354,12 @@ fn spawn(
             for (resource, limit) in &rlimits {
                 rustix::process::setrlimit(*resource, *limit)?;
             }
+            if let Some(ruleset) = ruleset {
+                // SAFETY (restrict_child): we are in the forked child,
+                // no_new_privs is set, and `ruleset` is the Landlock ruleset
+                // built before the fork.
+                crate::sandbox::restrict_child(ruleset, proc_self_access)?;
+            }
             Ok(())
         });
     }
@@ -344,6 +368,18 @@ fn spawn(
         source,
     })?;
     drop(executable.fd);
+    let mut sandbox_lines: Vec<String> = sandbox
+        .enforced
+        .iter()
+        .map(|l| format!("enforced: {l}"))
+        .collect();
+    sandbox_lines.extend(
+        sandbox
+            .not_enforced
+            .iter()
+            .map(|l| format!("not enforced: {l}")),
+    );
+    drop(sandbox);
     let pid = child.id().and_then(|id| Pid::from_raw(id as i32));
     let (Some(pid), Some(stdin), Some(stdout), Some(stderr)) = (
         pid,
@@ -404,6 +440,7 @@ fn spawn(
         metrics: Arc::new(Metrics::default()),
         digest: executable.digest,
         measured,
+        sandbox: sandbox_lines,
         evidence: if executable.digest.is_some() {
             Evidence::NativeMeasured
         } else {

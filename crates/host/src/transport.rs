@@ -65,6 +65,8 @@ pub struct Launched {
     pub digest: Option<crate::identity::Digest>,
     /// Extra files measured into the identity, with their digests.
     pub measured: Vec<(std::path::PathBuf, crate::identity::Digest)>,
+    /// What the sandbox enforces, and what it could not, one line each.
+    pub sandbox: Vec<String>,
     /// How the identity was obtained.
     pub evidence: crate::identity::Evidence,
 }
@@ -76,6 +78,8 @@ pub struct Identity {
     pub digest: Option<crate::identity::Digest>,
     /// Extra files measured into the identity, with their digests.
     pub measured: Vec<(std::path::PathBuf, crate::identity::Digest)>,
+    /// What the sandbox enforces, and what it could not, one line each.
+    pub sandbox: Vec<String>,
     /// The evidence class.
     pub evidence: crate::identity::Evidence,
 }
@@ -491,11 +495,13 @@ impl Connected {
             metrics,
             digest,
             measured,
+            sandbox,
             evidence,
         } = launched;
         let _ = shared.identity.set(Identity {
             digest,
             measured,
+            sandbox,
             evidence,
         });
         let _ = shared.metrics.set(metrics);

@@ -7,8 +7,9 @@
 //! compatibility hash; each cache file carries the sha256 of its own payload
 //! and is recompiled, never loaded, when that does not match.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -18,7 +19,10 @@ use wasmtime::component::{Component, Linker, ResourceTable};
 use wasmtime::{CallHook, Config, Engine, ResourceLimiter, Store, Trap};
 use wasmtime_wasi::cli::{AsyncStdinStream, AsyncStdoutStream};
 use wasmtime_wasi::p2::bindings::CommandPre;
-use wasmtime_wasi::{I32Exit, WasiCtx, WasiCtxView, WasiView};
+use wasmtime_wasi::sockets::SocketAddrUse;
+use wasmtime_wasi::{FsPerms, I32Exit, WasiCtx, WasiCtxView, WasiView};
+
+use crate::config::DirMode;
 
 use crate::LaunchError;
 use crate::identity::{Digest, Evidence, Expectation};
@@ -51,6 +55,18 @@ pub enum WasmError {
     Compile { path: PathBuf, detail: String },
     #[error("pre-instantiating component {path}: {detail}")]
     Link { path: PathBuf, detail: String },
+    #[error("opening directory {path} to preopen as {guest}: {detail}")]
+    Preopen {
+        path: PathBuf,
+        guest: String,
+        detail: String,
+    },
+    #[error("resolving net entry {grant}: {source}")]
+    Resolve {
+        grant: String,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// Where a compiled component came from.
@@ -281,6 +297,10 @@ pub struct WasmLaunch {
     pub env: Vec<(String, String)>,
     /// Bounds.
     pub limits: Limits,
+    /// Preopened directories.
+    pub dirs: Vec<crate::config::DirGrant>,
+    /// TCP destinations allowed (names are resolved at launch).
+    pub net: Vec<crate::config::NetGrant>,
 }
 
 impl WasmLaunch {
@@ -291,7 +311,37 @@ impl WasmLaunch {
             args: spec.args.clone(),
             env: spec.environment(),
             limits: spec.limits.clone(),
+            dirs: spec.dirs.clone(),
+            net: spec.net.clone(),
         }
+    }
+
+    /// The socket addresses `net` allows: IP literals as they are, names
+    /// resolved now.
+    pub async fn resolve_net(&self) -> Result<HashSet<SocketAddr>, WasmError> {
+        let mut allowed = HashSet::new();
+        for grant in &self.net {
+            let found = tokio::net::lookup_host((grant.host.as_str(), grant.port))
+                .await
+                .map_err(|source| WasmError::Resolve {
+                    grant: grant.to_string(),
+                    source,
+                })?;
+            allowed.extend(found);
+        }
+        Ok(allowed)
+    }
+}
+
+/// Whether a socket operation is allowed: connects (and listens) only to
+/// listed addresses; binds to listed addresses or the implicit wildcard
+/// bind that precedes an outgoing connection.
+fn socket_allowed(allowed: &HashSet<SocketAddr>, addr: SocketAddr, use_: SocketAddrUse) -> bool {
+    match use_ {
+        SocketAddrUse::TcpBind | SocketAddrUse::UdpBind => {
+            allowed.contains(&addr) || (addr.ip().is_unspecified() && addr.port() == 0)
+        }
+        _ => allowed.contains(&addr),
     }
 }
 
@@ -303,7 +353,10 @@ impl PreparedComponent {
         crate::transport::ServerTransport::new(
             launch.name.clone(),
             launch.limits.clone(),
-            move |tracker| async move { Ok(prepared.launch(&launch, &tracker)) },
+            move |tracker| async move {
+                let allowed = launch.resolve_net().await?;
+                Ok(prepared.launch(&launch, allowed, &tracker)?)
+            },
         )
     }
 
@@ -319,24 +372,89 @@ impl PreparedComponent {
 
     /// Starts an instance on its own task, its stdio wired to in-memory
     /// pipes. Nothing is granted beyond `launch`: no directories, no network.
-    pub fn launch(&self, launch: &WasmLaunch, tracker: &Arc<Tracker>) -> Launched {
+    pub fn launch(
+        &self,
+        launch: &WasmLaunch,
+        allowed: HashSet<SocketAddr>,
+        tracker: &Arc<Tracker>,
+    ) -> Result<Launched, WasmError> {
         let limits = &launch.limits;
         let (stdin_host, stdin_guest) = tokio::io::duplex(PIPE_BYTES);
         let (stdout_guest, stdout_host) = tokio::io::duplex(PIPE_BYTES);
         let (stderr_guest, stderr_host) = tokio::io::duplex(PIPE_BYTES);
         let mut argv = vec![launch.name.clone()];
         argv.extend(launch.args.iter().cloned());
-        let wasi = WasiCtx::builder()
+        let mut builder = WasiCtx::builder();
+        builder
             .stdin(AsyncStdinStream::new(stdin_guest))
             .stdout(AsyncStdoutStream::new(PIPE_BYTES, stdout_guest))
             .stderr(AsyncStdoutStream::new(PIPE_BYTES, stderr_guest))
             .args(&argv)
             .envs(&launch.env)
             .max_random_size(limits.max_random_bytes)
-            .allow_tcp(false)
-            .allow_udp(false)
-            .allow_ip_name_lookup(false)
-            .build();
+            .allow_udp(false);
+        for dir in &launch.dirs {
+            let perms = match dir.mode {
+                DirMode::Ro => FsPerms::ReadOnly,
+                DirMode::Rw => FsPerms::ReadWrite,
+            };
+            builder
+                .preopened_dir(&dir.host, &dir.guest, perms)
+                .map_err(|e| WasmError::Preopen {
+                    path: dir.host.clone(),
+                    guest: dir.guest.clone(),
+                    detail: format!("{e:#}"),
+                })?;
+        }
+        let mut sandbox_lines = vec![if launch.dirs.is_empty() {
+            "enforced: filesystem (wasi): no directories".to_owned()
+        } else {
+            format!(
+                "enforced: filesystem (wasi preopens): {}",
+                launch
+                    .dirs
+                    .iter()
+                    .map(|d| format!(
+                        "{} as {} ({})",
+                        d.host.display(),
+                        d.guest,
+                        if d.mode == DirMode::Ro { "ro" } else { "rw" }
+                    ))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        }];
+        sandbox_lines.push(if launch.net.is_empty() {
+            "enforced: network (wasi): none".to_owned()
+        } else {
+            format!(
+                "enforced: network (wasi socket check): connect only to {}",
+                launch
+                    .net
+                    .iter()
+                    .map(|g| g.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        });
+        if allowed.is_empty() {
+            builder.allow_tcp(false).allow_ip_name_lookup(false);
+        } else {
+            // Checked at the socket, for every connect and bind.
+            let allowed = Arc::new(allowed);
+            builder
+                .inherit_network()
+                .allow_tcp(true)
+                .allow_ip_name_lookup(true)
+                .socket_addr_check(move |addr, use_| {
+                    let ok = socket_allowed(&allowed, addr, use_);
+                    if !ok {
+                        tracing::debug!(%addr, ?use_, "socket denied");
+                    }
+                    Box::pin(std::future::ready(ok))
+                });
+        }
+        let wasi = builder.build();
         let mut table = ResourceTable::new();
         table.set_max_capacity(
             usize::try_from(limits.resource_table_capacity).unwrap_or(usize::MAX),
@@ -367,7 +485,7 @@ impl PreparedComponent {
         });
         let abort = task.abort_handle();
         let terminate = task.abort_handle();
-        Launched {
+        Ok(Launched {
             stdin: Box::new(stdin_host),
             stdout: Box::new(stdout_host),
             stderr: Box::new(stderr_host),
@@ -381,8 +499,9 @@ impl PreparedComponent {
             metrics,
             digest: Some(self.digest),
             measured: Vec::new(),
+            sandbox: sandbox_lines,
             evidence: Evidence::WasmMeasured,
-        }
+        })
     }
 }
 
@@ -566,5 +685,6 @@ pub(crate) async fn launch(
     tracker: Arc<Tracker>,
 ) -> Result<Launched, LaunchError> {
     let prepared = engine.prepare(&path, expected).await?;
-    Ok(prepared.launch(&launch, &tracker))
+    let allowed = launch.resolve_net().await?;
+    Ok(prepared.launch(&launch, allowed, &tracker)?)
 }

@@ -132,6 +132,9 @@ async fn replacing_the_file_after_the_check_still_runs_the_measured_bytes() {
         measure: Vec::new(),
         expected: Expectation::Pinned(digest),
         limits: Default::default(),
+        dirs: Vec::new(),
+        net: Vec::new(),
+        sandbox: Default::default(),
     };
     let session = Session::connect(native::transport(launch, executable), Handshake::Auto)
         .await
@@ -228,10 +231,25 @@ async fn a_real_mcp_server_from_npm_runs_under_node() {
     if let moat_host::ServerKind::Native { measure, .. } = &mut spec.kind {
         measure.push(package.join("dist"));
     }
+    // Under the (default, required) sandbox the server reads only what it is
+    // granted: its dependencies, read-only.
+    spec.dirs = vec![moat_host::config::DirGrant {
+        host: root.join("target/npm/node_modules"),
+        guest: String::new(),
+        mode: moat_host::config::DirMode::Ro,
+    }];
     let session = host().connect(&spec).await.unwrap();
     let identity = session.shared().identity().unwrap();
     assert_eq!(identity.evidence, Evidence::NativeMeasured);
     assert_eq!(identity.measured.len(), 1);
+    assert!(
+        identity
+            .sandbox
+            .iter()
+            .any(|l| l.starts_with("enforced: filesystem (Landlock")),
+        "{:?}",
+        identity.sandbox
+    );
     let tools = session.list_tools().await.unwrap();
     assert!(tools.iter().any(|t| t.name == "echo"), "{tools:?}");
     let echoed = session

@@ -56,6 +56,17 @@ pub fn serve(name: &str, attack: impl Attack) {
 
 /// Like [`serve`], with `description` as the `attack` tool's description.
 pub fn serve_described(name: &str, description: &str, mut attack: impl Attack) {
+    serve_with_arguments(name, description, |id: &Value, _: &Value| {
+        attack.on_call(id)
+    })
+}
+
+/// Like [`serve_described`], handing `attack` the call's arguments too.
+pub fn serve_with_arguments(
+    name: &str,
+    description: &str,
+    mut attack: impl FnMut(&Value, &Value) -> Option<Value>,
+) {
     let stdin = std::io::stdin();
     for line in stdin.lock().lines() {
         let Ok(line) = line else { return };
@@ -86,7 +97,11 @@ pub fn serve_described(name: &str, description: &str, mut attack: impl Attack) {
                 "inputSchema": {"type": "object"}
             }]}})),
             "tools/call" => {
-                if let Some(reply) = attack.on_call(id) {
+                let arguments = message
+                    .pointer("/params/arguments")
+                    .cloned()
+                    .unwrap_or(Value::Null);
+                if let Some(reply) = attack(id, &arguments) {
                     send(&reply);
                 }
             }

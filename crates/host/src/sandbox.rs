@@ -1,0 +1,363 @@
+//! The native sandbox: Landlock rules for a child process, with the same
+//! meaning as the wasm grants wherever the kernel allows.
+//!
+//! The ruleset is built in the parent (allocation is fine there); the child
+//! only adds a rule for its own `/proc/self` and calls
+//! `landlock_restrict_self` between fork and exec, with raw system calls.
+//!
+//! Granted read-only without listing: what starting needs (the executable,
+//! the system's read-only locations `/usr`, `/lib*`, `/bin`, `/sbin`, `/etc`
+//! less its secrets, a few devices, the process's own `/proc/self`) and the
+//! `measure` paths. Writes: only `rw` dirs (and `/dev/null`). Network: TCP
+//! connect only to the listed ports (Landlock ABI 4+); Landlock cannot tell
+//! hosts apart, so per-host rules are reported as not enforced (and refused
+//! when the sandbox is required).
+
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::path::{Path, PathBuf};
+
+use landlock::{
+    ABI, Access, AccessFs, AccessNet, BitFlags, NetPort, PathBeneath, PathFd, Ruleset, RulesetAttr,
+    RulesetCreatedAttr,
+};
+
+use crate::config::{DirGrant, DirMode, NetGrant, Sandbox};
+
+/// Why a required sandbox could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    #[error(
+        "the sandbox is required but the kernel lacks {feature}; set `sandbox = \"best-effort\"` to run without it (the evidence will say what was not enforced)"
+    )]
+    Unsupported { feature: String },
+    #[error("landlock: {operation} {path}: {detail}")]
+    Rule {
+        operation: &'static str,
+        path: PathBuf,
+        detail: String,
+    },
+    #[error("landlock: {operation}: {detail}")]
+    Ruleset {
+        operation: &'static str,
+        detail: String,
+    },
+}
+
+/// What will be enforced, and what could not be.
+#[derive(Debug, Default)]
+pub struct Plan {
+    /// The ruleset to apply in the child, if any.
+    pub ruleset: Option<OwnedFd>,
+    /// Read and execute rights for the child's own /proc/self.
+    pub proc_self_access: u64,
+    /// One line per enforced rule family.
+    pub enforced: Vec<String>,
+    /// One line per rule the kernel could not enforce.
+    pub not_enforced: Vec<String>,
+}
+
+/// The kernel's Landlock ABI version, or 0.
+pub fn kernel_abi() -> i32 {
+    // SAFETY: landlock_create_ruleset(NULL, 0, LANDLOCK_CREATE_RULESET_VERSION)
+    // only returns the ABI version (or -1 with errno); it reads no memory.
+    let version = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<u8>(),
+            0usize,
+            1u32,
+        )
+    };
+    i32::try_from(version).unwrap_or(0).max(0)
+}
+
+/// Secrets under /etc that the system grant leaves out (paths relative to
+/// /etc; a directory holding one is granted entry by entry).
+const ETC_SECRETS: &[&str] = &[
+    "shadow",
+    "shadow-",
+    "gshadow",
+    "gshadow-",
+    "sudoers",
+    "sudoers.d",
+    "ssh",
+    "ssl/private",
+    "security/opasswd",
+    "credstore",
+    "credstore.encrypted",
+];
+
+/// Every path under `dir` (relative `prefix` to /etc) except the secrets,
+/// as few rules as possible: whole entries unless they hold a secret.
+fn etc_grants(dir: &Path, prefix: &str, out: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let relative = if prefix.is_empty() {
+            name
+        } else {
+            format!("{prefix}/{name}")
+        };
+        if ETC_SECRETS.contains(&relative.as_str()) {
+            continue;
+        }
+        let holds_secret = ETC_SECRETS
+            .iter()
+            .any(|s| s.starts_with(&format!("{relative}/")));
+        if holds_secret && entry.file_type().is_ok_and(|t| t.is_dir()) {
+            etc_grants(&entry.path(), &relative, out);
+        } else {
+            out.push(entry.path());
+        }
+    }
+}
+const SYSTEM_DIRS: &[&str] = &["/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/opt"];
+const DEVICES_RO: &[&str] = &["/dev/zero", "/dev/urandom", "/dev/random"];
+
+/// What a native launch grants.
+pub struct Grants<'a> {
+    /// The measured executable's descriptor: the rule follows the bytes that
+    /// will run, not whatever the path names now.
+    pub executable: BorrowedFd<'a>,
+    pub executable_path: &'a Path,
+    pub measure: &'a [PathBuf],
+    pub dirs: &'a [DirGrant],
+    pub net: &'a [NetGrant],
+    pub sandbox: Sandbox,
+}
+
+fn unsupported(sandbox: Sandbox, feature: &str, plan: &mut Plan) -> Result<(), SandboxError> {
+    match sandbox {
+        Sandbox::Required => Err(SandboxError::Unsupported {
+            feature: feature.to_owned(),
+        }),
+        Sandbox::BestEffort => {
+            plan.not_enforced.push(feature.to_owned());
+            Ok(())
+        }
+    }
+}
+
+/// Builds the Landlock ruleset for `grants`.
+pub fn plan(grants: &Grants<'_>) -> Result<Plan, SandboxError> {
+    let mut plan = Plan::default();
+    let version = kernel_abi();
+    if version == 0 {
+        unsupported(
+            grants.sandbox,
+            "Landlock (Linux 5.13+ with landlock among the enabled LSMs) for filesystem and network rules",
+            &mut plan,
+        )?;
+        return Ok(plan);
+    }
+    let abi = ABI::from(version);
+    let ruleset_error = |operation: &'static str| {
+        move |error: landlock::RulesetError| SandboxError::Ruleset {
+            operation,
+            detail: error.to_string(),
+        }
+    };
+    let mut ruleset = Ruleset::default()
+        .handle_access(AccessFs::from_all(abi))
+        .map_err(ruleset_error("handle filesystem access"))?;
+    let net_rules = version >= 4;
+    if net_rules {
+        ruleset = ruleset
+            .handle_access(AccessNet::BindTcp | AccessNet::ConnectTcp)
+            .map_err(ruleset_error("handle network access"))?;
+    } else {
+        unsupported(
+            grants.sandbox,
+            "Landlock ABI 4 (Linux 6.7) for TCP rules",
+            &mut plan,
+        )?;
+    }
+    if !grants.net.is_empty() {
+        unsupported(
+            grants.sandbox,
+            "per-host network rules (Landlock restricts TCP ports, not hosts)",
+            &mut plan,
+        )?;
+    }
+    let mut created = ruleset.create().map_err(ruleset_error("create ruleset"))?;
+
+    let read = AccessFs::from_read(abi);
+    let file_read = read & (AccessFs::ReadFile | AccessFs::Execute);
+    let all = AccessFs::from_all(abi);
+    // (path, access, optional): optional paths may be absent on this system.
+    let mut rules: Vec<(PathBuf, BitFlags<AccessFs>, bool)> = Vec::new();
+    for dir in SYSTEM_DIRS {
+        rules.push((PathBuf::from(dir), read, true));
+    }
+    let mut etc = Vec::new();
+    etc_grants(Path::new("/etc"), "", &mut etc);
+    rules.extend(etc.into_iter().map(|path| (path, read, true)));
+    for device in DEVICES_RO {
+        rules.push((PathBuf::from(device), file_read, true));
+    }
+    rules.push((
+        PathBuf::from("/dev/null"),
+        AccessFs::ReadFile | AccessFs::WriteFile,
+        true,
+    ));
+    let executable =
+        grants
+            .executable
+            .try_clone_to_owned()
+            .map_err(|error| SandboxError::Rule {
+                operation: "dup",
+                path: grants.executable_path.to_owned(),
+                detail: error.to_string(),
+            })?;
+    created = created
+        .add_rule(PathBeneath::new(executable, file_read))
+        .map_err(|error| SandboxError::Rule {
+            operation: "add rule for",
+            path: grants.executable_path.to_owned(),
+            detail: error.to_string(),
+        })?;
+    for path in grants.measure {
+        rules.push((path.clone(), read, false));
+    }
+    for dir in grants.dirs {
+        let access = match dir.mode {
+            DirMode::Ro => read,
+            DirMode::Rw => all,
+        };
+        rules.push((dir.host.clone(), access, false));
+    }
+    for (path, access, optional) in rules {
+        let fd = match PathFd::new(&path) {
+            Ok(fd) => fd,
+            Err(_) if optional => continue,
+            Err(error) => {
+                return Err(SandboxError::Rule {
+                    operation: "open",
+                    path,
+                    detail: error.to_string(),
+                });
+            }
+        };
+        // Directory-only rights do not apply to a file.
+        let access = if path.is_dir() {
+            access
+        } else {
+            access
+                & (AccessFs::ReadFile
+                    | AccessFs::Execute
+                    | AccessFs::WriteFile
+                    | AccessFs::Truncate)
+        };
+        created = created
+            .add_rule(PathBeneath::new(fd, access))
+            .map_err(|error| SandboxError::Rule {
+                operation: "add rule for",
+                path: path.clone(),
+                detail: error.to_string(),
+            })?;
+    }
+    let mut ports: Vec<u16> = grants.net.iter().map(|g| g.port).collect();
+    ports.sort_unstable();
+    ports.dedup();
+    if net_rules {
+        for port in &ports {
+            created = created
+                .add_rule(NetPort::new(*port, AccessNet::ConnectTcp))
+                .map_err(|error| SandboxError::Ruleset {
+                    operation: "add TCP port rule",
+                    detail: error.to_string(),
+                })?;
+        }
+    }
+    plan.enforced.push(format!(
+        "filesystem (Landlock ABI {version}): read-only system locations, the executable{}{}; writes only to rw dirs",
+        if grants.measure.is_empty() { "" } else { ", measure paths" },
+        if grants.dirs.is_empty() {
+            String::new()
+        } else {
+            format!(
+                ", dirs {}",
+                grants
+                    .dirs
+                    .iter()
+                    .map(|d| format!("{} ({})", d.host.display(), if d.mode == DirMode::Ro { "ro" } else { "rw" }))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        }
+    ));
+    if net_rules {
+        plan.enforced.push(if ports.is_empty() {
+            "network (Landlock): no TCP connect or bind".to_owned()
+        } else {
+            format!(
+                "network (Landlock): TCP connect only to ports {}",
+                ports
+                    .iter()
+                    .map(u16::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        });
+        plan.not_enforced
+            .push("network: UDP and Unix sockets are not covered by Landlock".to_owned());
+    }
+    plan.proc_self_access = read.bits();
+    plan.ruleset = created.into();
+    Ok(plan)
+}
+
+/// In the child, between fork and exec: allow reading its own /proc/self,
+/// then restrict itself with `ruleset`. Async-signal-safe: raw system calls
+/// on values prepared before the fork; no allocation.
+///
+/// # Safety
+///
+/// Call only in a freshly forked child (a `pre_exec` hook), after
+/// no_new_privs is set; `ruleset` must be a Landlock ruleset descriptor.
+pub unsafe fn restrict_child(ruleset: RawFd, proc_self_access: u64) -> std::io::Result<()> {
+    #[repr(C, packed)]
+    struct PathBeneathAttr {
+        allowed_access: u64,
+        parent_fd: i32,
+    }
+    const LANDLOCK_RULE_PATH_BENEATH: libc::c_int = 1;
+    // SAFETY: a static NUL-terminated path; O_PATH opens without reading.
+    let proc_self = unsafe {
+        libc::open(
+            c"/proc/self".as_ptr(),
+            libc::O_PATH | libc::O_CLOEXEC | libc::O_DIRECTORY,
+        )
+    };
+    if proc_self >= 0 {
+        let attr = PathBeneathAttr {
+            allowed_access: proc_self_access,
+            parent_fd: proc_self,
+        };
+        // SAFETY: `attr` lives on this stack frame for the call; the kernel
+        // copies it. A failure only means /proc/self stays unreadable.
+        unsafe {
+            libc::syscall(
+                libc::SYS_landlock_add_rule,
+                ruleset,
+                LANDLOCK_RULE_PATH_BENEATH,
+                &attr as *const PathBeneathAttr,
+                0u32,
+            );
+            libc::close(proc_self);
+        }
+    }
+    // SAFETY: restricts only the calling (child) thread, which is about to exec.
+    let result = unsafe { libc::syscall(libc::SYS_landlock_restrict_self, ruleset, 0u32) };
+    if result != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The descriptor of a planned ruleset, for the child.
+pub fn ruleset_fd(plan: &Plan) -> Option<RawFd> {
+    plan.ruleset.as_ref().map(AsRawFd::as_raw_fd)
+}

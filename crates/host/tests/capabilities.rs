@@ -1,0 +1,269 @@
+//! Capabilities, in pairs on both launchers: the grant works, the denial
+//! fails. Directories (ro, rw, and every way out: `../`, absolute paths, a
+//! link to /etc, a sibling sharing the prefix), network destinations, and
+//! the evidence of what the sandbox enforced.
+
+#[macro_use]
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+
+use common::{Launcher, args, spec, text};
+use moat_host::config::{DirGrant, DirMode, NetGrant, Sandbox};
+use moat_host::{Host, ServerSpec, Session};
+use moat_test_guests as guests;
+use serde_json::json;
+
+both_launchers!(
+    a_read_only_dir_reads_but_does_not_write,
+    a_read_write_dir_writes,
+    every_way_out_of_a_granted_dir_is_denied,
+    a_listed_port_connects_and_others_are_denied,
+    no_network_without_a_grant,
+);
+
+fn cache() -> PathBuf {
+    Path::new(env!("CARGO_TARGET_TMPDIR")).join("component-cache")
+}
+
+/// A tree with `data/` (granted), `data_evil/` (a sibling sharing the
+/// prefix), `secret.txt` beside them, and `data/link` pointing at /etc.
+struct Tree {
+    root: tempfile::TempDir,
+}
+
+impl Tree {
+    fn new() -> Self {
+        let root = tempfile::tempdir().unwrap();
+        let data = root.path().join("data");
+        std::fs::create_dir(&data).unwrap();
+        std::fs::write(data.join("hello.txt"), "hello from data").unwrap();
+        std::fs::create_dir(root.path().join("data_evil")).unwrap();
+        std::fs::write(root.path().join("data_evil/x.txt"), "evil").unwrap();
+        std::fs::write(root.path().join("secret.txt"), "secret").unwrap();
+        std::os::unix::fs::symlink("/etc", data.join("link")).unwrap();
+        Self { root }
+    }
+
+    fn host(&self, relative: &str) -> PathBuf {
+        self.root.path().join(relative)
+    }
+
+    /// What the server opens for `relative` under the grant: the guest path
+    /// for wasm, the host path for native.
+    fn inside(&self, launcher: Launcher, relative: &str) -> String {
+        match launcher {
+            Launcher::Wasm => format!("/data/{relative}"),
+            Launcher::Native => self.host("data").join(relative).display().to_string(),
+        }
+    }
+}
+
+fn probe(launcher: Launcher, tree: &Tree, mode: DirMode) -> ServerSpec {
+    let mut spec = spec(launcher, guests::PROBE);
+    spec.dirs = vec![DirGrant {
+        host: tree.host("data"),
+        guest: "/data".into(),
+        mode,
+    }];
+    spec
+}
+
+async fn connect(spec: &ServerSpec) -> Session {
+    Host::new(Some(cache()))
+        .unwrap()
+        .connect(spec)
+        .await
+        .unwrap()
+}
+
+/// Runs one probe operation: Ok(data) or Err(error text).
+async fn attempt(session: &Session, arguments: serde_json::Value) -> Result<String, String> {
+    let result = session.call_tool("attack", args(arguments)).await.unwrap();
+    let report: serde_json::Value = serde_json::from_str(&text(&result)).unwrap();
+    if report["ok"] == true {
+        Ok(report["data"].as_str().unwrap_or_default().to_owned())
+    } else {
+        Err(report["error"].as_str().unwrap_or_default().to_owned())
+    }
+}
+
+fn assert_denied(outcome: Result<String, String>, what: &str) {
+    match outcome {
+        Err(error) => assert!(
+            error.contains("ermission denied")
+                || error.contains("not permitted")
+                || error.contains("No such file")
+                || error.contains("not found")
+                || error.contains("not supported")
+                || error.contains("Not capable")
+                || error.contains("Access denied"),
+            "{what}: unexpected error {error:?}"
+        ),
+        Ok(data) => panic!("{what} must be denied, but it worked: {data:?}"),
+    }
+}
+
+async fn a_read_only_dir_reads_but_does_not_write(launcher: Launcher) {
+    let tree = Tree::new();
+    let session = connect(&probe(launcher, &tree, DirMode::Ro)).await;
+    let read = attempt(
+        &session,
+        json!({"op": "read", "path": tree.inside(launcher, "hello.txt")}),
+    )
+    .await;
+    assert_eq!(read.as_deref(), Ok("hello from data"));
+    let write = attempt(
+        &session,
+        json!({"op": "write", "path": tree.inside(launcher, "new.txt")}),
+    )
+    .await;
+    assert_denied(write, "a write in a ro dir");
+    assert!(!tree.host("data/new.txt").exists());
+    session.close().await.unwrap();
+}
+
+async fn a_read_write_dir_writes(launcher: Launcher) {
+    let tree = Tree::new();
+    let session = connect(&probe(launcher, &tree, DirMode::Rw)).await;
+    let write = attempt(
+        &session,
+        json!({"op": "write", "path": tree.inside(launcher, "new.txt")}),
+    )
+    .await;
+    assert_eq!(write.as_deref(), Ok("written"));
+    assert_eq!(
+        std::fs::read_to_string(tree.host("data/new.txt")).unwrap(),
+        "written by probe"
+    );
+    session.close().await.unwrap();
+}
+
+async fn every_way_out_of_a_granted_dir_is_denied(launcher: Launcher) {
+    let tree = Tree::new();
+    let session = connect(&probe(launcher, &tree, DirMode::Rw)).await;
+    let secret = tree.host("secret.txt").display().to_string();
+    let sibling = match launcher {
+        Launcher::Wasm => "/data_evil/x.txt".to_owned(),
+        Launcher::Native => tree.host("data_evil/x.txt").display().to_string(),
+    };
+    let ways_out = [
+        ("../", tree.inside(launcher, "../secret.txt")),
+        ("an absolute path", secret.clone()),
+        ("a link to /etc", tree.inside(launcher, "link/shadow")),
+        ("a sibling sharing the prefix", sibling.clone()),
+    ];
+    for (what, path) in &ways_out {
+        let read = attempt(&session, json!({"op": "read", "path": path})).await;
+        assert_denied(read, &format!("reading through {what} ({path})"));
+    }
+    let write = attempt(&session, json!({"op": "write", "path": sibling})).await;
+    assert_denied(write, "writing into the sibling");
+    assert_eq!(
+        std::fs::read_to_string(tree.host("data_evil/x.txt")).unwrap(),
+        "evil"
+    );
+    session.close().await.unwrap();
+}
+
+/// A loopback server answering `pong` to every connection.
+fn pong_server() -> (u16, std::thread::JoinHandle<()>) {
+    let listener = TcpListener::bind("0.0.0.0:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let handle = std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            let mut buf = [0u8; 5];
+            let _ = stream.read(&mut buf);
+            if &buf[..4] == b"quit" {
+                return;
+            }
+            let _ = stream.write_all(b"pong");
+        }
+    });
+    (port, handle)
+}
+
+fn stop(port: u16, handle: std::thread::JoinHandle<()>) {
+    if let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) {
+        let _ = stream.write_all(b"quit\n");
+    }
+    let _ = handle.join();
+}
+
+async fn a_listed_port_connects_and_others_are_denied(launcher: Launcher) {
+    let (listed, listed_server) = pong_server();
+    let (unlisted, unlisted_server) = pong_server();
+    let mut spec = spec(launcher, guests::PROBE);
+    spec.net = vec![NetGrant {
+        host: "127.0.0.1".into(),
+        port: listed,
+    }];
+    // Landlock tells ports apart, not hosts: a native launch that asks for a
+    // per-host rule runs only best-effort, and says so.
+    if launcher == Launcher::Native {
+        let refused = Host::new(None).unwrap().connect(&spec).await;
+        match refused {
+            Err(error) => assert!(
+                error.to_string().contains("per-host network rules"),
+                "{error}"
+            ),
+            Ok(_) => panic!("a required sandbox must refuse what it cannot enforce"),
+        }
+        spec.sandbox = Sandbox::BestEffort;
+    }
+    let session = connect(&spec).await;
+    let ok = attempt(
+        &session,
+        json!({"op": "connect", "addr": format!("127.0.0.1:{listed}")}),
+    )
+    .await;
+    assert_eq!(ok.as_deref(), Ok("pong"));
+    let other_port = attempt(
+        &session,
+        json!({"op": "connect", "addr": format!("127.0.0.1:{unlisted}")}),
+    )
+    .await;
+    assert_denied(other_port, "an unlisted port");
+    let other_host = attempt(
+        &session,
+        json!({"op": "connect", "addr": format!("127.0.0.2:{listed}")}),
+    )
+    .await;
+    let sandbox = session.shared().identity().unwrap().sandbox;
+    match launcher {
+        Launcher::Wasm => assert_denied(other_host, "an unlisted host"),
+        Launcher::Native => {
+            // Not enforceable by Landlock: the evidence says so.
+            assert!(
+                sandbox.iter().any(|l| l
+                    == "not enforced: per-host network rules (Landlock restricts TCP ports, not hosts)"),
+                "{sandbox:?}"
+            );
+        }
+    }
+    session.close().await.unwrap();
+    stop(listed, listed_server);
+    stop(unlisted, unlisted_server);
+}
+
+async fn no_network_without_a_grant(launcher: Launcher) {
+    let (port, server) = pong_server();
+    let session = connect(&spec(launcher, guests::PROBE)).await;
+    let outcome = attempt(
+        &session,
+        json!({"op": "connect", "addr": format!("127.0.0.1:{port}")}),
+    )
+    .await;
+    assert_denied(outcome, "a connect without any net grant");
+    let sandbox = session.shared().identity().unwrap().sandbox;
+    assert!(
+        sandbox.iter().any(|l| l.starts_with("enforced: network")
+            && (l.ends_with("none") || l.ends_with("no TCP connect or bind"))),
+        "{sandbox:?}"
+    );
+    session.close().await.unwrap();
+    stop(port, server);
+}

@@ -1,0 +1,52 @@
+//! Tries what it is told to and reports what happened, so tests can check
+//! that a grant works and a denial fails. `attack` arguments:
+//! `{"op": "read" | "write" | "list" | "connect" | "env", "path": "...",
+//! "addr": "host:port", "name": "VAR"}`. The answer is JSON text:
+//! `{"ok": true, "data": "..."}` or `{"ok": false, "error": "..."}`.
+use std::io::{Read, Write};
+
+use serde_json::{Value, json};
+
+fn run(arguments: &Value) -> Result<String, String> {
+    let text = |key: &str| arguments[key].as_str().unwrap_or_default().to_owned();
+    match text("op").as_str() {
+        "read" => std::fs::read_to_string(text("path")).map_err(|e| e.to_string()),
+        "write" => std::fs::write(text("path"), b"written by probe")
+            .map(|()| "written".to_owned())
+            .map_err(|e| e.to_string()),
+        "list" => std::fs::read_dir(text("path"))
+            .map(|entries| {
+                let mut names: Vec<String> = entries
+                    .filter_map(|e| e.ok())
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect();
+                names.sort();
+                names.join(",")
+            })
+            .map_err(|e| e.to_string()),
+        "connect" => {
+            let mut stream =
+                std::net::TcpStream::connect(text("addr")).map_err(|e| e.to_string())?;
+            stream.write_all(b"ping\n").map_err(|e| e.to_string())?;
+            let mut reply = [0u8; 16];
+            let n = stream.read(&mut reply).map_err(|e| e.to_string())?;
+            Ok(String::from_utf8_lossy(&reply[..n]).into_owned())
+        }
+        "env" => std::env::var(text("name")).map_err(|e| e.to_string()),
+        other => Err(format!("unknown op {other:?}")),
+    }
+}
+
+fn main() {
+    hostile::serve_with_arguments(
+        "probe",
+        "Tries an operation and reports",
+        |id, arguments| {
+            let report = match run(arguments) {
+                Ok(data) => json!({"ok": true, "data": data}),
+                Err(error) => json!({"ok": false, "error": error}),
+            };
+            Some(hostile::text_result(id, &report.to_string()))
+        },
+    );
+}
