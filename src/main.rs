@@ -185,6 +185,7 @@ async fn run(command: Command) -> Result<ExitCode> {
                     "server": server,
                     "sha256": digest,
                     "evidence": evidence,
+                    "sandbox": sandbox,
                     "measured": measured
                         .iter()
                         .map(|(path, digest)| serde_json::json!({"path": path, "sha256": digest.to_string()}))
@@ -202,6 +203,9 @@ async fn run(command: Command) -> Result<ExitCode> {
                 println!("sha256    {digest}");
                 for (path, digest) in &measured {
                     println!("measured  {digest}  {}", path.display());
+                }
+                for line in &sandbox {
+                    println!("sandbox   {line}");
                 }
                 println!();
                 let width = tools.iter().map(|t| t.name.len()).max().unwrap_or(4).max(4);

@@ -140,10 +140,15 @@ fn unsupported(sandbox: Sandbox, feature: &str, plan: &mut Plan) -> Result<(), S
     }
 }
 
-/// Builds the Landlock ruleset for `grants`.
+/// Builds the Landlock ruleset for `grants` on this kernel.
 pub fn plan(grants: &Grants<'_>) -> Result<Plan, SandboxError> {
+    plan_for_abi(grants, kernel_abi())
+}
+
+/// Builds the Landlock ruleset for `grants` as if the kernel offered ABI
+/// `version` (0: no Landlock).
+pub fn plan_for_abi(grants: &Grants<'_>, version: i32) -> Result<Plan, SandboxError> {
     let mut plan = Plan::default();
-    let version = kernel_abi();
     if version == 0 {
         unsupported(
             grants.sandbox,
@@ -360,4 +365,60 @@ pub unsafe fn restrict_child(ruleset: RawFd, proc_self_access: u64) -> std::io::
 /// The descriptor of a planned ruleset, for the child.
 pub fn ruleset_fd(plan: &Plan) -> Option<RawFd> {
     plan.ruleset.as_ref().map(AsRawFd::as_raw_fd)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn grants<'a>(fd: BorrowedFd<'a>, net: &'a [NetGrant], sandbox: Sandbox) -> Grants<'a> {
+        Grants {
+            executable: fd,
+            executable_path: Path::new("/bin/sh"),
+            measure: &[],
+            dirs: &[],
+            net,
+            sandbox,
+        }
+    }
+
+    #[test]
+    fn a_required_sandbox_names_the_missing_kernel_feature() {
+        let file = std::fs::File::open("/bin/sh").unwrap();
+        let fd = std::os::fd::AsFd::as_fd(&file);
+        match plan_for_abi(&grants(fd, &[], Sandbox::Required), 0) {
+            Err(SandboxError::Unsupported { feature }) => {
+                assert!(feature.starts_with("Landlock (Linux 5.13+"), "{feature}")
+            }
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+        match plan_for_abi(&grants(fd, &[], Sandbox::Required), 3) {
+            Err(SandboxError::Unsupported { feature }) => {
+                assert_eq!(feature, "Landlock ABI 4 (Linux 6.7) for TCP rules")
+            }
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn best_effort_records_what_was_not_enforced() {
+        let file = std::fs::File::open("/bin/sh").unwrap();
+        let fd = std::os::fd::AsFd::as_fd(&file);
+        let plan = plan_for_abi(&grants(fd, &[], Sandbox::BestEffort), 0).unwrap();
+        assert!(plan.ruleset.is_none());
+        assert!(plan.enforced.is_empty());
+        assert_eq!(plan.not_enforced.len(), 1);
+        assert!(plan.not_enforced[0].starts_with("Landlock (Linux 5.13+"));
+    }
+
+    #[test]
+    fn etc_grants_leave_the_secrets_out() {
+        let mut paths = Vec::new();
+        etc_grants(Path::new("/etc"), "", &mut paths);
+        assert!(!paths.iter().any(|p| p == Path::new("/etc/shadow")));
+        assert!(!paths.iter().any(|p| p.starts_with("/etc/ssl/private")));
+        if Path::new("/etc/ssl/openssl.cnf").exists() {
+            assert!(paths.iter().any(|p| p == Path::new("/etc/ssl/openssl.cnf")));
+        }
+    }
 }
