@@ -169,7 +169,7 @@ async fn run(command: Command) -> Result<ExitCode> {
             session.close().await?;
             let tools = tools?;
             let reports = reports?;
-            let (digest, evidence, measured) = identity
+            let (digest, evidence, measured, sandbox) = identity
                 .map(|i| {
                     (
                         i.digest
@@ -177,6 +177,7 @@ async fn run(command: Command) -> Result<ExitCode> {
                             .unwrap_or_else(|| "not measured".into()),
                         i.evidence.to_string(),
                         i.measured,
+                        i.sandbox,
                     )
                 })
                 .unwrap_or_default();
