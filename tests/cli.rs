@@ -77,7 +77,7 @@ fn tools_lists_tools_with_evidence_and_digest() {
     ]);
     let report: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
     assert_eq!(report["evidence"], "wasm-measured");
-    assert_eq!(report["tools"].as_array().unwrap().len(), 8);
+    assert_eq!(report["tools"].as_array().unwrap().len(), 9);
 }
 
 #[test]

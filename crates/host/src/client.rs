@@ -14,8 +14,6 @@ use rmcp::service::{NotificationContext, RunningService};
 use rmcp::{ClientHandler, ClientLifecycleMode, ClientServiceExt, RoleClient, ServiceError};
 use tokio::sync::mpsc;
 
-use std::sync::atomic::{AtomicBool, Ordering};
-
 use crate::LaunchError;
 use crate::config::{ServerKind, ServerSpec};
 use crate::identity::{Digest, Expectation};
@@ -376,18 +374,13 @@ fn identity_parts<'a>(
     }
 }
 
-/// Receives what the server sends the client on its own: progress, and
-/// word that its tool list changed.
+/// Receives what the server sends the client on its own: progress. (Word
+/// that the tool list changed is caught by the transport, in order.)
 struct ClientSide {
     progress: mpsc::UnboundedSender<ProgressNotificationParam>,
-    tools_changed: Arc<AtomicBool>,
 }
 
 impl ClientHandler for ClientSide {
-    async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
-        self.tools_changed.store(true, Ordering::SeqCst);
-    }
-
     async fn on_progress(
         &self,
         params: ProgressNotificationParam,
@@ -402,7 +395,6 @@ pub struct Session {
     service: RunningService<RoleClient, ClientSide>,
     shared: Arc<Shared>,
     progress: Option<mpsc::UnboundedReceiver<ProgressNotificationParam>>,
-    tools_changed: Arc<AtomicBool>,
     pins: Option<PinState>,
 }
 
@@ -424,10 +416,8 @@ impl Session {
         let server = shared.server().to_owned();
         let connected = transport.connect().await?;
         let (progress_tx, progress) = mpsc::unbounded_channel();
-        let tools_changed = Arc::new(AtomicBool::new(false));
         let client = ClientSide {
             progress: progress_tx,
-            tools_changed: tools_changed.clone(),
         };
         match client
             .serve_with_lifecycle(connected, handshake.mode())
@@ -437,7 +427,6 @@ impl Session {
                 service,
                 shared,
                 progress: Some(progress),
-                tools_changed,
                 pins: None,
             }),
             Err(error) => Err(match shared.fault() {
@@ -526,6 +515,8 @@ impl Session {
             });
         }
         let pins = Pins::from_locked(locked, live)?;
+        // What is listed now supersedes any earlier announcement.
+        self.shared.take_tools_changed();
         let tools = self.live_tools().await?;
         let reports = pins.evaluate(&tools);
         for report in &reports {
@@ -555,7 +546,7 @@ impl Session {
             return Ok(None);
         };
         let mut reports = state.reports.lock().await;
-        if self.tools_changed.swap(false, Ordering::SeqCst) {
+        if self.shared.take_tools_changed() {
             let live = self.live_tools().await?;
             *reports = state.pins.evaluate(&live);
         }

@@ -321,6 +321,7 @@ pub struct Shared {
     requests_sent: AtomicU64,
     identity: std::sync::OnceLock<Identity>,
     metrics: std::sync::OnceLock<Arc<Metrics>>,
+    tools_changed: AtomicBool,
 }
 
 impl Shared {
@@ -338,6 +339,7 @@ impl Shared {
             requests_sent: AtomicU64::new(0),
             identity: std::sync::OnceLock::new(),
             metrics: std::sync::OnceLock::new(),
+            tools_changed: AtomicBool::new(false),
         }
     }
 
@@ -349,6 +351,14 @@ impl Shared {
     /// What was measured about the server, once launched.
     pub fn identity(&self) -> Option<Identity> {
         self.identity.get().cloned()
+    }
+
+    /// Whether the server announced `notifications/tools/list_changed`
+    /// since the last call; clears the flag. Set by the stdout reader before
+    /// any later message is delivered, so a response that follows the
+    /// notification never races it.
+    pub fn take_tools_changed(&self) -> bool {
+        self.tools_changed.swap(false, Ordering::SeqCst)
     }
 
     /// The launcher's counters (zero before launch).
@@ -775,6 +785,14 @@ async fn read_stdout(
         }
         match parse_message(&line) {
             Ok(message) => {
+                if let ServerJsonRpcMessage::Notification(notification) = &message
+                    && matches!(
+                        notification.notification,
+                        rmcp::model::ServerNotification::ToolListChangedNotification(_)
+                    )
+                {
+                    shared.tools_changed.store(true, Ordering::SeqCst);
+                }
                 if let Some(id) = response_id(&message) {
                     shared
                         .pending

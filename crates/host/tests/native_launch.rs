@@ -151,7 +151,7 @@ async fn replacing_the_file_after_the_check_still_runs_the_measured_bytes() {
     assert_eq!(
         tools,
         [
-            "add", "blob", "calls", "echo", "fail", "progress", "shape", "sleep"
+            "add", "blob", "calls", "drift", "echo", "fail", "progress", "shape", "sleep"
         ]
     );
     session.close().await.unwrap();

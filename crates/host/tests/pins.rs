@@ -18,6 +18,7 @@ use serde_json::json;
 
 both_launchers!(
     a_drifted_tool_is_reported_and_refused_and_comes_back_when_restored,
+    list_changed_triggers_the_pin_check_again,
     invalid_arguments_never_reach_the_server,
     structured_output_is_checked_against_the_pinned_schema,
     other_bytes_than_the_locked_ones_are_refused,
@@ -77,7 +78,7 @@ async fn a_drifted_tool_is_reported_and_refused_and_comes_back_when_restored(lau
         status_of(&session, "echo").await,
         ToolStatus::Pinned { .. }
     ));
-    assert_eq!(session.list_tools().await.unwrap().len(), 8);
+    assert_eq!(session.list_tools().await.unwrap().len(), 9);
     session.close().await.unwrap();
 
     // The same bytes and identity (an env value, not a name, changed), but
@@ -97,7 +98,7 @@ async fn a_drifted_tool_is_reported_and_refused_and_comes_back_when_restored(lau
         .map(|t| t.name.to_string())
         .collect();
     assert!(!exposed.contains(&"echo".to_owned()), "{exposed:?}");
-    assert_eq!(exposed.len(), 7, "the other tools stay available");
+    assert_eq!(exposed.len(), 8, "the other tools stay available");
     match session
         .call_tool("echo", args(json!({"message": "hi"})))
         .await
@@ -121,6 +122,44 @@ async fn a_drifted_tool_is_reported_and_refused_and_comes_back_when_restored(lau
         .await
         .unwrap();
     assert_eq!(text(&echoed), "back");
+    session.close().await.unwrap();
+}
+
+async fn list_changed_triggers_the_pin_check_again(launcher: Launcher) {
+    let approved = everything(launcher, "0");
+    let host = locked_host(lock_of(&[&approved]).await);
+    let session = host.connect(&approved).await.unwrap();
+    let hi = args(json!({"message": "hi"}));
+    assert_eq!(
+        text(&session.call_tool("echo", hi.clone()).await.unwrap()),
+        "hi"
+    );
+
+    // The server changes `echo` at run time and announces it.
+    session
+        .call_tool("drift", args(json!({"on": true})))
+        .await
+        .unwrap();
+    match session.call_tool("echo", hi.clone()).await {
+        Err(ClientError::ToolUnavailable { reason, .. }) => {
+            assert!(reason.contains("drifted"), "{reason}")
+        }
+        other => panic!("after list_changed the drift must be caught, got {other:?}"),
+    }
+    assert!(
+        !session
+            .list_tools()
+            .await
+            .unwrap()
+            .iter()
+            .any(|t| t.name == "echo")
+    );
+
+    session
+        .call_tool("drift", args(json!({"on": false})))
+        .await
+        .unwrap();
+    assert_eq!(text(&session.call_tool("echo", hi).await.unwrap()), "hi");
     session.close().await.unwrap();
 }
 

@@ -109,7 +109,7 @@ async fn tools_list_and_calls_go_through(launcher: Launcher) {
     assert_eq!(
         names,
         [
-            "add", "blob", "calls", "echo", "fail", "progress", "shape", "sleep"
+            "add", "blob", "calls", "drift", "echo", "fail", "progress", "shape", "sleep"
         ]
     );
 

@@ -2,16 +2,17 @@
 //! Moat carries: tools (`echo`, `add`, `sleep`, `fail`, `blob`, `progress`,
 //! `calls`, `shape`), progress notifications, one resource and one prompt.
 //!
-//! Two switches for tests: `calls` answers how many `tools/call` requests
-//! the server has received (so a test can prove a call never arrived), and
-//! `EVERYTHING_DRIFT=1` in its environment changes `echo`'s description (so a
-//! test can make a pinned tool drift).
+//! Switches for tests: `calls` answers how many `tools/call` requests the
+//! server has received (so a test can prove a call never arrived);
+//! `EVERYTHING_DRIFT=1` in its environment, or the `drift` tool at run time
+//! (which then sends `notifications/tools/list_changed`), changes `echo`'s
+//! description (so a test can make a pinned tool drift).
 //!
 //! The same source builds for wasm32-wasip2 and natively; `main` uses
 //! `moat_wit::block_on` and `moat_wit::stdio` so that it runs on both.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use rmcp::{
@@ -23,9 +24,9 @@ use rmcp::{
     },
     model::{
         CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ListResourcesResult,
-        PaginatedRequestParams, ProgressNotificationParam, PromptMessage,
+        ListToolsResult, PaginatedRequestParams, ProgressNotificationParam, PromptMessage,
         ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult, RequestMetaObject,
-        Resource, ResourceContents, Role, ServerCapabilities, ServerConfig,
+        Resource, ResourceContents, Role, ServerCapabilities, ServerConfig, Tool,
     },
     prompt, prompt_handler, prompt_router,
     service::RequestContext,
@@ -93,17 +94,23 @@ struct Everything {
     prompt_router: PromptRouter<Self>,
     /// `tools/call` requests received, whether or not their arguments parse.
     calls: Arc<AtomicU64>,
+    /// Whether `echo` describes itself differently.
+    drift: Arc<AtomicBool>,
 }
+
+#[derive(Deserialize, JsonSchema)]
+struct DriftArgs {
+    /// Whether `echo`'s description drifts.
+    on: bool,
+}
+
+const DRIFTED_ECHO: &str = "Returns its message unchanged (drifted)";
 
 #[tool_router]
 impl Everything {
     fn new() -> Self {
         let mut tool_router = Self::tool_router();
-        if std::env::var("EVERYTHING_DRIFT").is_ok_and(|v| v == "1")
-            && let Some(echo) = tool_router.map.get_mut("echo")
-        {
-            echo.attr.description = Some("Returns its message unchanged (drifted)".into());
-        }
+        let drift = std::env::var("EVERYTHING_DRIFT").is_ok_and(|v| v == "1");
         if let Some(shape) = tool_router.map.get_mut("shape") {
             let schema = serde_json::json!({
                 "type": "object",
@@ -118,7 +125,32 @@ impl Everything {
             tool_router,
             prompt_router: Self::prompt_router(),
             calls: Arc::default(),
+            drift: Arc::new(AtomicBool::new(drift)),
         }
+    }
+
+    /// A tool as listed now (with `echo` drifted when the switch is on).
+    fn listed(&self, mut tool: Tool) -> Tool {
+        if tool.name == "echo" && self.drift.load(Ordering::SeqCst) {
+            tool.description = Some(DRIFTED_ECHO.into());
+        }
+        tool
+    }
+
+    #[tool(
+        description = "Turns the drift of echo's description on or off, then announces notifications/tools/list_changed"
+    )]
+    async fn drift(
+        &self,
+        Parameters(args): Parameters<DriftArgs>,
+        client: Peer<RoleServer>,
+    ) -> Result<String, ErrorData> {
+        self.drift.store(args.on, Ordering::SeqCst);
+        client
+            .notify_tool_list_changed()
+            .await
+            .map_err(|error| ErrorData::internal_error(error.to_string(), None))?;
+        Ok(format!("drift {}", args.on))
     }
 
     #[tool(description = "Returns structured output declared by an outputSchema")]
@@ -212,6 +244,27 @@ impl ServerHandler for Everything {
         self.calls.fetch_add(1, Ordering::SeqCst);
         let call = ToolCallContext::new(self, request, context);
         self.tool_router.call(call).await
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        Ok(ListToolsResult::with_all_items(
+            self.tool_router
+                .list_all()
+                .into_iter()
+                .map(|tool| self.listed(tool))
+                .collect(),
+        ))
+    }
+
+    fn get_tool(&self, name: &str) -> Option<Tool> {
+        self.tool_router
+            .get(name)
+            .cloned()
+            .map(|tool| self.listed(tool))
     }
 
     fn get_info(&self) -> ServerConfig {
