@@ -60,10 +60,24 @@ enum Command {
         #[arg(long, short, env = "MOAT_CONFIG", default_value = "moat.toml")]
         config: PathBuf,
     },
+    /// Work with audit logs.
+    Audit {
+        #[command(subcommand)]
+        command: AuditCommand,
+    },
     /// Print the sha256 of a file, to pin it with `sha256 = "..."`.
     Digest {
         /// The component or executable.
         path: PathBuf,
+    },
+}
+
+#[derive(Subcommand)]
+enum AuditCommand {
+    /// Check the hash chain of an audit log; name the first broken line.
+    Verify {
+        /// The audit log (JSON lines).
+        file: PathBuf,
     },
 }
 
@@ -108,6 +122,13 @@ fn init_logging(verbose: u8) {
 
 async fn run(command: Command) -> Result<ExitCode> {
     match command {
+        Command::Audit {
+            command: AuditCommand::Verify { file },
+        } => {
+            let lines = moat_host::audit::verify(&file)?;
+            println!("{}: {lines} lines, chain intact", file.display());
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Digest { path } => {
             let bytes =
                 std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;

@@ -6,6 +6,7 @@
 //! [`client`] (a connected session with a server, typed errors).
 //! [`limits`] is shared vocabulary.
 
+pub mod audit;
 pub mod client;
 pub mod command;
 pub mod config;

@@ -191,22 +191,25 @@ pub fn plan_for_abi(grants: &Grants<'_>, version: i32) -> Result<Plan, SandboxEr
     let read = AccessFs::from_read(abi);
     let file_read = read & (AccessFs::ReadFile | AccessFs::Execute);
     let all = AccessFs::from_all(abi);
-    // (path, access, optional): optional paths may be absent on this system.
-    let mut rules: Vec<(PathBuf, BitFlags<AccessFs>, bool)> = Vec::new();
+    // (path, access, optional, shown): optional paths may be absent on this
+    // system; `shown` ones are listed one by one in the evidence.
+    let mut rules: Vec<(PathBuf, BitFlags<AccessFs>, bool, bool)> = Vec::new();
     for dir in SYSTEM_DIRS {
-        rules.push((PathBuf::from(dir), read, true));
+        rules.push((PathBuf::from(dir), read, true, true));
     }
     let mut etc = Vec::new();
     etc_grants(Path::new("/etc"), "", &mut etc);
-    rules.extend(etc.into_iter().map(|path| (path, read, true)));
+    rules.extend(etc.into_iter().map(|path| (path, read, true, false)));
     for device in DEVICES_RO {
-        rules.push((PathBuf::from(device), file_read, true));
+        rules.push((PathBuf::from(device), file_read, true, true));
     }
     rules.push((
         PathBuf::from("/dev/null"),
         AccessFs::ReadFile | AccessFs::WriteFile,
         true,
+        true,
     ));
+    let mut starting: Vec<String> = Vec::new();
     let executable =
         grants
             .executable
@@ -224,16 +227,16 @@ pub fn plan_for_abi(grants: &Grants<'_>, version: i32) -> Result<Plan, SandboxEr
             detail: error.to_string(),
         })?;
     for path in grants.measure {
-        rules.push((path.clone(), read, false));
+        rules.push((path.clone(), read, false, false));
     }
     for dir in grants.dirs {
         let access = match dir.mode {
             DirMode::Ro => read,
             DirMode::Rw => all,
         };
-        rules.push((dir.host.clone(), access, false));
+        rules.push((dir.host.clone(), access, false, false));
     }
-    for (path, access, optional) in rules {
+    for (path, access, optional, shown) in rules {
         let fd = match PathFd::new(&path) {
             Ok(fd) => fd,
             Err(_) if optional => continue,
@@ -262,6 +265,9 @@ pub fn plan_for_abi(grants: &Grants<'_>, version: i32) -> Result<Plan, SandboxEr
                 path: path.clone(),
                 detail: error.to_string(),
             })?;
+        if shown {
+            starting.push(path.display().to_string());
+        }
     }
     let mut ports: Vec<u16> = grants.net.iter().map(|g| g.port).collect();
     ports.sort_unstable();
@@ -277,22 +283,32 @@ pub fn plan_for_abi(grants: &Grants<'_>, version: i32) -> Result<Plan, SandboxEr
         }
     }
     plan.enforced.push(format!(
-        "filesystem (Landlock ABI {version}): read-only system locations, the executable{}{}; writes only to rw dirs",
-        if grants.measure.is_empty() { "" } else { ", measure paths" },
-        if grants.dirs.is_empty() {
-            String::new()
-        } else {
-            format!(
-                ", dirs {}",
-                grants
-                    .dirs
-                    .iter()
-                    .map(|d| format!("{} ({})", d.host.display(), if d.mode == DirMode::Ro { "ro" } else { "rw" }))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )
-        }
+        "filesystem (Landlock ABI {version}): nothing but what is listed here; writes only to rw dirs (and /dev/null)"
     ));
+    plan.enforced.push(format!(
+        "read-only to start: the executable {}, /proc/self, {}, /etc less {}",
+        grants.executable_path.display(),
+        starting.join(", "),
+        ETC_SECRETS.join(", ")
+    ));
+    if !grants.measure.is_empty() {
+        plan.enforced.push(format!(
+            "read-only (measure): {}",
+            grants
+                .measure
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+    for dir in grants.dirs {
+        plan.enforced.push(format!(
+            "dir {} ({})",
+            dir.host.display(),
+            if dir.mode == DirMode::Ro { "ro" } else { "rw" }
+        ));
+    }
     if net_rules {
         plan.enforced.push(if ports.is_empty() {
             "network (Landlock): no TCP connect or bind".to_owned()
