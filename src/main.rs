@@ -60,6 +60,20 @@ enum Command {
         #[arg(long, short, env = "MOAT_CONFIG", default_value = "moat.toml")]
         config: PathBuf,
     },
+    /// Serve every configured server to an agent as one MCP server on stdio:
+    /// tools exposed as `server__tool`, servers started on first use and
+    /// closed with the session. (Work in progress: stdio only.)
+    Serve {
+        /// The config file.
+        #[arg(long, short, env = "MOAT_CONFIG", default_value = "moat.toml")]
+        config: PathBuf,
+        /// Fail if moat.lock is missing (it is enforced whenever present).
+        #[arg(long)]
+        locked: bool,
+        /// Append a hash-chained audit record of every event to FILE.
+        #[arg(long, value_name = "FILE")]
+        audit: Option<PathBuf>,
+    },
     /// Work with audit logs.
     Audit {
         #[command(subcommand)]
@@ -122,6 +136,11 @@ fn init_logging(verbose: u8) {
 
 async fn run(command: Command) -> Result<ExitCode> {
     match command {
+        Command::Serve {
+            config,
+            locked,
+            audit,
+        } => serve(&config, locked, audit.as_deref()).await,
         Command::Audit {
             command: AuditCommand::Verify { file },
         } => {
@@ -337,11 +356,9 @@ fn parse_arguments(arguments: Option<&str>) -> Result<Option<JsonObject>> {
     }
 }
 
-/// Connects to `server`, enforcing moat.lock when it exists beside the
+/// A host for `config_path`, enforcing moat.lock when it exists beside the
 /// config (and requiring it with `--locked`).
-async fn connect(config_path: &Path, server: &str, locked: bool) -> Result<Session> {
-    let config = Config::load(config_path)?;
-    let spec = config.server(server)?;
+fn host_for(config_path: &Path, locked: bool) -> Result<Host> {
     let mut host = Host::new(Host::default_cache_dir())?;
     let lock_path = Lock::path_for(config_path);
     match Lock::load(&lock_path)? {
@@ -352,5 +369,53 @@ async fn connect(config_path: &Path, server: &str, locked: bool) -> Result<Sessi
         ),
         None => {}
     }
-    Ok(host.connect(spec).await?)
+    Ok(host)
+}
+
+/// Connects to `server` (see [`host_for`]).
+async fn connect(config_path: &Path, server: &str, locked: bool) -> Result<Session> {
+    let config = Config::load(config_path)?;
+    let spec = config.server(server)?;
+    Ok(host_for(config_path, locked)?.connect(spec).await?)
+}
+
+/// `moat serve` on stdio: one agent session until stdin closes or a signal
+/// arrives; then every child is closed, and a failure to close is reported
+/// in the exit status.
+async fn serve(config_path: &Path, locked: bool, audit: Option<&Path>) -> Result<ExitCode> {
+    use rmcp::ServiceExt;
+    let config = Config::load(config_path)?;
+    let host = host_for(config_path, locked)?;
+    let audit = audit
+        .map(moat_host::audit::AuditLog::open)
+        .transpose()?
+        .map(std::sync::Arc::new);
+    let gateway = moat_host::gateway::Gateway::new(host, config, audit);
+    let session = gateway.session();
+    let service = session
+        .clone()
+        .serve(rmcp::transport::stdio())
+        .await
+        .context("starting the MCP session on stdio")?;
+    let cancel = service.cancellation_token();
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("installing the SIGTERM handler")?;
+    tokio::select! {
+        result = service.waiting() => {
+            if let Err(error) = result {
+                tracing::warn!(%error, "agent session ended with an error");
+            }
+        }
+        _ = tokio::signal::ctrl_c() => cancel.cancel(),
+        _ = terminate.recv() => cancel.cancel(),
+    }
+    let failures = session.close().await;
+    for (server, error) in &failures {
+        eprintln!("moat: error: closing server `{server}`: {error}");
+    }
+    Ok(if failures.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }

@@ -10,6 +10,7 @@ pub mod audit;
 pub mod client;
 pub mod command;
 pub mod config;
+pub mod gateway;
 pub mod identity;
 pub mod limits;
 pub mod lock;

@@ -1,0 +1,266 @@
+//! Gateway: one MCP server for the agent in front of many servers. This
+//! module owns agent sessions: each session starts its servers on first use,
+//! reuses them within the session by execution identity, never shares them
+//! across sessions, and closes them with the session. Tools are exposed as
+//! `server__tool`; calls are routed to the right child and audited. It never
+//! matches on the launcher kind.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, ErrorData, ListToolsResult, PaginatedRequestParams,
+    ServerCapabilities, ServerConfig, Tool,
+};
+use rmcp::service::RequestContext;
+use rmcp::{RoleServer, ServerHandler};
+use tokio::sync::Mutex;
+
+use crate::audit::{AuditLog, Event};
+use crate::client::{ClientError, Host, Session};
+use crate::config::Config;
+use crate::identity::Digest;
+
+/// Separates the server name from the tool name in exposed names. Server
+/// names cannot contain it (config validation).
+pub const SEPARATOR: &str = "__";
+
+/// Whether `name` is a valid exposed tool name: `^[a-zA-Z0-9_-]{1,64}$`.
+pub fn valid_exposed_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+/// Everything sessions share: the host, the config, the audit log.
+#[derive(Clone)]
+pub struct Gateway {
+    host: Host,
+    config: Arc<Config>,
+    audit: Option<Arc<AuditLog>>,
+    sessions: Arc<AtomicU64>,
+}
+
+impl Gateway {
+    /// A gateway for `config`'s servers, launched by `host`.
+    pub fn new(host: Host, config: Config, audit: Option<Arc<AuditLog>>) -> Self {
+        Self {
+            host,
+            config: Arc::new(config),
+            audit,
+            sessions: Arc::default(),
+        }
+    }
+
+    /// A new agent session (one per agent connection).
+    pub fn session(&self) -> AgentSession {
+        let id = format!("s{}", self.sessions.fetch_add(1, Ordering::SeqCst) + 1);
+        let session = AgentSession {
+            id,
+            gateway: self.clone(),
+            children: Arc::new(Mutex::new(BTreeMap::new())),
+        };
+        session.audit(Event::SessionOpen {
+            session: session.id.clone(),
+        });
+        session
+    }
+}
+
+/// One agent session and the children it started.
+#[derive(Clone)]
+pub struct AgentSession {
+    id: String,
+    gateway: Gateway,
+    children: Arc<Mutex<BTreeMap<String, Arc<Session>>>>,
+}
+
+impl AgentSession {
+    /// The session's id, as audited.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    fn audit(&self, event: Event) {
+        if let Some(log) = &self.gateway.audit
+            && let Err(error) = log.record(&event)
+        {
+            tracing::error!(%error, "audit record failed");
+        }
+    }
+
+    /// The child for `server`, started on first use within this session.
+    async fn child(&self, server: &str) -> Result<Arc<Session>, ClientError> {
+        let mut children = self.children.lock().await;
+        if let Some(child) = children.get(server)
+            && child.shared().fault().is_none()
+        {
+            return Ok(child.clone());
+        }
+        let spec = self
+            .gateway
+            .config
+            .server(server)
+            .map_err(|e| ClientError::Protocol {
+                server: server.to_owned(),
+                operation: "route".into(),
+                detail: e.to_string(),
+            })?;
+        let session = Arc::new(self.gateway.host.connect(spec).await?);
+        if let Some(identity) = session.shared().identity() {
+            self.audit(Event::ServerLaunch {
+                session: self.id.clone(),
+                server: server.to_owned(),
+                identity: identity.digest.map(|d| d.to_string()).unwrap_or_default(),
+                sha256: identity.digest.map(|d| d.to_string()),
+                evidence: identity.evidence.to_string(),
+            });
+        }
+        children.insert(server.to_owned(), session.clone());
+        Ok(session)
+    }
+
+    /// Every server's tools, as `server__tool`, in server order.
+    pub async fn tools(&self) -> Result<Vec<Tool>, ClientError> {
+        let mut exposed = Vec::new();
+        let servers: Vec<String> = self.gateway.config.servers.keys().cloned().collect();
+        for server in servers {
+            let child = self.child(&server).await?;
+            for mut tool in child.list_tools().await? {
+                let name = format!("{server}{SEPARATOR}{}", tool.name);
+                if !valid_exposed_name(&name) {
+                    tracing::warn!(%server, tool = %tool.name, "tool name not exposable; hidden");
+                    continue;
+                }
+                tool.name = name.into();
+                exposed.push(tool);
+            }
+        }
+        Ok(exposed)
+    }
+
+    /// Calls `server__tool` on the right child, audited.
+    pub async fn call(
+        &self,
+        name: &str,
+        arguments: Option<rmcp::model::JsonObject>,
+    ) -> Result<rmcp::model::CallToolResult, ErrorData> {
+        let (server, tool) = name.split_once(SEPARATOR).ok_or_else(|| {
+            ErrorData::invalid_params(
+                format!("no tool {name:?}: tools are named server__tool"),
+                None,
+            )
+        })?;
+        if !self.gateway.config.servers.contains_key(server) {
+            return Err(ErrorData::invalid_params(
+                format!("no server {server:?} behind tool {name:?}"),
+                None,
+            ));
+        }
+        let arguments_json = serde_json::to_vec(&arguments).unwrap_or_default();
+        let started = Instant::now();
+        let child = self.child(server).await.map_err(to_error)?;
+        let fuel_before = child.shared().metrics().fuel_consumed();
+        let result = child.call_tool(tool, arguments).await;
+        let fuel = child.shared().metrics().fuel_consumed() - fuel_before;
+        let (outcome, result_json) = match &result {
+            Ok(result) if result.is_error == Some(true) => {
+                ("tool-error".to_owned(), serde_json::to_vec(result).ok())
+            }
+            Ok(result) => ("ok".to_owned(), serde_json::to_vec(result).ok()),
+            Err(error) => (outcome_of(error), None),
+        };
+        self.audit(Event::ToolCall {
+            session: self.id.clone(),
+            server: server.to_owned(),
+            tool: tool.to_owned(),
+            arguments_sha256: Digest::of(&arguments_json).to_string(),
+            arguments_bytes: arguments_json.len(),
+            result_sha256: result_json.as_ref().map(|r| Digest::of(r).to_string()),
+            result_bytes: result_json.as_ref().map_or(0, Vec::len),
+            duration_ms: started.elapsed().as_millis() as u64,
+            fuel,
+            outcome,
+        });
+        result.map_err(to_error)
+    }
+
+    /// Closes every child of this session; reports the ones that failed.
+    pub async fn close(&self) -> Vec<(String, ClientError)> {
+        let children = std::mem::take(&mut *self.children.lock().await);
+        let mut failures = Vec::new();
+        for (server, child) in children {
+            let outcome = match Arc::try_unwrap(child) {
+                Ok(child) => child.close().await.err(),
+                Err(_) => None, // still in use by an in-flight call; dropped with it
+            };
+            self.audit(Event::ServerExit {
+                session: self.id.clone(),
+                server: server.clone(),
+                outcome: outcome
+                    .as_ref()
+                    .map_or("closed".to_owned(), |e| e.to_string()),
+            });
+            if let Some(error) = outcome {
+                failures.push((server, error));
+            }
+        }
+        self.audit(Event::SessionClose {
+            session: self.id.clone(),
+            outcome: if failures.is_empty() {
+                "closed".into()
+            } else {
+                format!("{} servers failed to close", failures.len())
+            },
+        });
+        failures
+    }
+}
+
+fn outcome_of(error: &ClientError) -> String {
+    match error {
+        ClientError::InvalidArguments { .. } => "invalid-params".into(),
+        ClientError::ToolUnavailable { .. } => "unavailable".into(),
+        ClientError::Fault { fault, .. } => format!("fault: {fault}"),
+        _ => "error".into(),
+    }
+}
+
+fn to_error(error: ClientError) -> ErrorData {
+    match &error {
+        ClientError::InvalidArguments { .. } | ClientError::ToolUnavailable { .. } => {
+            ErrorData::invalid_params(error.to_string(), None)
+        }
+        _ => ErrorData::internal_error(error.to_string(), None),
+    }
+}
+
+impl ServerHandler for AgentSession {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        self.tools()
+            .await
+            .map(ListToolsResult::with_all_items)
+            .map_err(to_error)
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        self.call(&request.name, request.arguments)
+            .await
+            .map(CallToolResponse::Complete)
+    }
+}

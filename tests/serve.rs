@@ -1,0 +1,112 @@
+//! `moat serve` on stdio, driven by an rmcp client over the child's pipes:
+//! one wasm and one native server behind one MCP server, namespaced tools,
+//! routed calls, and a verified audit chain that holds no arguments.
+
+use std::path::Path;
+use std::process::Stdio;
+
+use moat_test_guests as guests;
+use rmcp::model::CallToolRequestParams;
+use rmcp::{ClientHandler, ServiceExt};
+
+#[derive(Clone, Default)]
+struct Agent;
+impl ClientHandler for Agent {}
+
+#[tokio::test]
+async fn one_server_in_front_of_a_wasm_and_a_native_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("moat.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[servers.wasm]\nwasm = {:?}\nallow_unmeasured = true\n[servers.native]\ncommand = {:?}\nallow_unmeasured = true\n",
+            guests::EVERYTHING_WASM,
+            guests::EVERYTHING_NATIVE
+        ),
+    )
+    .unwrap();
+    let audit = dir.path().join("audit.jsonl");
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_moat"))
+        .args(["serve", "--config", config.to_str().unwrap(), "--audit"])
+        .arg(&audit)
+        .env(
+            "MOAT_CACHE_DIR",
+            Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-cache"),
+        )
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("moat serve");
+    let stdout = child.stdout.take().unwrap();
+    let stdin = child.stdin.take().unwrap();
+    let agent = Agent
+        .serve((stdout, stdin))
+        .await
+        .expect("handshake with moat serve");
+
+    let mut names: Vec<String> = agent
+        .list_all_tools()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|t| t.name.to_string())
+        .collect();
+    names.sort();
+    assert!(names.contains(&"wasm__add".to_owned()), "{names:?}");
+    assert!(names.contains(&"native__add".to_owned()), "{names:?}");
+    assert_eq!(names.len(), 18, "{names:?}");
+
+    for server in ["wasm", "native"] {
+        let mut params = CallToolRequestParams::new(format!("{server}__add"));
+        params.arguments = serde_json::json!({"a": 2, "b": 40}).as_object().cloned();
+        let result = agent.call_tool(params).await.unwrap();
+        let content = serde_json::to_value(&result.content).unwrap();
+        assert_eq!(content[0]["text"], "42", "{server}");
+    }
+    let unknown = agent
+        .call_tool(CallToolRequestParams::new("nope__add"))
+        .await
+        .unwrap_err();
+    assert!(
+        unknown
+            .to_string()
+            .contains(r#"-32602: no server "nope" behind tool "nope__add""#),
+        "{unknown}"
+    );
+
+    agent.cancel().await.unwrap();
+    let status = child.wait().await.unwrap();
+    assert!(status.success(), "moat serve exited with {status}");
+
+    assert_eq!(moat_host::audit::verify(&audit).unwrap(), 8);
+    let log = std::fs::read_to_string(&audit).unwrap();
+    let events: Vec<serde_json::Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let kinds: Vec<&str> = events
+        .iter()
+        .map(|e| e["event"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "session_open",
+            "server_launch",
+            "server_launch",
+            "tool_call",
+            "tool_call",
+            "server_exit",
+            "server_exit",
+            "session_close",
+        ]
+    );
+    assert!(
+        !log.contains("\"a\":2"),
+        "arguments never reach the audit log"
+    );
+    assert_eq!(events[3]["outcome"], "ok");
+}
