@@ -17,11 +17,15 @@ if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
     fi
 fi
 
-# The reference MCP server, pinned to one version.
+# The reference MCP server (run by the native tests) and the official
+# TypeScript SDK (the agent that drives `moat serve`), pinned.
 SERVER_EVERYTHING=2026.8.31
-installed=target/npm/node_modules/@modelcontextprotocol/server-everything/package.json
-if ! grep -q "\"version\": \"$SERVER_EVERYTHING\"" "$installed" 2>/dev/null; then
+SDK=1.32.2
+installed=target/npm/node_modules/@modelcontextprotocol
+if ! grep -q "\"version\": \"$SERVER_EVERYTHING\"" "$installed/server-everything/package.json" 2>/dev/null ||
+    ! grep -q "\"version\": \"$SDK\"" "$installed/sdk/package.json" 2>/dev/null; then
     mkdir -p target/npm
     npm install --prefix target/npm --no-audit --no-fund --silent \
-        "@modelcontextprotocol/server-everything@$SERVER_EVERYTHING"
+        "@modelcontextprotocol/server-everything@$SERVER_EVERYTHING" \
+        "@modelcontextprotocol/sdk@$SDK"
 fi

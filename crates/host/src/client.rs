@@ -6,13 +6,15 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use rmcp::model::{
-    CallToolRequestParams, CallToolResult, GetPromptRequestParams, GetPromptResult, JsonObject,
-    ProgressNotificationParam, ProtocolVersion, ReadResourceRequestParams, ReadResourceResult,
-    Resource, Tool,
+    CallToolRequestParams, CallToolResult, ClientRequest, GetPromptRequestParams, GetPromptResult,
+    JsonObject, ProgressNotificationParam, ProtocolVersion, ReadResourceRequestParams,
+    ReadResourceResult, Request, Resource, ServerResult, Tool,
 };
+use rmcp::service::PeerRequestOptions;
 use rmcp::service::{NotificationContext, RunningService};
 use rmcp::{ClientHandler, ClientLifecycleMode, ClientServiceExt, RoleClient, ServiceError};
 use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
 
 use crate::LaunchError;
 use crate::config::{ServerKind, ServerSpec};
@@ -105,6 +107,8 @@ pub enum ClientError {
     },
     #[error(transparent)]
     Policy(#[from] crate::policy::PolicyError),
+    #[error("tool `{tool}` on server `{server}`: the call was cancelled")]
+    Cancelled { server: String, tool: String },
     #[error("tool `{tool}` on server `{server}` is unavailable: {reason}")]
     ToolUnavailable {
         server: String,
@@ -374,11 +378,14 @@ fn identity_parts<'a>(
     }
 }
 
-/// Receives what the server sends the client on its own: progress. (Word
-/// that the tool list changed is caught by the transport, in order.)
+/// Receives what the server sends the client on its own: progress not
+/// routed to a call. (Routed progress and word that the tool list changed
+/// are caught by the transport, in order.)
 struct ClientSide {
     progress: mpsc::UnboundedSender<ProgressNotificationParam>,
 }
+
+pub use crate::transport::ProgressSender;
 
 impl ClientHandler for ClientSide {
     async fn on_progress(
@@ -574,44 +581,94 @@ impl Session {
         name: &str,
         arguments: Option<JsonObject>,
     ) -> Result<CallToolResult, ClientError> {
-        if let (Some(state), Some(reports)) = (&self.pins, self.tool_reports().await?) {
-            let status = reports.iter().find(|r| r.name == name).map(|r| &r.status);
-            let reason = match status {
-                Some(ToolStatus::Pinned { .. }) => None,
-                Some(ToolStatus::Drifted { locked, live }) => Some(format!(
-                    "its definition drifted from the lock (locked {locked}, live {live})"
-                )),
-                Some(ToolStatus::New { .. }) | None => Some("it is not in the lock".to_owned()),
-                Some(ToolStatus::Missing { .. }) => {
-                    Some("the server no longer lists it".to_owned())
-                }
-            };
-            if let Some(reason) = reason {
-                return Err(ClientError::ToolUnavailable {
-                    server: self.server().to_owned(),
-                    tool: name.to_owned(),
-                    reason,
-                });
-            }
-            let value = serde_json::Value::Object(arguments.clone().unwrap_or_default());
-            state
-                .pins
-                .check_arguments(name, &value)
-                .map_err(|violation| ClientError::InvalidArguments {
-                    server: self.server().to_owned(),
-                    tool: name.to_owned(),
-                    violation,
-                })?;
+        self.call_tool_with(name, arguments, None, CancellationToken::new())
+            .await
+    }
+
+    /// With a lock: the tool must be as pinned and the arguments must fit
+    /// its pinned input schema, or the call is refused before it is sent.
+    async fn check_call(
+        &self,
+        name: &str,
+        arguments: &Option<JsonObject>,
+    ) -> Result<(), ClientError> {
+        let (Some(state), Some(reports)) = (&self.pins, self.tool_reports().await?) else {
+            return Ok(());
+        };
+        let status = reports.iter().find(|r| r.name == name).map(|r| &r.status);
+        let reason = match status {
+            Some(ToolStatus::Pinned { .. }) => None,
+            Some(ToolStatus::Drifted { locked, live }) => Some(format!(
+                "its definition drifted from the lock (locked {locked}, live {live})"
+            )),
+            Some(ToolStatus::New { .. }) | None => Some("it is not in the lock".to_owned()),
+            Some(ToolStatus::Missing { .. }) => Some("the server no longer lists it".to_owned()),
+        };
+        if let Some(reason) = reason {
+            return Err(ClientError::ToolUnavailable {
+                server: self.server().to_owned(),
+                tool: name.to_owned(),
+                reason,
+            });
         }
+        let value = serde_json::Value::Object(arguments.clone().unwrap_or_default());
+        state
+            .pins
+            .check_arguments(name, &value)
+            .map_err(|violation| ClientError::InvalidArguments {
+                server: self.server().to_owned(),
+                tool: name.to_owned(),
+                violation,
+            })
+    }
+
+    /// Calls tool `name`, sending its progress notifications to `progress`
+    /// and cancelling it on the server (`notifications/cancelled`) when
+    /// `cancel` fires.
+    pub async fn call_tool_with(
+        &self,
+        name: &str,
+        arguments: Option<JsonObject>,
+        progress: Option<ProgressSender>,
+        cancel: CancellationToken,
+    ) -> Result<CallToolResult, ClientError> {
+        self.check_call(name, &arguments).await?;
+        let operation = format!("tools/call `{name}`");
         let mut params = CallToolRequestParams::new(name.to_owned());
         if let Some(arguments) = arguments {
             params = params.with_arguments(arguments);
         }
-        let result = self
+        let mut handle = self
             .service
-            .call_tool(params)
+            .send_cancellable_request(
+                ClientRequest::CallToolRequest(Request::new(params)),
+                PeerRequestOptions::no_options(),
+            )
             .await
-            .map_err(|e| self.error(&format!("tools/call `{name}`"), e))?;
+            .map_err(|e| self.error(&operation, e))?;
+        let token = handle.progress_token.clone();
+        if let Some(progress) = progress {
+            self.shared.route_progress(token.clone(), progress);
+        }
+        let outcome = tokio::select! {
+            response = &mut handle.rx => Some(response),
+            () = cancel.cancelled() => None,
+        };
+        self.shared.unroute(&token);
+        let response = match outcome {
+            Some(Ok(response)) => response.map_err(|e| self.error(&operation, e))?,
+            Some(Err(_)) => return Err(self.error(&operation, ServiceError::TransportClosed)),
+            None => {
+                let _ = handle.cancel(Some("cancelled by the client".into())).await;
+                return Err(ClientError::Cancelled {
+                    server: self.server().to_owned(),
+                    tool: name.to_owned(),
+                });
+            }
+        };
+        let ServerResult::CallToolResult(result) = response else {
+            return Err(self.error(&operation, ServiceError::UnexpectedResponse));
+        };
         if let (Some(state), Some(structured)) = (&self.pins, &result.structured_content) {
             state
                 .pins

@@ -12,14 +12,15 @@ use std::time::Instant;
 
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, ErrorData, ListToolsResult, PaginatedRequestParams,
-    ServerCapabilities, ServerConfig, Tool,
+    ProgressNotificationParam, ServerCapabilities, ServerConfig, Tool,
 };
 use rmcp::service::RequestContext;
 use rmcp::{RoleServer, ServerHandler};
 use tokio::sync::Mutex;
+use tokio_util::sync::CancellationToken;
 
 use crate::audit::{AuditLog, Event};
-use crate::client::{ClientError, Host, Session};
+use crate::client::{ClientError, Host, ProgressSender, Session};
 use crate::config::Config;
 use crate::identity::Digest;
 
@@ -148,6 +149,19 @@ impl AgentSession {
         name: &str,
         arguments: Option<rmcp::model::JsonObject>,
     ) -> Result<rmcp::model::CallToolResult, ErrorData> {
+        self.call_forwarding(name, arguments, None, CancellationToken::new())
+            .await
+    }
+
+    /// Calls `server__tool`, forwarding the child's progress to `progress`
+    /// and the agent's cancellation (`cancel`) to the child.
+    pub async fn call_forwarding(
+        &self,
+        name: &str,
+        arguments: Option<rmcp::model::JsonObject>,
+        progress: Option<ProgressSender>,
+        cancel: CancellationToken,
+    ) -> Result<rmcp::model::CallToolResult, ErrorData> {
         let (server, tool) = name.split_once(SEPARATOR).ok_or_else(|| {
             ErrorData::invalid_params(
                 format!("no tool {name:?}: tools are named server__tool"),
@@ -164,7 +178,9 @@ impl AgentSession {
         let started = Instant::now();
         let child = self.child(server).await.map_err(to_error)?;
         let fuel_before = child.shared().metrics().fuel_consumed();
-        let result = child.call_tool(tool, arguments).await;
+        let result = child
+            .call_tool_with(tool, arguments, progress, cancel)
+            .await;
         let fuel = child.shared().metrics().fuel_consumed() - fuel_before;
         let (outcome, result_json) = match &result {
             Ok(result) if result.is_error == Some(true) => {
@@ -224,6 +240,7 @@ fn outcome_of(error: &ClientError) -> String {
     match error {
         ClientError::InvalidArguments { .. } => "invalid-params".into(),
         ClientError::ToolUnavailable { .. } => "unavailable".into(),
+        ClientError::Cancelled { .. } => "cancelled".into(),
         ClientError::Fault { fault, .. } => format!("fault: {fault}"),
         _ => "error".into(),
     }
@@ -257,10 +274,37 @@ impl ServerHandler for AgentSession {
     async fn call_tool(
         &self,
         request: CallToolRequestParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
-        self.call(&request.name, request.arguments)
-            .await
-            .map(CallToolResponse::Complete)
+        // The child's progress, renamed to the agent's token and sent on.
+        let forwarder = context.meta.get_progress_token().map(|token| {
+            let (sender, mut receiver) =
+                tokio::sync::mpsc::unbounded_channel::<ProgressNotificationParam>();
+            let peer = context.peer.clone();
+            let task = tokio::spawn(async move {
+                while let Some(note) = receiver.recv().await {
+                    let mut forwarded =
+                        ProgressNotificationParam::new(token.clone(), note.progress);
+                    forwarded.total = note.total;
+                    forwarded.message = note.message;
+                    if peer.notify_progress(forwarded).await.is_err() {
+                        return;
+                    }
+                }
+            });
+            (sender, task)
+        });
+        let (sender, task) = match forwarder {
+            Some((sender, task)) => (Some(sender), Some(task)),
+            None => (None, None),
+        };
+        let result = self
+            .call_forwarding(&request.name, request.arguments, sender, context.ct.clone())
+            .await;
+        if let Some(task) = task {
+            // The sender is gone with the call: the forwarder drains and ends.
+            let _ = task.await;
+        }
+        result.map(CallToolResponse::Complete)
     }
 }

@@ -322,7 +322,11 @@ pub struct Shared {
     identity: std::sync::OnceLock<Identity>,
     metrics: std::sync::OnceLock<Arc<Metrics>>,
     tools_changed: AtomicBool,
+    progress_routes: Mutex<HashMap<rmcp::model::ProgressToken, ProgressSender>>,
 }
+
+/// Where one call's progress notifications go.
+pub type ProgressSender = mpsc::UnboundedSender<rmcp::model::ProgressNotificationParam>;
 
 impl Shared {
     fn new(server: String, limits: &Limits) -> Self {
@@ -340,6 +344,7 @@ impl Shared {
             identity: std::sync::OnceLock::new(),
             metrics: std::sync::OnceLock::new(),
             tools_changed: AtomicBool::new(false),
+            progress_routes: Mutex::new(HashMap::new()),
         }
     }
 
@@ -359,6 +364,24 @@ impl Shared {
     /// notification never races it.
     pub fn take_tools_changed(&self) -> bool {
         self.tools_changed.swap(false, Ordering::SeqCst)
+    }
+
+    /// Sends progress for `token` to `sender` until [`Shared::unroute`]:
+    /// delivered by the stdout reader in order, before the response that
+    /// follows, and not passed on to rmcp.
+    pub fn route_progress(&self, token: rmcp::model::ProgressToken, sender: ProgressSender) {
+        self.progress_routes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(token, sender);
+    }
+
+    /// Stops routing progress for `token`.
+    pub fn unroute(&self, token: &rmcp::model::ProgressToken) {
+        self.progress_routes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(token);
     }
 
     /// The launcher's counters (zero before launch).
@@ -792,6 +815,22 @@ async fn read_stdout(
                     )
                 {
                     shared.tools_changed.store(true, Ordering::SeqCst);
+                }
+                if let ServerJsonRpcMessage::Notification(notification) = &message
+                    && let rmcp::model::ServerNotification::ProgressNotification(progress) =
+                        &notification.notification
+                {
+                    let route = shared
+                        .progress_routes
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .get(&progress.params.progress_token)
+                        .cloned();
+                    if let Some(route) = route {
+                        let _ = route.send(progress.params.clone());
+                        line.clear();
+                        continue;
+                    }
                 }
                 if let Some(id) = response_id(&message) {
                     shared

@@ -72,6 +72,9 @@ struct BlobArgs {
 struct ProgressArgs {
     /// Number of progress notifications to send before answering.
     steps: u32,
+    /// Milliseconds to wait after each notification (default 0).
+    #[serde(default)]
+    interval_ms: u64,
 }
 
 #[derive(Deserialize, JsonSchema)]
@@ -216,6 +219,9 @@ impl Everything {
                     )
                     .await
                     .map_err(|error| ErrorData::internal_error(error.to_string(), None))?;
+                if args.interval_ms > 0 {
+                    moat_wit::time::sleep(Duration::from_millis(args.interval_ms)).await;
+                }
             }
         }
         Ok(format!("{} steps done", args.steps))
