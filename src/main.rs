@@ -74,6 +74,22 @@ enum Command {
         #[arg(long, value_name = "FILE")]
         audit: Option<PathBuf>,
     },
+    /// Turn a Claude Desktop or VS Code MCP config into moat.toml entries
+    /// (printed), measuring each command; says what was not carried over.
+    Import {
+        /// claude_desktop_config.json (`mcpServers`) or .vscode/mcp.json (`servers`).
+        file: PathBuf,
+    },
+    /// Every server: identity, evidence, limits, capabilities, and its tools
+    /// as pinned, drifted or new. Starts each server to measure it.
+    Inspect {
+        /// The config file.
+        #[arg(long, short, env = "MOAT_CONFIG", default_value = "moat.toml")]
+        config: PathBuf,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Work with audit logs.
     Audit {
         #[command(subcommand)]
@@ -141,6 +157,15 @@ async fn run(command: Command) -> Result<ExitCode> {
             locked,
             audit,
         } => serve(&config, locked, audit.as_deref()).await,
+        Command::Inspect { config, json } => inspect(&config, json).await,
+        Command::Import { file } => {
+            let imported = moat_host::importer::import(&file, std::env::var_os("PATH").as_deref())?;
+            print!("{}", imported.toml);
+            for line in &imported.skipped {
+                eprintln!("moat: import: {line}");
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Audit {
             command: AuditCommand::Verify { file },
         } => {
@@ -377,6 +402,94 @@ async fn connect(config_path: &Path, server: &str, locked: bool) -> Result<Sessi
     let config = Config::load(config_path)?;
     let spec = config.server(server)?;
     Ok(host_for(config_path, locked)?.connect(spec).await?)
+}
+
+/// `moat inspect`: one report per server, as a table or JSON.
+async fn inspect(config_path: &Path, json: bool) -> Result<ExitCode> {
+    let config = Config::load(config_path)?;
+    let host = host_for(config_path, false)?;
+    let mut reports = Vec::new();
+    let mut failed = false;
+    for (name, spec) in &config.servers {
+        let kind = match &spec.kind {
+            moat_host::ServerKind::Wasm { path } => format!("wasm {}", path.display()),
+            moat_host::ServerKind::Native { command, .. } => format!("native {command}"),
+        };
+        let mut report = serde_json::json!({
+            "server": name,
+            "kind": kind,
+            "limits": serde_json::to_value(&spec.limits)?,
+            "dirs": spec.dirs.iter().map(|d| format!("{} -> {} ({:?})", d.host.display(), d.guest, d.mode)).collect::<Vec<_>>(),
+            "net": spec.net.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            "env": spec.env.keys().chain(spec.env_passthrough.iter()).collect::<Vec<_>>(),
+            "sandbox": format!("{:?}", spec.sandbox),
+        });
+        match host.connect(spec).await {
+            Ok(session) => {
+                let identity = session.shared().identity();
+                let tools = session.tool_reports().await;
+                let live = session.list_tools().await;
+                session.close().await?;
+                if let Some(identity) = identity {
+                    report["evidence"] = identity.evidence.to_string().into();
+                    report["sha256"] = identity.digest.map(|d| d.to_string()).into();
+                    report["rules"] = identity.sandbox.into();
+                }
+                report["tools"] = match (tools?, live?) {
+                    (Some(pins), _) => pins
+                        .iter()
+                        .map(|r| serde_json::json!({"name": r.name, "status": r.status.word()}))
+                        .collect(),
+                    (None, live) => live
+                        .iter()
+                        .map(|t| serde_json::json!({"name": t.name, "status": "unpinned"}))
+                        .collect(),
+                };
+            }
+            Err(error) => {
+                failed = true;
+                report["error"] = format!("{error}").into();
+            }
+        }
+        reports.push(report);
+    }
+    if json {
+        println!("{}", serde_json::to_string_pretty(&reports)?);
+    } else {
+        for report in &reports {
+            println!("{}", report["server"].as_str().unwrap_or_default());
+            for key in ["kind", "evidence", "sha256", "sandbox", "error"] {
+                if let Some(value) = report.get(key).and_then(|v| v.as_str()) {
+                    println!("  {key:9} {}", printable(value));
+                }
+            }
+            for key in ["dirs", "net", "env", "rules"] {
+                for value in report[key].as_array().into_iter().flatten() {
+                    println!(
+                        "  {key:9} {}",
+                        printable(value.as_str().unwrap_or_default())
+                    );
+                }
+            }
+            println!(
+                "  {:9} {}",
+                "limits",
+                report["limits"].as_str().unwrap_or_default()
+            );
+            for tool in report["tools"].as_array().into_iter().flatten() {
+                println!(
+                    "  tool      {:8} {}",
+                    tool["status"].as_str().unwrap_or_default(),
+                    printable(tool["name"].as_str().unwrap_or_default())
+                );
+            }
+        }
+    }
+    Ok(if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
 }
 
 /// `moat serve` on stdio: one agent session until stdin closes or a signal

@@ -300,3 +300,50 @@ fn lock_writes_a_byte_identical_lock_and_tools_enforce_it() {
         stderr(&output)
     );
 }
+
+#[test]
+fn inspect_reports_every_server_and_import_converts_client_configs() {
+    let output = moat(&["inspect", "--json", "--config", "examples/moat.toml"]);
+    assert!(output.status.success(), "stderr: {}", stderr(&output));
+    let reports: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let servers: Vec<&str> = reports
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["server"].as_str().unwrap())
+        .collect();
+    assert_eq!(servers, ["everything", "everything-native"]);
+    assert_eq!(reports[0]["evidence"], "wasm-measured");
+    assert_eq!(reports[1]["evidence"], "native-unmeasured");
+    assert_eq!(reports[1]["limits"]["cpu_seconds"], 60);
+    assert!(reports[1]["rules"].as_array().unwrap().len() >= 2);
+    assert_eq!(reports[0]["tools"].as_array().unwrap().len(), 9);
+
+    let dir = tempfile::tempdir().unwrap();
+    let claude = dir.path().join("claude_desktop_config.json");
+    std::fs::write(
+        &claude,
+        format!(
+            r#"{{"mcpServers": {{"everything": {{"command": {:?}}}, "far": {{"url": "https://example.invalid/mcp"}}}}}}"#,
+            guests::EVERYTHING_NATIVE
+        ),
+    )
+    .unwrap();
+    let output = moat(&["import", claude.to_str().unwrap()]);
+    assert!(output.status.success(), "stderr: {}", stderr(&output));
+    assert!(stderr(&output).contains("`far`: a remote server at https://example.invalid/mcp"));
+    let config = dir.path().join("moat.toml");
+    std::fs::write(&config, &output.stdout).unwrap();
+    let digest = moat_host::Digest::of(&std::fs::read(guests::EVERYTHING_NATIVE).unwrap());
+    assert!(stdout(&output).contains(&format!("sha256 = \"{digest}\"")));
+    // The imported, pinned entry runs as it is.
+    let output = moat(&[
+        "call",
+        "--config",
+        config.to_str().unwrap(),
+        "everything",
+        "add",
+        r#"{"a":2,"b":40}"#,
+    ]);
+    assert!(output.status.success(), "stderr: {}", stderr(&output));
+}

@@ -12,6 +12,7 @@ pub mod command;
 pub mod config;
 pub mod gateway;
 pub mod identity;
+pub mod importer;
 pub mod limits;
 pub mod lock;
 #[cfg(unix)]

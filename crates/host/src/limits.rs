@@ -5,11 +5,11 @@
 use std::fmt;
 use std::time::Duration;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 /// Every bound applied to one server. Each field is configurable in
 /// `[servers.NAME.limits]` under the same name.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Limits {
     /// CPU for wasm: fuel (about one unit per wasm operator) granted afresh

@@ -1,0 +1,255 @@
+//! Import: turns a Claude Desktop `claude_desktop_config.json`
+//! (`mcpServers`) or a VS Code `.vscode/mcp.json` (`servers`) into
+//! `moat.toml` entries, measuring each command's digest at import, and says
+//! what it could not carry over.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path;
+
+use serde::Deserialize;
+
+use crate::command::resolve;
+use crate::identity::Digest;
+
+/// Errors reading a client config.
+#[derive(Debug, thiserror::Error)]
+pub enum ImportError {
+    #[error("reading {path}: {source}")]
+    Read {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: not a client config: {detail}")]
+    Format { path: String, detail: String },
+}
+
+#[derive(Deserialize)]
+struct ClientConfig {
+    #[serde(rename = "mcpServers")]
+    mcp_servers: Option<BTreeMap<String, Entry>>,
+    servers: Option<BTreeMap<String, Entry>>,
+}
+
+#[derive(Deserialize)]
+struct Entry {
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    command: Option<String>,
+    #[serde(default)]
+    args: Vec<String>,
+    #[serde(default)]
+    env: BTreeMap<String, String>,
+    url: Option<String>,
+    cwd: Option<String>,
+    #[serde(rename = "envFile")]
+    env_file: Option<String>,
+}
+
+/// The result of an import: TOML text and what was not carried over.
+#[derive(Debug, Default)]
+pub struct Imported {
+    /// `[servers.NAME]` entries, ready to append to a moat.toml.
+    pub toml: String,
+    /// One line per server or setting that was not carried over.
+    pub skipped: Vec<String>,
+}
+
+/// A valid Moat server name for `name`: invalid characters become `-`, `__`
+/// collapses, at most 32 characters.
+pub fn server_name(name: &str) -> String {
+    let mut out: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    while out.contains("__") {
+        out = out.replace("__", "_");
+    }
+    out.truncate(32);
+    if out.is_empty() {
+        "server".to_owned()
+    } else {
+        out
+    }
+}
+
+fn toml_string(value: &str) -> String {
+    toml::Value::String(value.to_owned()).to_string()
+}
+
+/// Imports the client config at `path`. Commands are resolved on `path_var`
+/// and hashed; a command that cannot be found is imported unpinned, and said.
+pub fn import(path: &Path, path_var: Option<&std::ffi::OsStr>) -> Result<Imported, ImportError> {
+    let shown = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|source| ImportError::Read {
+        path: shown.clone(),
+        source,
+    })?;
+    let config: ClientConfig = serde_json::from_str(&text).map_err(|e| ImportError::Format {
+        path: shown.clone(),
+        detail: e.to_string(),
+    })?;
+    let entries = match (config.mcp_servers, config.servers) {
+        (Some(servers), _) | (None, Some(servers)) => servers,
+        (None, None) => {
+            return Err(ImportError::Format {
+                path: shown,
+                detail: "neither `mcpServers` (Claude Desktop) nor `servers` (VS Code) is present"
+                    .into(),
+            });
+        }
+    };
+    let base = path.parent().unwrap_or(Path::new("."));
+    let mut imported = Imported::default();
+    let mut used = std::collections::BTreeSet::new();
+    for (original, entry) in entries {
+        let mut name = server_name(&original);
+        while !used.insert(name.clone()) {
+            name = server_name(&format!("{name}-2"));
+        }
+        let Some(command) = entry.command.clone() else {
+            let what = match (&entry.url, entry.kind.as_deref()) {
+                (Some(url), _) => format!("a remote server at {url}"),
+                (None, Some(kind)) => format!("a server of type {kind:?} without a command"),
+                (None, None) => "an entry without a command".to_owned(),
+            };
+            imported.skipped.push(format!(
+                "`{original}`: {what}: not carried over (remote servers are not supported yet)"
+            ));
+            continue;
+        };
+        if original != name {
+            imported
+                .skipped
+                .push(format!("`{original}`: renamed to `{name}`"));
+        }
+        let _ = writeln!(imported.toml, "[servers.{name}]");
+        let _ = writeln!(imported.toml, "command = {}", toml_string(&command));
+        match resolve(&command, base, path_var) {
+            Ok(resolved) => match std::fs::read(&resolved.target) {
+                Ok(bytes) => {
+                    let _ = writeln!(
+                        imported.toml,
+                        "sha256 = \"{}\"  # {} at import",
+                        Digest::of(&bytes),
+                        resolved.target.display()
+                    );
+                    if looks_like_launcher(&command) {
+                        imported.skipped.push(format!(
+                            "`{original}`: `{command}` fetches and runs other code; pin the interpreter and add its script to `measure`"
+                        ));
+                    }
+                }
+                Err(error) => {
+                    let _ = writeln!(imported.toml, "allow_unmeasured = true");
+                    imported.skipped.push(format!(
+                        "`{original}`: could not read {} to pin it ({error}); imported unpinned",
+                        resolved.target.display()
+                    ));
+                }
+            },
+            Err(error) => {
+                let _ = writeln!(imported.toml, "allow_unmeasured = true");
+                imported
+                    .skipped
+                    .push(format!("`{original}`: {error}; imported unpinned"));
+            }
+        }
+        if !entry.args.is_empty() {
+            let args: Vec<String> = entry.args.iter().map(|a| toml_string(a)).collect();
+            let _ = writeln!(imported.toml, "args = [{}]", args.join(", "));
+        }
+        if let Some(cwd) = &entry.cwd {
+            let _ = writeln!(imported.toml, "cwd = {}", toml_string(cwd));
+        }
+        if !entry.env.is_empty() {
+            let pairs: Vec<String> = entry
+                .env
+                .iter()
+                .map(|(k, v)| format!("{} = {}", toml_string(k), toml_string(v)))
+                .collect();
+            let _ = writeln!(imported.toml, "env = {{ {} }}", pairs.join(", "));
+            imported.skipped.push(format!(
+                "`{original}`: env values were copied as they were; prefer env_passthrough for secrets"
+            ));
+        }
+        if let Some(env_file) = &entry.env_file {
+            imported
+                .skipped
+                .push(format!("`{original}`: envFile {env_file:?} not carried over (list the variables in env or env_passthrough)"));
+        }
+        imported.toml.push('\n');
+    }
+    Ok(imported)
+}
+
+fn looks_like_launcher(command: &str) -> bool {
+    let base = command.rsplit('/').next().unwrap_or(command);
+    matches!(base, "npx" | "uvx" | "pipx" | "bunx" | "docker")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn claude_desktop_config_becomes_moat_entries() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("claude_desktop_config.json");
+        std::fs::write(
+            &file,
+            r#"{"mcpServers": {
+                "files": {"command": "sh", "args": ["-c", "echo $(x)"], "env": {"TOKEN": "t"}},
+                "my server!": {"command": "/nonexistent/bin/srv"},
+                "remote": {"url": "https://example.invalid/mcp"}
+            }}"#,
+        )
+        .unwrap();
+        let path_var = std::env::var_os("PATH");
+        let imported = import(&file, path_var.as_deref()).unwrap();
+        let parsed = crate::config::Config::parse(&dir.path().join("moat.toml"), &imported.toml)
+            .expect("the imported entries are a valid moat.toml");
+        let files = parsed.server("files").unwrap();
+        assert_eq!(files.args, ["-c", "echo $(x)"]);
+        assert!(files.sha256.is_some(), "{}", imported.toml);
+        let renamed = parsed.server("my-server-").unwrap();
+        assert!(renamed.allow_unmeasured);
+        assert!(parsed.server("remote").is_err());
+        let skipped = imported.skipped.join("\n");
+        assert!(
+            skipped.contains("`remote`: a remote server at https://example.invalid/mcp"),
+            "{skipped}"
+        );
+        assert!(
+            skipped.contains("`my server!`: renamed to `my-server-`"),
+            "{skipped}"
+        );
+        assert!(
+            skipped.contains("not found") || skipped.contains("does not exist"),
+            "{skipped}"
+        );
+    }
+
+    #[test]
+    fn vs_code_config_and_bad_input() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("mcp.json");
+        std::fs::write(&file, r#"{"servers": {"a": {"type": "stdio", "command": "sh"}, "b": {"type": "http", "url": "http://127.0.0.1:1/mcp"}}}"#).unwrap();
+        let imported = import(&file, std::env::var_os("PATH").as_deref()).unwrap();
+        assert!(imported.toml.contains("[servers.a]"));
+        assert!(!imported.toml.contains("[servers.b]"));
+        std::fs::write(&file, "{}").unwrap();
+        assert!(matches!(
+            import(&file, None),
+            Err(ImportError::Format { .. })
+        ));
+        assert_eq!(server_name("a__b c"), "a_b-c");
+    }
+}
