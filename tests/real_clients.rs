@@ -1,11 +1,102 @@
 //! MCP clients that nobody here wrote drive `moat serve`: the official
-//! TypeScript SDK over stdio lists tools across a wasm and a native server,
-//! calls both, receives progress, and cancels a long call.
+//! TypeScript SDK and the official Python SDK, over stdio, list tools across
+//! a wasm and a native server, call both, receive progress, and cancel a
+//! long call.
 
 use std::path::Path;
 use std::process::Command;
 
 use moat_test_guests as guests;
+
+/// A config with the `everything` guest as wasm and as native.
+fn hybrid_config(dir: &Path) -> std::path::PathBuf {
+    let config = dir.join("moat.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[servers.wasm]\nwasm = {:?}\nallow_unmeasured = true\n[servers.native]\ncommand = {:?}\nallow_unmeasured = true\n",
+            guests::EVERYTHING_WASM,
+            guests::EVERYTHING_NATIVE
+        ),
+    )
+    .unwrap();
+    config
+}
+
+/// What both agents report, checked the same way.
+fn check_report(report: &serde_json::Value) {
+    let tools: Vec<&str> = report["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|t| t.as_str())
+        .collect();
+    assert!(
+        tools.contains(&"wasm__echo") && tools.contains(&"native__echo"),
+        "{tools:?}"
+    );
+    assert_eq!(report["wasm_add"], "42");
+    assert_eq!(report["native_add"], "3");
+    let progress: Vec<(f64, f64)> = report["progress"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| (p[0].as_f64().unwrap(), p[1].as_f64().unwrap()))
+        .collect();
+    assert_eq!(progress, [(1.0, 3.0), (2.0, 3.0), (3.0, 3.0)]);
+    assert_eq!(report["progress_result"], "3 steps done");
+    assert_eq!(report["cancelled"], true);
+    assert_eq!(report["after_cancel"], "still here");
+}
+
+/// Moat cancelled the long call on the server, and says so in the audit log.
+fn check_cancel_audited(audit: &Path) {
+    moat_host::audit::verify(audit).unwrap();
+    let log = std::fs::read_to_string(audit).unwrap();
+    let sleep = log
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find(|e| e["event"] == "tool_call" && e["tool"] == "sleep")
+        .expect("the sleep call is audited");
+    assert_eq!(sleep["outcome"], "cancelled");
+    assert!(sleep["duration_ms"].as_u64().unwrap() < 60_000);
+}
+
+#[test]
+fn the_python_sdk_drives_moat_serve_over_stdio() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let site = root.join("target/py");
+    assert!(
+        site.join("mcp").exists(),
+        "{} is missing: run `bash tests/setup.sh` (the README's test command does)",
+        site.display()
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let config = hybrid_config(dir.path());
+    let audit = dir.path().join("audit.jsonl");
+    // The agent starts `moat serve` itself, with --audit from MOAT_AUDIT.
+    let output = Command::new("python3")
+        .arg(root.join("tests/clients/py_agent.py"))
+        .arg(env!("CARGO_BIN_EXE_moat"))
+        .arg(&config)
+        .env("PYTHONPATH", &site)
+        .env("MOAT_AUDIT", &audit)
+        .env(
+            "MOAT_CACHE_DIR",
+            Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-cache"),
+        )
+        .output()
+        .expect("running python3");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "the Python agent failed:\n{stderr}"
+    );
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&output.stdout)));
+    check_report(&report);
+    check_cancel_audited(&audit);
+}
 
 #[test]
 fn the_typescript_sdk_drives_moat_serve_over_stdio() {
@@ -17,16 +108,7 @@ fn the_typescript_sdk_drives_moat_serve_over_stdio() {
         sdk.display()
     );
     let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("moat.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[servers.wasm]\nwasm = {:?}\nallow_unmeasured = true\n[servers.native]\ncommand = {:?}\nallow_unmeasured = true\n",
-            guests::EVERYTHING_WASM,
-            guests::EVERYTHING_NATIVE
-        ),
-    )
-    .unwrap();
+    let config = hybrid_config(dir.path());
     let audit = dir.path().join("audit.jsonl");
     let output = Command::new("node")
         .arg(root.join("tests/clients/ts_agent.mjs"))
@@ -47,35 +129,6 @@ fn the_typescript_sdk_drives_moat_serve_over_stdio() {
     );
     let report: serde_json::Value = serde_json::from_slice(&output.stdout)
         .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&output.stdout)));
-
-    let tools: Vec<&str> = report["tools"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|t| t.as_str())
-        .collect();
-    assert!(
-        tools.contains(&"wasm__echo") && tools.contains(&"native__echo"),
-        "{tools:?}"
-    );
-    assert_eq!(report["wasm_add"], "42");
-    assert_eq!(report["native_add"], "3");
-    assert_eq!(
-        report["progress"],
-        serde_json::json!([[1, 3], [2, 3], [3, 3]])
-    );
-    assert_eq!(report["progress_result"], "3 steps done");
-    assert_eq!(report["cancelled"], true);
-    assert_eq!(report["after_cancel"], "still here");
-
-    // Moat cancelled the call on the server, and says so in the audit log.
-    moat_host::audit::verify(&audit).unwrap();
-    let log = std::fs::read_to_string(&audit).unwrap();
-    let sleep = log
-        .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-        .find(|e| e["event"] == "tool_call" && e["tool"] == "sleep")
-        .expect("the sleep call is audited");
-    assert_eq!(sleep["outcome"], "cancelled");
-    assert!(sleep["duration_ms"].as_u64().unwrap() < 60_000);
+    check_report(&report);
+    check_cancel_audited(&audit);
 }

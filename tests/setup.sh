@@ -29,3 +29,10 @@ if ! grep -q "\"version\": \"$SERVER_EVERYTHING\"" "$installed/server-everything
         "@modelcontextprotocol/server-everything@$SERVER_EVERYTHING" \
         "@modelcontextprotocol/sdk@$SDK"
 fi
+
+# The official Python SDK (an agent that drives `moat serve`), pinned, into
+# target/py (no virtualenv needed: tests put it on PYTHONPATH).
+PY_MCP=2.3.0
+if ! PYTHONPATH=target/py python3 -c "import importlib.metadata as m, sys; sys.exit(m.version('mcp') != '$PY_MCP')" 2>/dev/null; then
+    python3 -m pip install --quiet --disable-pip-version-check --target target/py "mcp==$PY_MCP"
+fi

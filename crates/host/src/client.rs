@@ -169,10 +169,11 @@ impl Host {
     /// The default cache directory: `$MOAT_CACHE_DIR`, else
     /// `$XDG_CACHE_HOME/moat`, else `$HOME/.cache/moat`.
     pub fn default_cache_dir() -> Option<PathBuf> {
-        if let Some(dir) = std::env::var_os("MOAT_CACHE_DIR") {
+        let set = |name| std::env::var_os(name).filter(|v| !v.is_empty());
+        if let Some(dir) = set("MOAT_CACHE_DIR") {
             return Some(PathBuf::from(dir));
         }
-        if let Some(dir) = std::env::var_os("XDG_CACHE_HOME") {
+        if let Some(dir) = set("XDG_CACHE_HOME") {
             return Some(PathBuf::from(dir).join("moat"));
         }
         std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache").join("moat"))
