@@ -77,6 +77,30 @@ async fn one_server_in_front_of_a_wasm_and_a_native_server() {
         "{unknown}"
     );
 
+    // Prompts and resources of both servers, routed the same way.
+    let mut prompts: Vec<String> = agent
+        .list_all_prompts()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|p| p.name)
+        .collect();
+    prompts.sort();
+    assert_eq!(prompts, ["native__greet", "wasm__greet"]);
+    let mut greet = rmcp::model::GetPromptRequestParams::new("wasm__greet");
+    greet.arguments = serde_json::json!({"name": "Ada"}).as_object().cloned();
+    let greeting = agent.get_prompt(greet).await.unwrap();
+    let messages = serde_json::to_value(&greeting.messages).unwrap();
+    assert_eq!(messages[0]["content"]["text"], "Hello, Ada!");
+    // Both servers list the same resource URI: the gateway refuses to guess.
+    let clash = agent.list_all_resources().await.unwrap_err();
+    assert!(
+        clash
+            .to_string()
+            .contains("resource moat://everything/readme is listed by both `native` and `wasm`"),
+        "{clash}"
+    );
+
     agent.cancel().await.unwrap();
     let status = child.wait().await.unwrap();
     assert!(status.success(), "moat serve exited with {status}");

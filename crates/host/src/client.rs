@@ -107,6 +107,14 @@ pub enum ClientError {
     },
     #[error(transparent)]
     Policy(#[from] crate::policy::PolicyError),
+    #[error(
+        "server `{server}` crashed again after {restarts} restarts in this session; giving up: {fault}"
+    )]
+    GaveUp {
+        server: String,
+        restarts: u32,
+        fault: Fault,
+    },
     #[error("tool `{tool}` on server `{server}`: the call was cancelled")]
     Cancelled { server: String, tool: String },
     #[error("tool `{tool}` on server `{server}` is unavailable: {reason}")]
@@ -681,6 +689,14 @@ impl Session {
                 })?;
         }
         Ok(result)
+    }
+
+    /// Every prompt the server lists.
+    pub async fn list_prompts(&self) -> Result<Vec<rmcp::model::Prompt>, ClientError> {
+        self.service
+            .list_all_prompts()
+            .await
+            .map_err(|e| self.error("prompts/list", e))
     }
 
     /// Every resource the server lists.

@@ -63,6 +63,8 @@ impl Gateway {
             id,
             gateway: self.clone(),
             children: Arc::new(Mutex::new(BTreeMap::new())),
+            restarts: Arc::default(),
+            resource_owners: Arc::default(),
         };
         session.audit(Event::SessionOpen {
             session: session.id.clone(),
@@ -77,7 +79,12 @@ pub struct AgentSession {
     id: String,
     gateway: Gateway,
     children: Arc<Mutex<BTreeMap<String, Arc<Session>>>>,
+    restarts: Arc<Mutex<BTreeMap<String, u32>>>,
+    resource_owners: Arc<Mutex<BTreeMap<String, String>>>,
 }
+
+/// How many times one session restarts a crashed server before giving up.
+pub const MAX_RESTARTS: u32 = 3;
 
 impl AgentSession {
     /// The session's id, as audited.
@@ -94,12 +101,36 @@ impl AgentSession {
     }
 
     /// The child for `server`, started on first use within this session.
+    /// A child that crashed is restarted on the next call, after a backoff
+    /// (100 ms, doubling), at most [`MAX_RESTARTS`] times per session.
     async fn child(&self, server: &str) -> Result<Arc<Session>, ClientError> {
         let mut children = self.children.lock().await;
-        if let Some(child) = children.get(server)
-            && child.shared().fault().is_none()
-        {
-            return Ok(child.clone());
+        let mut restarts = 0;
+        if let Some(child) = children.get(server) {
+            let Some(fault) = child.shared().fault() else {
+                return Ok(child.clone());
+            };
+            let mut counts = self.restarts.lock().await;
+            let count = counts.entry(server.to_owned()).or_insert(0);
+            if *count >= MAX_RESTARTS {
+                return Err(ClientError::GaveUp {
+                    server: server.to_owned(),
+                    restarts: *count,
+                    fault,
+                });
+            }
+            *count += 1;
+            restarts = *count;
+            self.audit(Event::ServerExit {
+                session: self.id.clone(),
+                server: server.to_owned(),
+                outcome: format!("fault: {fault}"),
+            });
+        }
+        if restarts > 0 {
+            let backoff = std::time::Duration::from_millis(100 << (restarts - 1));
+            tracing::warn!(%server, restarts, ?backoff, "restarting a crashed server");
+            tokio::time::sleep(backoff).await;
         }
         let spec = self
             .gateway
@@ -127,8 +158,7 @@ impl AgentSession {
     /// Every server's tools, as `server__tool`, in server order.
     pub async fn tools(&self) -> Result<Vec<Tool>, ClientError> {
         let mut exposed = Vec::new();
-        let servers: Vec<String> = self.gateway.config.servers.keys().cloned().collect();
-        for server in servers {
+        for server in self.servers() {
             let child = self.child(&server).await?;
             for mut tool in child.list_tools().await? {
                 let name = format!("{server}{SEPARATOR}{}", tool.name);
@@ -151,6 +181,20 @@ impl AgentSession {
     ) -> Result<rmcp::model::CallToolResult, ErrorData> {
         self.call_forwarding(name, arguments, None, CancellationToken::new())
             .await
+    }
+
+    /// Splits `server__name` into a configured server and the name.
+    fn route<'n>(&self, name: &'n str) -> Result<(&'n str, &'n str), ErrorData> {
+        let (server, rest) = name.split_once(SEPARATOR).ok_or_else(|| {
+            ErrorData::invalid_params(format!("no {name:?}: names are server__name"), None)
+        })?;
+        if !self.gateway.config.servers.contains_key(server) {
+            return Err(ErrorData::invalid_params(
+                format!("no server {server:?} behind {name:?}"),
+                None,
+            ));
+        }
+        Ok((server, rest))
     }
 
     /// Calls `server__tool`, forwarding the child's progress to `progress`
@@ -202,6 +246,52 @@ impl AgentSession {
             outcome,
         });
         result.map_err(to_error)
+    }
+
+    /// Every server's prompts, as `server__prompt`.
+    pub async fn prompts(&self) -> Result<Vec<rmcp::model::Prompt>, ClientError> {
+        let mut exposed = Vec::new();
+        for server in self.servers() {
+            for mut prompt in self.child(&server).await?.list_prompts().await? {
+                let name = format!("{server}{SEPARATOR}{}", prompt.name);
+                if valid_exposed_name(&name) {
+                    prompt.name = name;
+                    exposed.push(prompt);
+                } else {
+                    tracing::warn!(%server, prompt = %prompt.name, "prompt name not exposable; hidden");
+                }
+            }
+        }
+        Ok(exposed)
+    }
+
+    /// Every server's resources, named `server__name`, URIs unchanged. Two
+    /// servers listing the same URI is an error naming both.
+    pub async fn resources(&self) -> Result<Vec<rmcp::model::Resource>, ClientError> {
+        let mut exposed = Vec::new();
+        let mut owners = BTreeMap::new();
+        for server in self.servers() {
+            for mut resource in self.child(&server).await?.list_resources().await? {
+                if let Some(other) = owners.insert(resource.uri.clone(), server.clone()) {
+                    return Err(ClientError::Protocol {
+                        server: server.clone(),
+                        operation: "resources/list".into(),
+                        detail: format!(
+                            "resource {} is listed by both `{other}` and `{server}`",
+                            resource.uri
+                        ),
+                    });
+                }
+                resource.name = format!("{server}{SEPARATOR}{}", resource.name);
+                exposed.push(resource);
+            }
+        }
+        *self.resource_owners.lock().await = owners;
+        Ok(exposed)
+    }
+
+    fn servers(&self) -> Vec<String> {
+        self.gateway.config.servers.keys().cloned().collect()
     }
 
     /// Closes every child of this session; reports the ones that failed.
@@ -257,7 +347,72 @@ fn to_error(error: ClientError) -> ErrorData {
 
 impl ServerHandler for AgentSession {
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+        ServerConfig::new(
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_prompts()
+                .enable_resources()
+                .build(),
+        )
+    }
+
+    async fn list_prompts(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::ListPromptsResult, ErrorData> {
+        self.prompts()
+            .await
+            .map(rmcp::model::ListPromptsResult::with_all_items)
+            .map_err(to_error)
+    }
+
+    async fn get_prompt(
+        &self,
+        request: rmcp::model::GetPromptRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::GetPromptResponse, ErrorData> {
+        let (server, prompt) = self.route(&request.name)?;
+        let child = self.child(server).await.map_err(to_error)?;
+        child
+            .get_prompt(prompt, request.arguments)
+            .await
+            .map(Into::into)
+            .map_err(to_error)
+    }
+
+    async fn list_resources(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::ListResourcesResult, ErrorData> {
+        self.resources()
+            .await
+            .map(rmcp::model::ListResourcesResult::with_all_items)
+            .map_err(to_error)
+    }
+
+    async fn read_resource(
+        &self,
+        request: rmcp::model::ReadResourceRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::ReadResourceResponse, ErrorData> {
+        if !self.resource_owners.lock().await.contains_key(&request.uri) {
+            self.resources().await.map_err(to_error)?;
+        }
+        let owner = self.resource_owners.lock().await.get(&request.uri).cloned();
+        let Some(server) = owner else {
+            return Err(ErrorData::resource_not_found(
+                format!("no server lists resource {}", request.uri),
+                None,
+            ));
+        };
+        let child = self.child(&server).await.map_err(to_error)?;
+        child
+            .read_resource(&request.uri)
+            .await
+            .map(Into::into)
+            .map_err(to_error)
     }
 
     async fn list_tools(
