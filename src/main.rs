@@ -73,6 +73,16 @@ enum Command {
         /// Append a hash-chained audit record of every event to FILE.
         #[arg(long, value_name = "FILE")]
         audit: Option<PathBuf>,
+        /// Serve streamable HTTP at ADDR (path /mcp) instead of stdio.
+        #[arg(long, value_name = "ADDR")]
+        http: Option<std::net::SocketAddr>,
+        /// The bearer token HTTP clients must send (required when ADDR is not
+        /// loopback).
+        #[arg(long, env = "MOAT_HTTP_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+        /// Extra Host values to accept over HTTP (loopback names always are).
+        #[arg(long = "allow-host", value_name = "HOST")]
+        allow_hosts: Vec<String>,
     },
     /// Turn a Claude Desktop or VS Code MCP config into moat.toml entries
     /// (printed), measuring each command; says what was not carried over.
@@ -156,6 +166,16 @@ async fn run(command: Command) -> Result<ExitCode> {
             config,
             locked,
             audit,
+            http: Some(addr),
+            token,
+            allow_hosts,
+        } => serve_http(&config, locked, audit.as_deref(), addr, token, allow_hosts).await,
+        Command::Serve {
+            config,
+            locked,
+            audit,
+            http: None,
+            ..
         } => serve(&config, locked, audit.as_deref()).await,
         Command::Inspect { config, json } => inspect(&config, json).await,
         Command::Import { file } => {
@@ -492,6 +512,110 @@ async fn inspect(config_path: &Path, json: bool) -> Result<ExitCode> {
     })
 }
 
+fn open_audit(audit: Option<&Path>) -> Result<Option<std::sync::Arc<moat_host::audit::AuditLog>>> {
+    Ok(audit
+        .map(moat_host::audit::AuditLog::open)
+        .transpose()?
+        .map(std::sync::Arc::new))
+}
+
+/// `moat serve --http ADDR`: streamable HTTP at /mcp, one agent session per
+/// MCP session. Loopback by default; Host (and Origin) checked against DNS
+/// rebinding; a bearer token is required when bound beyond loopback.
+async fn serve_http(
+    config_path: &Path,
+    locked: bool,
+    audit: Option<&Path>,
+    addr: std::net::SocketAddr,
+    token: Option<String>,
+    allow_hosts: Vec<String>,
+) -> Result<ExitCode> {
+    use rmcp::transport::streamable_http_server::{
+        StreamableHttpServerConfig, StreamableHttpService, session::local::LocalSessionManager,
+    };
+    if !addr.ip().is_loopback() && token.is_none() {
+        bail!(
+            "--http {addr} is not a loopback address: set a bearer token with --token or MOAT_HTTP_TOKEN"
+        );
+    }
+    let config = Config::load(config_path)?;
+    let host = host_for(config_path, locked)?;
+    let gateway = moat_host::gateway::Gateway::new(host, config, open_audit(audit)?);
+    let cancel = tokio_util_token();
+    let mut http_config = StreamableHttpServerConfig::default();
+    http_config.cancellation_token = cancel.clone();
+    http_config.allowed_hosts.extend(allow_hosts);
+    if !addr.ip().is_loopback() {
+        http_config.allowed_hosts.push(addr.ip().to_string());
+        http_config.allowed_hosts.push(addr.to_string());
+    }
+    let service = StreamableHttpService::new(
+        move || Ok(gateway.session()),
+        std::sync::Arc::new(LocalSessionManager::default()),
+        http_config,
+    );
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding {addr}"))?;
+    eprintln!("moat: serving MCP at http://{}/mcp", listener.local_addr()?);
+    let expected = token.map(|t| format!("Bearer {t}"));
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("installing the SIGTERM handler")?;
+    loop {
+        let (stream, _) = tokio::select! {
+            accepted = listener.accept() => accepted.context("accepting a connection")?,
+            _ = tokio::signal::ctrl_c() => break,
+            _ = terminate.recv() => break,
+        };
+        let service = service.clone();
+        let expected = expected.clone();
+        tokio::spawn(async move {
+            let handler = hyper::service::service_fn(
+                move |request: hyper::Request<hyper::body::Incoming>| {
+                    let mut service = service.clone();
+                    let expected = expected.clone();
+                    async move {
+                        let authorized = match &expected {
+                            None => true,
+                            Some(expected) => request
+                                .headers()
+                                .get(hyper::header::AUTHORIZATION)
+                                .and_then(|v| v.to_str().ok())
+                                .is_some_and(|v| v == expected),
+                        };
+                        if !authorized {
+                            let mut denied = hyper::Response::new(empty_body());
+                            *denied.status_mut() = hyper::StatusCode::UNAUTHORIZED;
+                            return Ok::<_, std::convert::Infallible>(denied);
+                        }
+                        if request.uri().path() != "/mcp" {
+                            let mut missing = hyper::Response::new(empty_body());
+                            *missing.status_mut() = hyper::StatusCode::NOT_FOUND;
+                            return Ok(missing);
+                        }
+                        tower_service::Service::call(&mut service, request).await
+                    }
+                },
+            );
+            let io = hyper_util::rt::TokioIo::new(stream);
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(io, handler)
+                .await;
+        });
+    }
+    cancel.cancel();
+    Ok(ExitCode::SUCCESS)
+}
+
+fn tokio_util_token() -> tokio_util::sync::CancellationToken {
+    Default::default()
+}
+
+fn empty_body() -> http_body_util::combinators::BoxBody<bytes::Bytes, std::convert::Infallible> {
+    use http_body_util::BodyExt;
+    http_body_util::Empty::<bytes::Bytes>::new().boxed()
+}
+
 /// `moat serve` on stdio: one agent session until stdin closes or a signal
 /// arrives; then every child is closed, and a failure to close is reported
 /// in the exit status.
@@ -499,11 +623,7 @@ async fn serve(config_path: &Path, locked: bool, audit: Option<&Path>) -> Result
     use rmcp::ServiceExt;
     let config = Config::load(config_path)?;
     let host = host_for(config_path, locked)?;
-    let audit = audit
-        .map(moat_host::audit::AuditLog::open)
-        .transpose()?
-        .map(std::sync::Arc::new);
-    let gateway = moat_host::gateway::Gateway::new(host, config, audit);
+    let gateway = moat_host::gateway::Gateway::new(host, config, open_audit(audit)?);
     let session = gateway.session();
     let service = session
         .clone()

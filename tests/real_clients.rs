@@ -132,3 +132,124 @@ fn the_typescript_sdk_drives_moat_serve_over_stdio() {
     check_report(&report);
     check_cancel_audited(&audit);
 }
+
+/// `moat serve --http 127.0.0.1:0` with a token; returns the child and URL.
+fn serve_http(config: &Path, token: &str) -> (std::process::Child, String) {
+    use std::io::BufRead;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_moat"))
+        .args([
+            "serve",
+            "--http",
+            "127.0.0.1:0",
+            "--token",
+            token,
+            "--config",
+        ])
+        .arg(config)
+        .env(
+            "MOAT_CACHE_DIR",
+            Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-cache"),
+        )
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("moat serve --http");
+    let stderr = child.stderr.take().unwrap();
+    let mut lines = std::io::BufReader::new(stderr).lines();
+    let url = lines
+        .by_ref()
+        .map_while(Result::ok)
+        .find_map(|l| l.strip_prefix("moat: serving MCP at ").map(str::to_owned))
+        .expect("moat serve announces its URL");
+    // Keep draining stderr so the server never blocks on it.
+    std::thread::spawn(move || for _ in lines {});
+    (child, url)
+}
+
+/// A raw HTTP/1.1 POST; returns the status code.
+fn post_status(url: &str, host: &str, authorization: Option<&str>) -> u16 {
+    use std::io::{Read, Write};
+    let address = url.trim_start_matches("http://").trim_end_matches("/mcp");
+    let mut stream = std::net::TcpStream::connect(address).unwrap();
+    let body = r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#;
+    let auth = authorization
+        .map(|a| format!("Authorization: {a}\r\n"))
+        .unwrap_or_default();
+    write!(
+        stream,
+        "POST /mcp HTTP/1.1\r\nHost: {host}\r\n{auth}Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut response = String::new();
+    let _ = stream.read_to_string(&mut response);
+    response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
+}
+
+#[test]
+fn the_typescript_sdk_drives_moat_serve_over_streamable_http() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let sdk = root.join("target/npm/node_modules/@modelcontextprotocol/sdk");
+    assert!(
+        sdk.join("package.json").exists(),
+        "run `bash tests/setup.sh`"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let config = hybrid_config(dir.path());
+    let (mut server, url) = serve_http(&config, "s3cret");
+    let address = url
+        .trim_start_matches("http://")
+        .trim_end_matches("/mcp")
+        .to_owned();
+
+    // Without the token: 401. With a foreign Host (DNS rebinding): refused.
+    assert_eq!(post_status(&url, &address, None), 401);
+    assert_eq!(post_status(&url, &address, Some("Bearer wrong")), 401);
+    let rebinding = post_status(&url, "evil.example", Some("Bearer s3cret"));
+    assert!(
+        (400..500).contains(&rebinding),
+        "foreign Host answered {rebinding}"
+    );
+
+    let output = Command::new("node")
+        .arg(root.join("tests/clients/ts_http_agent.mjs"))
+        .arg(&sdk)
+        .arg(&url)
+        .arg("s3cret")
+        .output()
+        .expect("running node");
+    let _ = server.kill();
+    let _ = server.wait();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "the TypeScript agent failed:\n{stderr}"
+    );
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let tools = report["tools"].as_array().unwrap();
+    assert!(tools.contains(&"wasm__echo".into()) && tools.contains(&"native__echo".into()));
+    assert_eq!(report["wasm_add"], "42");
+    assert_eq!(report["native_add"], "3");
+}
+
+#[test]
+fn serving_beyond_loopback_needs_a_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = hybrid_config(dir.path());
+    let output = Command::new(env!("CARGO_BIN_EXE_moat"))
+        .args(["serve", "--http", "0.0.0.0:0", "--config"])
+        .arg(&config)
+        .env_remove("MOAT_HTTP_TOKEN")
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    assert!(
+        String::from_utf8_lossy(&output.stderr)
+            .contains("--http 0.0.0.0:0 is not a loopback address: set a bearer token"),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
