@@ -407,7 +407,10 @@ fn host_for(config_path: &Path, locked: bool) -> Result<Host> {
     let mut host = Host::new(Host::default_cache_dir())?;
     let lock_path = Lock::path_for(config_path);
     match Lock::load(&lock_path)? {
-        Some(lock) => host = host.with_lock(lock, lock_path),
+        Some(lock) => {
+            moat_host::gateway::check_lock_names(&lock)?;
+            host = host.with_lock(lock, lock_path)
+        }
         None if locked => bail!(
             "--locked: {} does not exist; run `moat lock` to create it",
             lock_path.display()

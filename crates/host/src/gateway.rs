@@ -45,6 +45,38 @@ pub struct Gateway {
     sessions: Arc<AtomicU64>,
 }
 
+/// Why a gateway cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    #[error(
+        "server `{server}`, tool `{tool}`: the exposed name `{exposed}` does not match ^[a-zA-Z0-9_-]{{1,64}}$ (rename the server, or pin a server without it)"
+    )]
+    InvalidName {
+        server: String,
+        tool: String,
+        exposed: String,
+    },
+}
+
+/// Checks, before serving, that every pinned tool of `lock` gets a valid
+/// exposed name. (Without a lock, tools are only known once their servers
+/// run; an invalid one is then hidden and logged.)
+pub fn check_lock_names(lock: &crate::lock::Lock) -> Result<(), GatewayError> {
+    for (server, locked) in &lock.servers {
+        for tool in &locked.tools {
+            let exposed = format!("{server}{SEPARATOR}{}", tool.name);
+            if !valid_exposed_name(&exposed) {
+                return Err(GatewayError::InvalidName {
+                    server: server.clone(),
+                    tool: tool.name.clone(),
+                    exposed,
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
 impl Gateway {
     /// A gateway for `config`'s servers, launched by `host`.
     pub fn new(host: Host, config: Config, audit: Option<Arc<AuditLog>>) -> Self {
@@ -461,5 +493,53 @@ impl ServerHandler for AgentSession {
             let _ = task.await;
         }
         result.map(CallToolResponse::Complete)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lock::{LOCK_VERSION, Lock, LockedServer, LockedTool};
+
+    #[test]
+    fn exposed_names_are_checked_at_start_from_the_lock() {
+        let tool = |name: &str| LockedTool {
+            name: name.into(),
+            sha256: String::new(),
+            definition: String::new(),
+            flags: vec![],
+        };
+        let server = |tools: Vec<LockedTool>| LockedServer {
+            kind: "wasm".into(),
+            evidence: "wasm-measured".into(),
+            sha256: String::new(),
+            identity: String::new(),
+            measured: Default::default(),
+            tools,
+        };
+        let mut lock = Lock {
+            version: LOCK_VERSION,
+            servers: Default::default(),
+        };
+        lock.servers.insert(
+            "files".into(),
+            server(vec![tool("read"), tool("write-all")]),
+        );
+        assert!(check_lock_names(&lock).is_ok());
+        lock.servers
+            .insert("web".into(), server(vec![tool("fetch url")]));
+        match check_lock_names(&lock) {
+            Err(GatewayError::InvalidName {
+                server,
+                tool,
+                exposed,
+            }) => {
+                assert_eq!((server.as_str(), tool.as_str()), ("web", "fetch url"));
+                assert_eq!(exposed, "web__fetch url");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(valid_exposed_name(&"a".repeat(64)));
+        assert!(!valid_exposed_name(&"a".repeat(65)));
     }
 }
