@@ -133,8 +133,9 @@ fn the_typescript_sdk_drives_moat_serve_over_stdio() {
     check_cancel_audited(&audit);
 }
 
-/// `moat serve --http 127.0.0.1:0` with a token; returns the child and URL.
-fn serve_http(config: &Path, token: &str) -> (std::process::Child, String) {
+/// `moat serve --http 127.0.0.1:0` with a token and an audit log; returns
+/// the child and URL.
+fn serve_http(config: &Path, token: &str, audit: &Path) -> (std::process::Child, String) {
     use std::io::BufRead;
     let mut child = Command::new(env!("CARGO_BIN_EXE_moat"))
         .args([
@@ -146,6 +147,8 @@ fn serve_http(config: &Path, token: &str) -> (std::process::Child, String) {
             "--config",
         ])
         .arg(config)
+        .arg("--audit")
+        .arg(audit)
         .env(
             "MOAT_CACHE_DIR",
             Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-cache"),
@@ -199,7 +202,8 @@ fn the_typescript_sdk_drives_moat_serve_over_streamable_http() {
     );
     let dir = tempfile::tempdir().unwrap();
     let config = hybrid_config(dir.path());
-    let (mut server, url) = serve_http(&config, "s3cret");
+    let audit = dir.path().join("audit.jsonl");
+    let (mut server, url) = serve_http(&config, "s3cret", &audit);
     let address = url
         .trim_start_matches("http://")
         .trim_end_matches("/mcp")
@@ -229,10 +233,8 @@ fn the_typescript_sdk_drives_moat_serve_over_streamable_http() {
         "the TypeScript agent failed:\n{stderr}"
     );
     let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
-    let tools = report["tools"].as_array().unwrap();
-    assert!(tools.contains(&"wasm__echo".into()) && tools.contains(&"native__echo".into()));
-    assert_eq!(report["wasm_add"], "42");
-    assert_eq!(report["native_add"], "3");
+    check_report(&report);
+    check_cancel_audited(&audit);
 }
 
 #[test]

@@ -1,5 +1,6 @@
 // The official TypeScript SDK over streamable HTTP against `moat serve
-// --http`: lists tools across a wasm and a native server and calls both.
+// --http`: lists tools across a wasm and a native server, calls both,
+// receives progress, and cancels a long call.
 //
 // usage: node ts_http_agent.mjs SDK_DIR URL [TOKEN]
 import { pathToFileURL } from "node:url";
@@ -20,5 +21,27 @@ const report = {
   wasm_add: text(await client.callTool({ name: "wasm__add", arguments: { a: 2, b: 40 } })),
   native_add: text(await client.callTool({ name: "native__add", arguments: { a: 1, b: 2 } })),
 };
+const progress = [];
+const done = await client.callTool(
+  { name: "native__progress", arguments: { steps: 3, interval_ms: 50 } },
+  undefined,
+  { onprogress: (p) => progress.push([p.progress, p.total]) },
+);
+report.progress = progress;
+report.progress_result = text(done);
+const abort = new AbortController();
+const long = client.callTool(
+  { name: "wasm__sleep", arguments: { ms: 60000 } },
+  undefined,
+  { signal: abort.signal },
+);
+setTimeout(() => abort.abort("the agent changed its mind"), 500);
+try {
+  await long;
+  report.cancelled = false;
+} catch (error) {
+  report.cancelled = true;
+}
+report.after_cancel = text(await client.callTool({ name: "wasm__echo", arguments: { message: "still here" } }));
 await client.close();
 console.log(JSON.stringify(report));
