@@ -7,8 +7,8 @@ cd "$(dirname "$0")/.."
 
 step() { printf '\n==> %s\n' "$*" >&2; }
 
-step "toolchain: the wasm32-wasip2 target (pinned in rust-toolchain.toml)"
-rustup target add wasm32-wasip2 >/dev/null 2>&1 || rustup target add wasm32-wasip2
+step "toolchain: the pinned Rust with the wasm32-wasip2 target (rust-toolchain.toml)"
+rustup toolchain install
 
 step "building moat and the guests (the first build compiles wasmtime: several minutes)"
 cargo build --release --locked -p moat -p moat-test-guests
