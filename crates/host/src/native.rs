@@ -254,21 +254,29 @@ pub fn transport(
         launch.name.clone(),
         launch.limits.clone(),
         move |tracker| async move {
-            let measure = launch.measure.clone();
-            let measured = tokio::task::spawn_blocking(move || {
-                measure
-                    .iter()
-                    .map(|path| measure_path(path).map(|digest| (path.clone(), digest)))
-                    .collect::<Result<Vec<_>, _>>()
-            })
-            .await
-            .map_err(|error| NativeError::Spawn {
-                path: launch.resolved.target.clone(),
-                source: std::io::Error::other(error.to_string()),
-            })??;
+            let measured = measure_all(launch.measure.clone(), &launch.resolved.target).await?;
             Ok(spawn(&launch, executable, measured, &tracker)?)
         },
     )
+}
+
+/// Digests of every `measure` path, off the async runtime. `executable`
+/// names the launch in errors.
+async fn measure_all(
+    paths: Vec<PathBuf>,
+    executable: &Path,
+) -> Result<Vec<(PathBuf, Digest)>, NativeError> {
+    tokio::task::spawn_blocking(move || {
+        paths
+            .iter()
+            .map(|path| measure_path(path).map(|digest| (path.clone(), digest)))
+            .collect::<Result<Vec<_>, _>>()
+    })
+    .await
+    .map_err(|error| NativeError::Spawn {
+        path: executable.to_owned(),
+        source: std::io::Error::other(error.to_string()),
+    })?
 }
 
 /// Launches a native server for the transport.
@@ -278,20 +286,13 @@ pub(crate) async fn launch(
 ) -> Result<Launched, LaunchError> {
     let target = launch.resolved.target.clone();
     let expected = launch.expected;
-    let measure = launch.measure.clone();
-    let (executable, measured) = tokio::task::spawn_blocking(move || {
-        let executable = open_measured(&target, expected)?;
-        let measured = measure
-            .iter()
-            .map(|path| measure_path(path).map(|digest| (path.clone(), digest)))
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok::<_, NativeError>((executable, measured))
-    })
-    .await
-    .map_err(|error| NativeError::Spawn {
-        path: launch.resolved.target.clone(),
-        source: std::io::Error::other(error.to_string()),
-    })??;
+    let executable = tokio::task::spawn_blocking(move || open_measured(&target, expected))
+        .await
+        .map_err(|error| NativeError::Spawn {
+            path: launch.resolved.target.clone(),
+            source: std::io::Error::other(error.to_string()),
+        })??;
+    let measured = measure_all(launch.measure.clone(), &launch.resolved.target).await?;
     for (path, digest) in &measured {
         tracing::debug!(server = %launch.name, path = %path.display(), %digest, "measured");
     }

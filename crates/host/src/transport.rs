@@ -659,10 +659,7 @@ impl rmcp::transport::Transport<RoleClient> for Connected {
         let encoded = serde_json::to_vec(&item);
         match &item {
             ClientJsonRpcMessage::Request(request) => {
-                let method = serde_json::to_value(&request.request)
-                    .ok()
-                    .and_then(|v| v.get("method").and_then(|m| m.as_str().map(str::to_owned)))
-                    .unwrap_or_default();
+                let method = request.request.method().to_owned();
                 shared
                     .pending
                     .lock()
