@@ -124,6 +124,17 @@ enum AuditCommand {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.verbose);
+    #[cfg(unix)]
+    if !matches!(cli.command, Command::Serve { .. }) {
+        // A report piped into `head` ends quietly, as other tools do, rather
+        // than panicking in `println!`. `serve` keeps SIGPIPE ignored: a gone
+        // agent is an error it handles and audits.
+        // SAFETY: called before any other thread exists (the runtime is built
+        // below); restoring a signal's default disposition has no other effect.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -437,6 +448,7 @@ async fn inspect(config_path: &Path, json: bool) -> Result<ExitCode> {
         let kind = match &spec.kind {
             moat_host::ServerKind::Wasm { path } => format!("wasm {}", path.display()),
             moat_host::ServerKind::Native { command, .. } => format!("native {command}"),
+            moat_host::ServerKind::Remote { url, .. } => format!("remote {url}"),
         };
         let mut report = serde_json::json!({
             "server": name,

@@ -347,3 +347,24 @@ fn inspect_reports_every_server_and_import_converts_client_configs() {
     ]);
     assert!(output.status.success(), "stderr: {}", stderr(&output));
 }
+
+#[cfg(unix)]
+#[test]
+fn a_report_into_a_closed_pipe_ends_quietly_without_a_panic() {
+    use std::os::unix::process::ExitStatusExt;
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader); // like `moat tools ... | head -0`
+    let output = Command::new(env!("CARGO_BIN_EXE_moat"))
+        .args(["tools", "--config", "examples/moat.toml", "everything"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env(
+            "MOAT_CACHE_DIR",
+            Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-cache"),
+        )
+        .env_remove("RUST_LOG")
+        .stdout(writer)
+        .output()
+        .expect("running moat");
+    assert_eq!(output.status.signal(), Some(libc::SIGPIPE), "{output:?}");
+    assert!(!stderr(&output).contains("panicked"), "{}", stderr(&output));
+}

@@ -8,6 +8,9 @@ use std::process::Command;
 
 use moat_test_guests as guests;
 
+mod common;
+use common::serve_http;
+
 /// A config with the `everything` guest as wasm and as native.
 fn hybrid_config(dir: &Path) -> std::path::PathBuf {
     let config = dir.join("moat.toml");
@@ -131,41 +134,6 @@ fn the_typescript_sdk_drives_moat_serve_over_stdio() {
         .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&output.stdout)));
     check_report(&report);
     check_cancel_audited(&audit);
-}
-
-/// `moat serve --http 127.0.0.1:0` with a token and an audit log; returns
-/// the child and URL.
-fn serve_http(config: &Path, token: &str, audit: &Path) -> (std::process::Child, String) {
-    use std::io::BufRead;
-    let mut child = Command::new(env!("CARGO_BIN_EXE_moat"))
-        .args([
-            "serve",
-            "--http",
-            "127.0.0.1:0",
-            "--token",
-            token,
-            "--config",
-        ])
-        .arg(config)
-        .arg("--audit")
-        .arg(audit)
-        .env(
-            "MOAT_CACHE_DIR",
-            Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-cache"),
-        )
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("moat serve --http");
-    let stderr = child.stderr.take().unwrap();
-    let mut lines = std::io::BufReader::new(stderr).lines();
-    let url = lines
-        .by_ref()
-        .map_while(Result::ok)
-        .find_map(|l| l.strip_prefix("moat: serving MCP at ").map(str::to_owned))
-        .expect("moat serve announces its URL");
-    // Keep draining stderr so the server never blocks on it.
-    std::thread::spawn(move || for _ in lines {});
-    (child, url)
 }
 
 /// A raw HTTP/1.1 POST; returns the status code.

@@ -195,6 +195,11 @@ impl Host {
     /// A transport for `spec`, not yet connected. Refuses a server that has
     /// no pinned digest unless `allow_unmeasured` is set.
     pub fn transport(&self, spec: &ServerSpec) -> Result<ServerTransport, LaunchError> {
+        if matches!(spec.kind, ServerKind::Remote { .. }) {
+            // Nothing here runs a remote server, so there are no bytes to
+            // measure; its config requires sandbox = "best-effort".
+            return self.transport_expecting(spec, Expectation::Unpinned);
+        }
         let expected = spec.expectation().ok_or_else(|| LaunchError::Unmeasured {
             server: spec.name.clone(),
         })?;
@@ -251,6 +256,23 @@ impl Host {
             ServerKind::Native { .. } => Err(LaunchError::Unsupported {
                 server: spec.name.clone(),
             }),
+            ServerKind::Remote {
+                url,
+                bearer_token_env,
+            } => {
+                let launch = crate::remote::RemoteLaunch {
+                    name: spec.name.clone(),
+                    url: url.clone(),
+                    bearer_token_env: bearer_token_env.clone(),
+                    limits: spec.limits.clone(),
+                };
+                let _ = expected; // nothing to measure
+                Ok(ServerTransport::new(
+                    spec.name.clone(),
+                    spec.limits.clone(),
+                    move |tracker| crate::remote::launch(launch, tracker),
+                ))
+            }
         }
     }
 
@@ -280,21 +302,27 @@ impl Host {
                 lock: lock_name.clone(),
             })?
             .clone();
-        let digest: Digest = locked.sha256.parse().map_err(|e| ClientError::BadLock {
-            server: spec.name.clone(),
-            lock: lock_name.clone(),
-            detail: format!("sha256: {e}"),
-        })?;
-        if let Some(pin) = spec.sha256
-            && pin != digest
-        {
-            return Err(ClientError::LockConflict {
+        let transport = if matches!(spec.kind, ServerKind::Remote { .. }) {
+            // No bytes to pin: the locked identity (the endpoint) and the
+            // tool pins are checked below.
+            self.transport(spec)?
+        } else {
+            let digest: Digest = locked.sha256.parse().map_err(|e| ClientError::BadLock {
                 server: spec.name.clone(),
-                config: pin.to_string(),
-                locked: digest.to_string(),
-            });
-        }
-        let transport = self.transport_expecting(spec, Expectation::Pinned(digest))?;
+                lock: lock_name.clone(),
+                detail: format!("sha256: {e}"),
+            })?;
+            if let Some(pin) = spec.sha256
+                && pin != digest
+            {
+                return Err(ClientError::LockConflict {
+                    server: spec.name.clone(),
+                    config: pin.to_string(),
+                    locked: digest.to_string(),
+                });
+            }
+            self.transport_expecting(spec, Expectation::Pinned(digest))?
+        };
         let mut session = Session::connect(transport, handshake).await?;
         if let Err(error) = session.enforce(spec, &locked).await {
             let _ = session.close_quietly().await;
@@ -319,11 +347,18 @@ impl Host {
             operation: "measure".into(),
             detail: "the server reported no identity".into(),
         })?;
-        let digest = identity.digest.ok_or_else(|| ClientError::Protocol {
-            server: spec.name.clone(),
-            operation: "measure".into(),
-            detail: "the server's bytes were not measured".into(),
-        })?;
+        let digest = match identity.digest {
+            Some(digest) => digest.to_string(),
+            // A remote server has no bytes here; its identity is its endpoint.
+            None if identity.evidence == crate::identity::Evidence::Remote => String::new(),
+            None => {
+                return Err(ClientError::Protocol {
+                    server: spec.name.clone(),
+                    operation: "measure".into(),
+                    detail: "the server's bytes were not measured".into(),
+                });
+            }
+        };
         let parts = identity_parts(spec, &identity);
         let execution = execution_identity(&parts);
         let mut locked_tools: Vec<LockedTool> = tools
@@ -348,7 +383,7 @@ impl Host {
         Ok(LockedServer {
             kind: parts.kind.to_owned(),
             evidence: identity.evidence.to_string(),
-            sha256: digest.to_string(),
+            sha256: digest,
             identity: execution.to_string(),
             measured: parts.measured,
             tools: locked_tools,
@@ -368,11 +403,19 @@ fn identity_parts<'a>(
         ServerKind::Native { command, cwd, .. } => {
             ("native", command.clone(), Some(cwd.display().to_string()))
         }
+        ServerKind::Remote { url, .. } => ("remote", url.clone(), None),
     };
     let mut argv = vec![argv0];
     argv.extend(spec.args.iter().cloned());
     let mut env_names: Vec<String> = spec.env.keys().cloned().collect();
     env_names.extend(spec.env_passthrough.iter().cloned());
+    if let ServerKind::Remote {
+        bearer_token_env: Some(var),
+        ..
+    } = &spec.kind
+    {
+        env_names.push(var.clone()); // the name, never the token
+    }
     IdentityParts {
         kind,
         sha256: identity.digest,

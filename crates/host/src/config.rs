@@ -143,6 +143,14 @@ pub enum ServerKind {
         /// interpreter's script, a package directory).
         measure: Vec<PathBuf>,
     },
+    /// A remote server reached over streamable HTTP at one exact endpoint.
+    Remote {
+        /// The endpoint (https, or http to a loopback address).
+        url: String,
+        /// The variable in Moat's environment holding the bearer token sent
+        /// to that endpoint, if any. The token itself is never stored here.
+        bearer_token_env: Option<String>,
+    },
 }
 
 impl ServerSpec {
@@ -236,6 +244,8 @@ struct RawConfig {
 struct RawServer {
     wasm: Option<Spanned<String>>,
     command: Option<Spanned<String>>,
+    url: Option<Spanned<String>>,
+    bearer_token_env: Option<Spanned<String>>,
     cwd: Option<String>,
     #[serde(default)]
     measure: Vec<String>,
@@ -308,8 +318,18 @@ impl Config {
             }
             let server_span = server.span();
             let server = server.into_inner();
-            let kind = match (server.wasm, server.command) {
-                (Some(wasm), None) => {
+            if let Some(token) = &server.bearer_token_env
+                && server.url.is_none()
+            {
+                return Err(invalid(
+                    Some(token.span()),
+                    format!(
+                        "server `{name}`: `bearer_token_env` applies to remote `url` servers only"
+                    ),
+                ));
+            }
+            let kind = match (server.wasm, server.command, server.url) {
+                (Some(wasm), None, None) => {
                     if server.cwd.is_some() || !server.measure.is_empty() {
                         return Err(invalid(
                             Some(wasm.span()),
@@ -322,7 +342,7 @@ impl Config {
                         path: base.join(wasm.get_ref()),
                     }
                 }
-                (None, Some(command)) => {
+                (None, Some(command), None) => {
                     if command.get_ref().is_empty() || command.get_ref().contains('\0') {
                         return Err(invalid(
                             Some(command.span()),
@@ -338,17 +358,79 @@ impl Config {
                         measure: server.measure.iter().map(|p| base.join(p)).collect(),
                     }
                 }
-                (Some(wasm), Some(_)) => {
-                    return Err(invalid(
-                        Some(wasm.span()),
-                        format!("server `{name}`: set either `wasm` or `command`, not both"),
-                    ));
+                (None, None, Some(url)) => {
+                    let span = url.span();
+                    let url = crate::remote::parse_endpoint(url.get_ref()).map_err(|message| {
+                        invalid(
+                            Some(span.clone()),
+                            format!("server `{name}`: url: {message}"),
+                        )
+                    })?;
+                    if server.sandbox == Sandbox::Required {
+                        return Err(invalid(
+                            Some(span),
+                            format!(
+                                "server `{name}`: a remote server cannot be contained: no child process exists to sandbox, and `sandbox` is \"required\" (the default); set `sandbox = \"best-effort\"` to accept a server Moat does not run"
+                            ),
+                        ));
+                    }
+                    let local_only = [
+                        ("cwd", server.cwd.is_some()),
+                        ("measure", !server.measure.is_empty()),
+                        ("sha256", server.sha256.is_some()),
+                        ("allow_unmeasured", server.allow_unmeasured),
+                        ("args", !server.args.is_empty()),
+                        ("env", !server.env.is_empty()),
+                        ("env_passthrough", !server.env_passthrough.is_empty()),
+                        ("dirs", !server.dirs.is_empty()),
+                        ("net", !server.net.is_empty()),
+                    ];
+                    if let Some((key, _)) = local_only.iter().find(|(_, set)| *set) {
+                        return Err(invalid(
+                            Some(span),
+                            format!(
+                                "server `{name}`: `{key}` applies to servers Moat runs, not to a remote `url`"
+                            ),
+                        ));
+                    }
+                    let bearer_token_env = match server.bearer_token_env {
+                        None => None,
+                        Some(var) => {
+                            if var.get_ref().is_empty() || var.get_ref().contains(['=', '\0']) {
+                                return Err(invalid(
+                                    Some(var.span()),
+                                    format!(
+                                        "server `{name}`: bearer_token_env: {:?} is not a variable name",
+                                        var.get_ref()
+                                    ),
+                                ));
+                            }
+                            Some(var.into_inner())
+                        }
+                    };
+                    ServerKind::Remote {
+                        url,
+                        bearer_token_env,
+                    }
                 }
-                (None, None) => {
+                (None, None, None) => {
                     return Err(invalid(
                         Some(server_span),
                         format!(
-                            "server `{name}`: `wasm = \"path\"` or `command = \"program\"` is required"
+                            "server `{name}`: one of `wasm = \"path\"`, `command = \"program\"` or `url = \"https://...\"` is required"
+                        ),
+                    ));
+                }
+                (wasm, command, url) => {
+                    let span = [wasm, command, url]
+                        .into_iter()
+                        .flatten()
+                        .map(|v| v.span())
+                        .min_by_key(|span| span.start);
+                    return Err(invalid(
+                        span,
+                        format!(
+                            "server `{name}`: set one of `wasm`, `command` or `url`, not several"
                         ),
                     ));
                 }
@@ -570,16 +652,73 @@ request_timeout_ms = 100
     }
 
     #[test]
+    fn a_remote_server_must_not_claim_containment() {
+        // sandbox = "required" is the default: a remote server cannot meet it.
+        let (line, column, message) =
+            invalid_at("[servers.gh]\nurl = \"https://mcp.example.com/mcp\"\n");
+        assert_eq!((line, column), (2, 7));
+        assert!(
+            message.contains(
+                "server `gh`: a remote server cannot be contained: no child process exists to sandbox"
+            ),
+            "{message}"
+        );
+        let config = parse(
+            "[servers.gh]\nurl = \"https://mcp.example.com/mcp\"\nbearer_token_env = \"GH_TOKEN\"\nsandbox = \"best-effort\"\n",
+        )
+        .unwrap();
+        assert_eq!(
+            config.servers["gh"].kind,
+            ServerKind::Remote {
+                url: "https://mcp.example.com/mcp".into(),
+                bearer_token_env: Some("GH_TOKEN".into()),
+            }
+        );
+        // What only a local server can have is refused, by name.
+        for (key, value) in [
+            ("args", "[\"x\"]"),
+            ("env", "{ A = \"b\" }"),
+            ("net", "[\"example.com:443\"]"),
+            ("sha256", &format!("\"{}\"", "0".repeat(64))),
+        ] {
+            let (_, _, message) = invalid_at(&format!(
+                "[servers.gh]\nurl = \"https://mcp.example.com/mcp\"\nsandbox = \"best-effort\"\n{key} = {value}\n"
+            ));
+            assert!(
+                message.contains(&format!(
+                    "server `gh`: `{key}` applies to servers Moat runs, not to a remote `url`"
+                )),
+                "{key}: {message}"
+            );
+        }
+        let (_, _, message) = invalid_at(
+            "[servers.gh]\nurl = \"http://mcp.example.com/mcp\"\nsandbox = \"best-effort\"\n",
+        );
+        assert!(message.contains("plain http is allowed to loopback addresses only"));
+        let (_, _, message) =
+            invalid_at("[servers.gh]\nwasm = \"a.wasm\"\nurl = \"https://mcp.example.com/mcp\"\n");
+        assert!(message.contains("set one of `wasm`, `command` or `url`, not several"));
+        let (_, _, message) =
+            invalid_at("[servers.gh]\nwasm = \"a.wasm\"\nbearer_token_env = \"T\"\n");
+        assert!(message.contains("`bearer_token_env` applies to remote `url` servers only"));
+    }
+
+    #[test]
     fn zero_limit_and_missing_wasm_and_bad_name_are_rejected() {
         let (_, _, message) = invalid_at(
             "[servers.a]\nwasm = \"a.wasm\"\n[servers.a.limits]\nrequest_timeout_ms = 0\n",
         );
         assert!(message.contains("request_timeout_ms must be greater than 0"));
         let (_, _, message) = invalid_at("[servers.a]\nargs = []\n");
-        assert!(message.contains("`wasm = \"path\"` or `command = \"program\"` is required"));
+        assert!(message.contains(
+            "one of `wasm = \"path\"`, `command = \"program\"` or `url = \"https://...\"` is required"
+        ));
         let (line, _, message) = invalid_at("[servers.a]\nwasm = \"a.wasm\"\ncommand = \"node\"\n");
         assert_eq!(line, 2);
-        assert!(message.contains("either `wasm` or `command`"), "{message}");
+        assert!(
+            message.contains("set one of `wasm`, `command` or `url`, not several"),
+            "{message}"
+        );
         let (_, _, message) = invalid_at("[servers.a]\nwasm = \"a.wasm\"\nmeasure = [\"x\"]\n");
         assert!(
             message.contains("`cwd` and `measure` apply to native"),

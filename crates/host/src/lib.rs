@@ -3,7 +3,8 @@
 //! Modules, dependencies pointing one way: [`config`] (parse and validate
 //! `moat.toml`) → [`identity`] (digests, evidence) → [`command`] (command
 //! resolution) → [`wasm`] and `native` (the launchers) → [`transport`] (the one client transport over any launcher) →
-//! [`client`] (a connected session with a server, typed errors).
+//! [`client`] (a connected session with a server, typed errors). [`remote`] is
+//! the third launcher: a bridge to a server reached over streamable HTTP.
 //! [`limits`] is shared vocabulary.
 
 pub mod audit;
@@ -18,6 +19,7 @@ pub mod lock;
 #[cfg(unix)]
 pub mod native;
 pub mod policy;
+pub mod remote;
 #[cfg(target_os = "linux")]
 pub mod sandbox;
 pub mod transport;
@@ -45,6 +47,8 @@ pub enum LaunchError {
     Native(#[from] native::NativeError),
     #[error("server `{server}`: native servers are not supported on this platform yet")]
     Unsupported { server: String },
+    #[error(transparent)]
+    Remote(#[from] remote::RemoteError),
     #[error(transparent)]
     Transport(#[from] TransportError),
 }

@@ -54,11 +54,13 @@ pub struct Lock {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LockedServer {
-    /// `wasm` or `native`.
+    /// `wasm`, `native` or `remote`.
     pub kind: String,
     /// The evidence class at lock time.
     pub evidence: String,
-    /// The digest of the component or executable.
+    /// The digest of the component or executable (empty for a remote
+    /// server, whose identity is its endpoint).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub sha256: String,
     /// The execution identity: kind, digest, argv, cwd, environment names
     /// and measured files, hashed together.

@@ -1,0 +1,420 @@
+//! Remote upstreams: a server Moat does not run, reached over MCP's
+//! streamable HTTP at one exact endpoint. This module owns the endpoint rules
+//! (https, or plain http to loopback only; no credentials in the URL), the
+//! HTTP client (TLS by rustls with the platform's roots; redirects followed
+//! only within the endpoint's origin; no proxies from the environment), the
+//! bearer token (read from Moat's environment at launch, sent to that
+//! endpoint only, never logged), and a bridge that presents the remote
+//! session as a [`Launched`] with in-memory stdin/stdout, so the one
+//! transport above it (framing bounds, deadlines, pins, progress routing)
+//! is the same code as for wasm and native servers.
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use rmcp::model::{ClientJsonRpcMessage, ErrorData, JsonRpcMessage, ServerJsonRpcMessage};
+use rmcp::transport::Transport;
+use rmcp::transport::streamable_http_client::{
+    StreamableHttpClientTransport, StreamableHttpClientTransportConfig,
+};
+use tokio::io::{AsyncBufReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::LaunchError;
+use crate::identity::Evidence;
+use crate::limits::Limits;
+use crate::transport::{Exit, Launched, Metrics, Tracker};
+
+/// Bytes buffered in each in-memory pipe between the bridge and the transport.
+const PIPE_BYTES: usize = 64 << 10;
+
+/// Redirects followed within the endpoint's origin before giving up.
+const MAX_REDIRECTS: usize = 5;
+
+/// How long a TCP (and TLS) connection to the endpoint may take. The
+/// per-request deadline bounds everything else.
+const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Why a remote server could not be reached.
+#[derive(Debug, thiserror::Error)]
+pub enum RemoteError {
+    #[error(
+        "server `{server}`: bearer_token_env names `{var}`, which is not set (or not valid text) in Moat's environment"
+    )]
+    TokenMissing { server: String, var: String },
+    #[error("server `{server}`: the bearer token in `{var}` cannot be sent as an HTTP header")]
+    TokenInvalid { server: String, var: String },
+    #[error("server `{server}`: building the HTTP client for {url}: {detail}")]
+    Client {
+        server: String,
+        url: String,
+        detail: String,
+    },
+}
+
+/// Checks a configured endpoint and returns it normalised. Only `https`, or
+/// `http` to a loopback address; no user name or password (use
+/// `bearer_token_env`), no fragment.
+pub fn parse_endpoint(text: &str) -> Result<String, String> {
+    let url = reqwest::Url::parse(text).map_err(|e| format!("{text:?} is not a URL: {e}"))?;
+    match url.scheme() {
+        "https" => {}
+        "http" if is_loopback(&url) => {}
+        "http" => {
+            return Err(format!(
+                "{text:?}: plain http is allowed to loopback addresses only; use https"
+            ));
+        }
+        other => return Err(format!("{text:?}: scheme `{other}` is not http or https")),
+    }
+    if url.host_str().is_none_or(str::is_empty) {
+        return Err(format!("{text:?} has no host"));
+    }
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err(format!(
+            "{:?} carries credentials; put a bearer token in the environment and name it with `bearer_token_env`",
+            url.host_str().unwrap_or_default()
+        ));
+    }
+    if url.fragment().is_some() {
+        return Err(format!(
+            "{text:?} has a fragment, which no endpoint receives"
+        ));
+    }
+    Ok(url.to_string())
+}
+
+fn is_loopback(url: &reqwest::Url) -> bool {
+    match url.host() {
+        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+        Some(url::Host::Domain(name)) => name.eq_ignore_ascii_case("localhost"),
+        None => false,
+    }
+}
+
+/// A bearer token: printed as `***` by `Debug` and `Display`, so it cannot
+/// reach a log by accident.
+#[derive(Clone)]
+pub(crate) struct Secret(String);
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("***")
+    }
+}
+
+/// What a remote launch needs.
+#[derive(Clone, Debug)]
+pub(crate) struct RemoteLaunch {
+    pub name: String,
+    pub url: String,
+    pub bearer_token_env: Option<String>,
+    pub limits: Limits,
+}
+
+impl RemoteLaunch {
+    fn token(&self) -> Result<Option<Secret>, RemoteError> {
+        let Some(var) = &self.bearer_token_env else {
+            return Ok(None);
+        };
+        let token = std::env::var(var)
+            .ok()
+            .filter(|t| !t.is_empty())
+            .ok_or_else(|| RemoteError::TokenMissing {
+                server: self.name.clone(),
+                var: var.clone(),
+            })?;
+        if reqwest::header::HeaderValue::from_str(&format!("Bearer {token}")).is_err() {
+            return Err(RemoteError::TokenInvalid {
+                server: self.name.clone(),
+                var: var.clone(),
+            });
+        }
+        Ok(Some(Secret(token)))
+    }
+
+    fn client(&self) -> Result<reqwest::Client, RemoteError> {
+        let error = |detail: String| RemoteError::Client {
+            server: self.name.clone(),
+            url: self.url.clone(),
+            detail,
+        };
+        let endpoint = reqwest::Url::parse(&self.url).map_err(|e| error(e.to_string()))?;
+        let origin = endpoint.origin();
+        let redirects = reqwest::redirect::Policy::custom(move |attempt| {
+            if attempt.url().origin() != origin {
+                let refused = format!(
+                    "refused a redirect to {}: Moat talks to the configured endpoint's origin only",
+                    attempt.url()
+                );
+                attempt.error(refused)
+            } else if attempt.previous().len() > MAX_REDIRECTS {
+                attempt.error(format!("more than {MAX_REDIRECTS} redirects"))
+            } else {
+                attempt.follow()
+            }
+        });
+        let mut builder = reqwest::Client::builder()
+            .redirect(redirects)
+            .no_proxy()
+            .connect_timeout(CONNECT_TIMEOUT)
+            .referer(false);
+        // reqwest needs a TLS configuration even for plain http; this one
+        // names its provider (ring) rather than relying on a process default.
+        use rustls_platform_verifier::BuilderVerifierExt;
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let tls = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .and_then(|b| b.with_platform_verifier())
+            .map_err(|e| error(format!("TLS: {e}")))?
+            .with_no_client_auth();
+        builder = builder.tls_backend_preconfigured(tls);
+        if endpoint.scheme() == "https" {
+            builder = builder.https_only(true);
+        }
+        builder.build().map_err(|e| error(chain(&e)))
+    }
+}
+
+/// An error and its sources, one after another.
+fn chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let line = cause.to_string();
+        if !text.contains(&line) {
+            text.push_str(": ");
+            text.push_str(&line);
+        }
+        source = std::error::Error::source(cause);
+    }
+    text
+}
+
+/// Connects the bridge for `launch`: the returned [`Launched`] reads and
+/// writes JSON lines exactly like a child's stdio.
+pub(crate) async fn launch(
+    launch: RemoteLaunch,
+    tracker: Arc<Tracker>,
+) -> Result<Launched, LaunchError> {
+    let token = launch.token()?;
+    let client = launch.client()?;
+    let max = usize::try_from(launch.limits.max_line_bytes).unwrap_or(usize::MAX);
+    let mut config = StreamableHttpClientTransportConfig::with_uri(launch.url.clone())
+        .max_sse_event_size(max)
+        .max_json_response_size(max);
+    if let Some(Secret(token)) = token {
+        config = config.auth_header(token);
+    }
+    let remote = StreamableHttpClientTransport::with_client(client, config);
+
+    let (stdin_host, stdin_bridge) = tokio::io::duplex(PIPE_BYTES);
+    let (stdout_bridge, stdout_host) = tokio::io::duplex(PIPE_BYTES);
+    let (stderr_bridge, stderr_host) = tokio::io::duplex(PIPE_BYTES);
+    let (exit_tx, exit) = watch::channel(None);
+    let closing = CancellationToken::new();
+    let requests = Arc::new(AtomicU64::new(0));
+    let guard = tracker.enter();
+    let name = launch.name.clone();
+    let bridge_closing = closing.clone();
+    let task = tokio::spawn(async move {
+        let _guard = guard;
+        let status = bridge(
+            &name,
+            remote,
+            stdin_bridge,
+            stdout_bridge,
+            stderr_bridge,
+            bridge_closing,
+        )
+        .await;
+        tracing::debug!(server = %name, ?status, "remote session ended");
+        let _ = exit_tx.send(Some(status));
+    });
+    let abort = task.abort_handle();
+    Ok(Launched {
+        stdin: Box::new(stdin_host),
+        stdout: Box::new(stdout_host),
+        stderr: Box::new(stderr_host),
+        exit,
+        task,
+        terminate: Box::new(move || closing.cancel()),
+        stop: Box::new(move || abort.abort()),
+        on_request: Box::new(move || {
+            requests.fetch_add(1, Ordering::SeqCst);
+        }),
+        metrics: Arc::new(Metrics::default()),
+        digest: None,
+        measured: Vec::new(),
+        sandbox: vec![
+            "not enforced: remote server: no child process exists to sandbox; Moat bounds its messages and deadlines only".to_owned(),
+        ],
+        evidence: Evidence::Remote,
+    })
+}
+
+/// Moves JSON lines from the host to the remote session and the remote's
+/// messages back as lines, until the host closes stdin (a clean close that
+/// ends the HTTP session), `closing` fires, or the remote session ends.
+async fn bridge(
+    name: &str,
+    mut remote: StreamableHttpClientTransport<reqwest::Client>,
+    stdin: tokio::io::DuplexStream,
+    mut stdout: tokio::io::DuplexStream,
+    mut stderr: tokio::io::DuplexStream,
+    closing: CancellationToken,
+) -> Exit {
+    let mut lines = BufReader::new(stdin).lines();
+    let mut sends = JoinSet::new();
+    let mut last_refusal = None;
+    loop {
+        tokio::select! {
+            line = lines.next_line() => match line {
+                Ok(Some(line)) => {
+                    let message: ClientJsonRpcMessage = match serde_json::from_str(&line) {
+                        Ok(message) => message,
+                        Err(error) => {
+                            note(&mut stderr, &format!("dropped a message the host could not encode: {error}")).await;
+                            continue;
+                        }
+                    };
+                    let id = match &message {
+                        JsonRpcMessage::Request(request) => Some(request.id.clone()),
+                        _ => None,
+                    };
+                    let send = remote.send(message);
+                    sends.spawn(async move { (id, send.await) });
+                }
+                Ok(None) | Err(_) => {
+                    // The host closed stdin: end the HTTP session cleanly.
+                    let _ = remote.close().await;
+                    return Exit::Code(0);
+                }
+            },
+            Some(sent) = sends.join_next() => {
+                if let Some(detail) = refused(name, sent, &mut stdout, &mut stderr).await {
+                    last_refusal = Some(detail);
+                }
+            }
+            message = remote.receive() => match message {
+                Some(message) => {
+                    if write_line(&mut stdout, &message).await.is_err() {
+                        return Exit::Stopped;
+                    }
+                }
+                None => {
+                    // Answer what is still in flight first: the reason the
+                    // remote ended is usually one of those refusals.
+                    while let Some(sent) = sends.join_next().await {
+                        if let Some(detail) = refused(name, sent, &mut stdout, &mut stderr).await {
+                            last_refusal = Some(detail);
+                        }
+                    }
+                    let reason = match last_refusal {
+                        Some(detail) => format!("the remote endpoint ended the session: {detail}"),
+                        None => "the remote endpoint ended the session".to_owned(),
+                    };
+                    return Exit::Crashed(reason);
+                }
+            },
+            () = closing.cancelled() => {
+                let _ = remote.close().await;
+                return Exit::Stopped;
+            }
+        }
+    }
+}
+
+type Sent = (
+    Option<rmcp::model::RequestId>,
+    Result<(), rmcp::transport::streamable_http_client::StreamableHttpError<reqwest::Error>>,
+);
+
+/// Handles one finished send: a refused request is answered with an error
+/// naming the reason (the remote will never answer it). Returns the reason.
+async fn refused(
+    name: &str,
+    sent: Result<Sent, tokio::task::JoinError>,
+    stdout: &mut (impl AsyncWrite + Unpin),
+    stderr: &mut (impl AsyncWrite + Unpin),
+) -> Option<String> {
+    let (id, Err(error)) = sent.ok()? else {
+        return None;
+    };
+    let detail = chain(&error);
+    tracing::warn!(server = %name, error = %detail, "remote endpoint refused a message");
+    note(stderr, &detail).await;
+    if let Some(id) = id {
+        let answer = ServerJsonRpcMessage::error(
+            ErrorData::internal_error(format!("remote `{name}`: {detail}"), None),
+            Some(id),
+        );
+        let _ = write_line(stdout, &answer).await;
+    }
+    Some(detail)
+}
+
+async fn write_line(
+    out: &mut (impl AsyncWrite + Unpin),
+    message: &ServerJsonRpcMessage,
+) -> std::io::Result<()> {
+    let mut line = serde_json::to_vec(message).map_err(std::io::Error::other)?;
+    line.push(b'\n');
+    out.write_all(&line).await?;
+    out.flush().await
+}
+
+/// Writes a diagnostic line where a child's stderr would be: it reaches the
+/// log and the stderr tail of a fault.
+async fn note(stderr: &mut (impl AsyncWrite + Unpin), text: &str) {
+    let _ = stderr.write_all(format!("{text}\n").as_bytes()).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints_are_https_or_loopback_http_without_credentials() {
+        assert_eq!(
+            parse_endpoint("https://mcp.example.com/mcp").unwrap(),
+            "https://mcp.example.com/mcp"
+        );
+        assert!(parse_endpoint("http://127.0.0.1:8080/mcp").is_ok());
+        assert!(parse_endpoint("http://[::1]:8080/mcp").is_ok());
+        assert!(parse_endpoint("http://localhost/mcp").is_ok());
+        let plain = parse_endpoint("http://mcp.example.com/mcp").unwrap_err();
+        assert!(
+            plain.contains("plain http is allowed to loopback addresses only"),
+            "{plain}"
+        );
+        let creds = parse_endpoint("https://user:hunter2@mcp.example.com/mcp").unwrap_err();
+        assert!(creds.contains("bearer_token_env"), "{creds}");
+        assert!(!creds.contains("hunter2"), "{creds}");
+        assert!(
+            parse_endpoint("ftp://mcp.example.com/")
+                .unwrap_err()
+                .contains("scheme `ftp`")
+        );
+        assert!(
+            parse_endpoint("https://mcp.example.com/#x")
+                .unwrap_err()
+                .contains("fragment")
+        );
+        assert!(
+            parse_endpoint("not a url")
+                .unwrap_err()
+                .contains("is not a URL")
+        );
+    }
+
+    #[test]
+    fn secrets_do_not_print() {
+        let secret = Secret("hunter2".into());
+        assert_eq!(format!("{secret:?}"), "***");
+    }
+}

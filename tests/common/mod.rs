@@ -1,0 +1,40 @@
+//! Helpers shared by the CLI-level tests.
+#![allow(dead_code)] // each test binary uses its own subset
+
+use std::path::Path;
+use std::process::Command;
+
+/// `moat serve --http 127.0.0.1:0` with a token and an audit log; returns
+/// the child and URL.
+pub fn serve_http(config: &Path, token: &str, audit: &Path) -> (std::process::Child, String) {
+    use std::io::BufRead;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_moat"))
+        .args([
+            "serve",
+            "--http",
+            "127.0.0.1:0",
+            "--token",
+            token,
+            "--config",
+        ])
+        .arg(config)
+        .arg("--audit")
+        .arg(audit)
+        .env(
+            "MOAT_CACHE_DIR",
+            Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-cache"),
+        )
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("moat serve --http");
+    let stderr = child.stderr.take().unwrap();
+    let mut lines = std::io::BufReader::new(stderr).lines();
+    let url = lines
+        .by_ref()
+        .map_while(Result::ok)
+        .find_map(|l| l.strip_prefix("moat: serving MCP at ").map(str::to_owned))
+        .expect("moat serve announces its URL");
+    // Keep draining stderr so the server never blocks on it.
+    std::thread::spawn(move || for _ in lines {});
+    (child, url)
+}
