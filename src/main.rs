@@ -145,7 +145,11 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(cli.command)) {
+    let outcome = runtime.block_on(run(cli.command));
+    // Do not wait for blocking threads: tokio's stdin reader sits in a read
+    // that cannot be cancelled, and would hold a signalled `serve` open.
+    runtime.shutdown_background();
+    match outcome {
         Ok(code) => code,
         Err(error) => {
             // One line: the chain of causes, joined.
@@ -555,7 +559,13 @@ async fn serve_http(
     }
     let config = Config::load(config_path)?;
     let host = host_for(config_path, locked)?;
+    let pinned = host.is_locked();
     let gateway = moat_host::gateway::Gateway::new(host, config, open_audit(audit)?);
+    if !pinned {
+        // With a lock, names were checked from it; without one, by a run.
+        gateway.check_names().await?;
+    }
+    let sessions = gateway.clone();
     let cancel = tokio_util_token();
     let mut http_config = StreamableHttpServerConfig::default();
     http_config.cancellation_token = cancel.clone();
@@ -618,8 +628,18 @@ async fn serve_http(
                 .await;
         });
     }
+    // Drain every open session while agents can still receive answers,
+    // then stop serving.
+    let failures = sessions.close_all().await;
     cancel.cancel();
-    Ok(ExitCode::SUCCESS)
+    for (server, error) in &failures {
+        eprintln!("moat: error: closing server `{server}`: {error}");
+    }
+    Ok(if failures.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }
 
 fn tokio_util_token() -> tokio_util::sync::CancellationToken {
@@ -638,7 +658,12 @@ async fn serve(config_path: &Path, locked: bool, audit: Option<&Path>) -> Result
     use rmcp::ServiceExt;
     let config = Config::load(config_path)?;
     let host = host_for(config_path, locked)?;
+    let pinned = host.is_locked();
     let gateway = moat_host::gateway::Gateway::new(host, config, open_audit(audit)?);
+    if !pinned {
+        // With a lock, names were checked from it; without one, by a run.
+        gateway.check_names().await?;
+    }
     let session = gateway.session();
     let service = session
         .clone()
@@ -646,18 +671,26 @@ async fn serve(config_path: &Path, locked: bool, audit: Option<&Path>) -> Result
         .await
         .context("starting the MCP session on stdio")?;
     let cancel = service.cancellation_token();
+    let mut waiting = tokio::spawn(service.waiting());
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .context("installing the SIGTERM handler")?;
-    tokio::select! {
-        result = service.waiting() => {
-            if let Err(error) = result {
+    let signalled = tokio::select! {
+        result = &mut waiting => {
+            // stdin EOF (or a broken connection): the agent is gone.
+            if let Ok(Err(error)) = result {
                 tracing::warn!(%error, "agent session ended with an error");
             }
+            false
         }
-        _ = tokio::signal::ctrl_c() => cancel.cancel(),
-        _ = terminate.recv() => cancel.cancel(),
-    }
+        _ = tokio::signal::ctrl_c() => true,
+        _ = terminate.recv() => true,
+    };
+    // Drain while the agent can still receive the answers, then stop.
     let failures = session.close().await;
+    if signalled {
+        cancel.cancel();
+        let _ = waiting.await;
+    }
     for (server, error) in &failures {
         eprintln!("moat: error: closing server `{server}`: {error}");
     }

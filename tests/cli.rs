@@ -368,3 +368,36 @@ fn a_report_into_a_closed_pipe_ends_quietly_without_a_panic() {
     assert_eq!(output.status.signal(), Some(libc::SIGPIPE), "{output:?}");
     assert!(!stderr(&output).contains("panicked"), "{}", stderr(&output));
 }
+
+#[test]
+fn serve_refuses_at_start_a_tool_name_it_cannot_expose() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("moat.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[servers.ok]\nwasm = {:?}\nallow_unmeasured = true\n[servers.shady]\nwasm = {:?}\nallow_unmeasured = true\nenv = {{ HOSTILE_TOOL_NAME = \"read file\" }}\n",
+            guests::EVERYTHING_WASM,
+            guests::SHADY_METADATA_WASM,
+        ),
+    )
+    .unwrap();
+    // Without the check, serve would start, meet EOF on stdin and succeed.
+    let output = Command::new(env!("CARGO_BIN_EXE_moat"))
+        .args(["serve", "--config", config.to_str().unwrap()])
+        .env(
+            "MOAT_CACHE_DIR",
+            Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-cache"),
+        )
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("running moat serve");
+    assert!(!output.status.success());
+    assert!(
+        stderr(&output).contains(
+            "moat: error: server `shady`, tool `read file`: the exposed name `shady__read file` does not match ^[a-zA-Z0-9_-]{1,64}$"
+        ),
+        "{}",
+        stderr(&output)
+    );
+}

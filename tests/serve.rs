@@ -134,3 +134,86 @@ async fn one_server_in_front_of_a_wasm_and_a_native_server() {
     );
     assert_eq!(events[3]["outcome"], "ok");
 }
+
+/// An agent that hears progress.
+#[derive(Clone, Default)]
+struct Listening {
+    progress: std::sync::Arc<tokio::sync::Notify>,
+}
+
+impl ClientHandler for Listening {
+    async fn on_progress(
+        &self,
+        _params: rmcp::model::ProgressNotificationParam,
+        _context: rmcp::service::NotificationContext<rmcp::RoleClient>,
+    ) {
+        self.progress.notify_one();
+    }
+}
+
+#[tokio::test]
+async fn sigterm_drains_the_call_in_flight_then_closes_everything() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("moat.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[serve]\ndrain_timeout_ms = 30000\n[servers.slow]\ncommand = {:?}\nallow_unmeasured = true\n",
+            guests::EVERYTHING_NATIVE
+        ),
+    )
+    .unwrap();
+    let audit = dir.path().join("audit.jsonl");
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_moat"))
+        .args(["serve", "--config", config.to_str().unwrap(), "--audit"])
+        .arg(&audit)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("moat serve");
+    let agent = Listening::default();
+    let client = agent
+        .clone()
+        .serve((child.stdout.take().unwrap(), child.stdin.take().unwrap()))
+        .await
+        .expect("handshake with moat serve");
+    let mut params = CallToolRequestParams::new("slow__progress");
+    params.arguments = serde_json::json!({"steps": 5, "interval_ms": 100})
+        .as_object()
+        .cloned();
+    params.meta = Some(rmcp::model::RequestMetaObject::with_progress_token(
+        rmcp::model::ProgressToken(rmcp::model::NumberOrString::Number(7)),
+    ));
+    let peer = client.peer().clone();
+    let call = tokio::spawn(async move { peer.call_tool(params).await });
+    agent.progress.notified().await; // the call is in flight
+    let pid = libc::pid_t::try_from(child.id().unwrap()).unwrap();
+    // SAFETY: kill(2) on our own child's pid, which has not been reaped.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let result = call.await.unwrap().expect("the in-flight call is answered");
+    assert_eq!(result.is_error, Some(false));
+    let status = child.wait().await.unwrap();
+    assert!(status.success(), "moat serve exited with {status}");
+    let kinds: Vec<String> = std::fs::read_to_string(&audit)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["event"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "session_open",
+            "server_launch",
+            "tool_call",
+            "server_exit",
+            "session_close"
+        ]
+    );
+}

@@ -187,6 +187,18 @@ impl Host {
         std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache").join("moat"))
     }
 
+    /// The lock entry for `server`, when a lock is enforced.
+    pub fn locked(&self, server: &str) -> Option<&LockedServer> {
+        self.lock
+            .as_ref()
+            .and_then(|(lock, _)| lock.servers.get(server))
+    }
+
+    /// Whether a lock is enforced.
+    pub fn is_locked(&self) -> bool {
+        self.lock.is_some()
+    }
+
     /// The wasm engine.
     pub fn wasm(&self) -> &WasmEngine {
         &self.wasm
@@ -610,6 +622,14 @@ impl Session {
             *reports = state.pins.evaluate(&live);
         }
         Ok(Some(reports.clone()))
+    }
+
+    /// The execution identity of this session's server as `spec` describes
+    /// it: what keys reuse of a running server.
+    pub fn execution_identity(&self, spec: &ServerSpec) -> Option<Digest> {
+        self.shared
+            .identity()
+            .map(|identity| execution_identity(&identity_parts(spec, &identity)))
     }
 
     /// The tools to expose. Without a lock, what the server lists; with one,

@@ -20,6 +20,26 @@ pub struct Config {
     pub path: PathBuf,
     /// Servers by name, in name order.
     pub servers: BTreeMap<String, ServerSpec>,
+    /// How `moat serve` runs agent sessions.
+    pub serve: ServeSettings,
+}
+
+/// `[serve]`: how `moat serve` runs agent sessions.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServeSettings {
+    /// How long closing a session waits for its in-flight calls to finish
+    /// before cancelling them (then its servers are stopped). Long enough
+    /// for an ordinary tool call; short enough that a shutdown is prompt.
+    pub drain_timeout_ms: u64,
+}
+
+impl Default for ServeSettings {
+    fn default() -> Self {
+        Self {
+            drain_timeout_ms: 30_000,
+        }
+    }
 }
 
 /// One `[servers.NAME]` entry.
@@ -237,6 +257,8 @@ pub enum ConfigError {
 struct RawConfig {
     #[serde(default)]
     servers: BTreeMap<Spanned<String>, Spanned<RawServer>>,
+    #[serde(default)]
+    serve: ServeSettings,
 }
 
 #[derive(Deserialize)]
@@ -536,6 +558,7 @@ impl Config {
         Ok(Self {
             path: path.to_owned(),
             servers,
+            serve: raw.serve,
         })
     }
 

@@ -6,22 +6,22 @@
 //! matches on the launcher kind.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, ErrorData, ListToolsResult, PaginatedRequestParams,
     ProgressNotificationParam, ServerCapabilities, ServerConfig, Tool,
 };
-use rmcp::service::RequestContext;
+use rmcp::service::{NotificationContext, Peer, RequestContext};
 use rmcp::{RoleServer, ServerHandler};
-use tokio::sync::Mutex;
+use tokio::sync::{Mutex, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::audit::{AuditLog, Event};
 use crate::client::{ClientError, Host, ProgressSender, Session};
-use crate::config::Config;
+use crate::config::{Config, ServerSpec};
 use crate::identity::Digest;
 
 /// Separates the server name from the tool name in exposed names. Server
@@ -43,16 +43,19 @@ pub struct Gateway {
     config: Arc<Config>,
     audit: Option<Arc<AuditLog>>,
     sessions: Arc<AtomicU64>,
+    live: Arc<std::sync::Mutex<Vec<std::sync::Weak<SessionState>>>>,
 }
 
 /// Why a gateway cannot start.
 #[derive(Debug, thiserror::Error)]
 pub enum GatewayError {
     #[error(
-        "server `{server}`, tool `{tool}`: the exposed name `{exposed}` does not match ^[a-zA-Z0-9_-]{{1,64}}$ (rename the server, or pin a server without it)"
+        "server `{server}`, {what} `{tool}`: the exposed name `{exposed}` does not match ^[a-zA-Z0-9_-]{{1,64}}$ (rename the server, or pin a server without it)"
     )]
     InvalidName {
         server: String,
+        /// `tool` or `prompt`.
+        what: &'static str,
         tool: String,
         exposed: String,
     },
@@ -68,6 +71,7 @@ pub fn check_lock_names(lock: &crate::lock::Lock) -> Result<(), GatewayError> {
             if !valid_exposed_name(&exposed) {
                 return Err(GatewayError::InvalidName {
                     server: server.clone(),
+                    what: "tool",
                     tool: tool.name.clone(),
                     exposed,
                 });
@@ -85,18 +89,110 @@ impl Gateway {
             config: Arc::new(config),
             audit,
             sessions: Arc::default(),
+            live: Arc::default(),
         }
+    }
+
+    /// Without a lock, tool and prompt names are only known once servers
+    /// run: starts each server once, before serving, and refuses a name
+    /// that cannot be exposed, naming the server and the name. A server
+    /// that fails to start here is logged and left to fail on first use.
+    pub async fn check_names(&self) -> Result<(), GatewayError> {
+        for (server, spec) in &self.config.servers {
+            let session = match self.host.connect(spec).await {
+                Ok(session) => session,
+                Err(error) => {
+                    tracing::warn!(%server, %error, "could not start for the name check");
+                    continue;
+                }
+            };
+            let tools = session.list_tools().await;
+            // A server without prompts answers prompts/list with an error.
+            let prompts = session.list_prompts().await.unwrap_or_default();
+            if let Err(error) = session.close().await {
+                tracing::warn!(%server, %error, "closing after the name check");
+            }
+            let tools = match tools {
+                Ok(tools) => tools,
+                Err(error) => {
+                    tracing::warn!(%server, %error, "listing tools for the name check");
+                    continue;
+                }
+            };
+            let names = tools
+                .iter()
+                .map(|t| ("tool", t.name.to_string()))
+                .chain(prompts.iter().map(|p| ("prompt", p.name.clone())));
+            for (what, name) in names {
+                let exposed = format!("{server}{SEPARATOR}{name}");
+                if !valid_exposed_name(&exposed) {
+                    return Err(GatewayError::InvalidName {
+                        server: server.clone(),
+                        what,
+                        tool: name,
+                        exposed,
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Closes every session still open (graceful shutdown): each drains its
+    /// in-flight calls, cancels what outlives the drain timeout, and stops
+    /// its children. Reports what failed to close, by session and server.
+    pub async fn close_all(&self) -> Vec<(String, ClientError)> {
+        let live: Vec<Arc<SessionState>> = {
+            let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
+            let open = live.iter().filter_map(std::sync::Weak::upgrade).collect();
+            live.clear();
+            open
+        };
+        let mut closing = tokio::task::JoinSet::new();
+        for state in live {
+            closing.spawn(async move {
+                let id = state.id.clone();
+                state
+                    .close()
+                    .await
+                    .into_iter()
+                    .map(move |(server, error)| (format!("{id}/{server}"), error))
+                    .collect::<Vec<_>>()
+            });
+        }
+        let mut failures = Vec::new();
+        while let Some(closed) = closing.join_next().await {
+            match closed {
+                Ok(closed) => failures.extend(closed),
+                Err(error) => tracing::error!(%error, "closing a session panicked"),
+            }
+        }
+        failures
     }
 
     /// A new agent session (one per agent connection).
     pub fn session(&self) -> AgentSession {
         let id = format!("s{}", self.sessions.fetch_add(1, Ordering::SeqCst) + 1);
-        let session = AgentSession {
+        let state = Arc::new(SessionState {
             id,
             gateway: self.clone(),
-            children: Arc::new(Mutex::new(BTreeMap::new())),
+            children: Arc::default(),
             restarts: Arc::default(),
             resource_owners: Arc::default(),
+            closing: CancellationToken::new(),
+            cancel_calls: CancellationToken::new(),
+            in_flight: Arc::new(watch::Sender::new(0)),
+            agent: Arc::default(),
+            closed: Arc::default(),
+        });
+        {
+            let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
+            live.retain(|s| s.strong_count() > 0);
+            live.push(Arc::downgrade(&state));
+        }
+        let session = AgentSession {
+            close_on_drop: Arc::new(CloseOnDrop(state.clone())),
+            state,
         };
         session.audit(Event::SessionOpen {
             session: session.id.clone(),
@@ -105,20 +201,91 @@ impl Gateway {
     }
 }
 
-/// One agent session and the children it started.
+/// One agent session and the children it started. Clones share the
+/// session; when the last clone is dropped without [`SessionState::close`]
+/// (an HTTP session that ended, say), the session is closed in the
+/// background.
 #[derive(Clone)]
 pub struct AgentSession {
+    state: Arc<SessionState>,
+    #[allow(dead_code, reason = "held for its Drop")]
+    close_on_drop: Arc<CloseOnDrop>,
+}
+
+impl std::ops::Deref for AgentSession {
+    type Target = SessionState;
+    fn deref(&self) -> &SessionState {
+        &self.state
+    }
+}
+
+/// Closes the session when the last [`AgentSession`] handle goes.
+struct CloseOnDrop(Arc<SessionState>);
+
+impl Drop for CloseOnDrop {
+    fn drop(&mut self) {
+        if self.0.closed.load(Ordering::SeqCst) {
+            return;
+        }
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let state = self.0.clone();
+            runtime.spawn(async move {
+                for (server, error) in state.close().await {
+                    tracing::error!(session = %state.id, %server, %error, "closing a dropped session");
+                }
+            });
+        }
+    }
+}
+
+/// The state of one agent session.
+pub struct SessionState {
     id: String,
     gateway: Gateway,
-    children: Arc<Mutex<BTreeMap<String, Arc<Session>>>>,
+    children: Arc<Mutex<Children>>,
     restarts: Arc<Mutex<BTreeMap<String, u32>>>,
     resource_owners: Arc<Mutex<BTreeMap<String, String>>>,
+    /// Set when close begins: no new calls are admitted.
+    closing: CancellationToken,
+    /// Set when the drain timeout passes: in-flight calls are cancelled.
+    cancel_calls: CancellationToken,
+    /// Calls admitted and not yet finished.
+    in_flight: Arc<watch::Sender<usize>>,
+    /// The agent, once initialized: told when a server's tools change.
+    agent: Arc<OnceLock<Peer<RoleServer>>>,
+    /// Set by the first close; later ones return at once.
+    closed: Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// The running children of one session, keyed by execution identity; each
+/// configured server name points at the child that serves it.
+#[derive(Default)]
+struct Children {
+    by_identity: BTreeMap<Digest, Arc<Session>>,
+    by_server: BTreeMap<String, Digest>,
+}
+
+impl Children {
+    /// Forgets the child serving `server` and every name that shared it.
+    fn forget(&mut self, identity: &Digest) -> Option<Arc<Session>> {
+        self.by_server.retain(|_, id| id != identity);
+        self.by_identity.remove(identity)
+    }
+}
+
+/// Counts one admitted call until dropped.
+struct InFlight(Arc<watch::Sender<usize>>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.send_modify(|n| *n -= 1);
+    }
 }
 
 /// How many times one session restarts a crashed server before giving up.
 pub const MAX_RESTARTS: u32 = 3;
 
-impl AgentSession {
+impl SessionState {
     /// The session's id, as audited.
     pub fn id(&self) -> &str {
         &self.id
@@ -131,16 +298,44 @@ impl AgentSession {
             tracing::error!(%error, "audit record failed");
         }
     }
+}
+
+impl AgentSession {
+    /// Admits one call, or refuses it when the session is closing. The
+    /// count goes up before the check, so close never misses a call.
+    fn admit(&self) -> Result<InFlight, ErrorData> {
+        self.in_flight.send_modify(|n| *n += 1);
+        let guard = InFlight(self.in_flight.clone());
+        if self.closing.is_cancelled() {
+            return Err(ErrorData::internal_error(
+                format!("session {} is closing: no new calls", self.id),
+                None,
+            ));
+        }
+        Ok(guard)
+    }
 
     /// The child for `server`, started on first use within this session.
+    /// A running child of this session with the same execution identity
+    /// and the same configuration (apart from the name) serves it too.
     /// A child that crashed is restarted on the next call, after a backoff
     /// (100 ms, doubling), at most [`MAX_RESTARTS`] times per session.
     async fn child(&self, server: &str) -> Result<Arc<Session>, ClientError> {
+        let spec = self
+            .gateway
+            .config
+            .server(server)
+            .map_err(|e| ClientError::Protocol {
+                server: server.to_owned(),
+                operation: "route".into(),
+                detail: e.to_string(),
+            })?;
         let mut children = self.children.lock().await;
         let mut restarts = 0;
-        if let Some(child) = children.get(server) {
+        if let Some(identity) = children.by_server.get(server).copied() {
+            let child = children.by_identity[&identity].clone();
             let Some(fault) = child.shared().fault() else {
-                return Ok(child.clone());
+                return Ok(child);
             };
             let mut counts = self.restarts.lock().await;
             let count = counts.entry(server.to_owned()).or_insert(0);
@@ -153,38 +348,90 @@ impl AgentSession {
             }
             *count += 1;
             restarts = *count;
+            children.forget(&identity);
             self.audit(Event::ServerExit {
                 session: self.id.clone(),
                 server: server.to_owned(),
                 outcome: format!("fault: {fault}"),
             });
+        } else if let Some((identity, child)) = self.shareable(&children, spec) {
+            tracing::debug!(%server, %identity, "served by a running child of the same identity");
+            children.by_server.insert(server.to_owned(), identity);
+            return Ok(child);
         }
         if restarts > 0 {
-            let backoff = std::time::Duration::from_millis(100 << (restarts - 1));
+            let backoff = Duration::from_millis(100 << (restarts - 1));
             tracing::warn!(%server, restarts, ?backoff, "restarting a crashed server");
             tokio::time::sleep(backoff).await;
         }
-        let spec = self
-            .gateway
-            .config
-            .server(server)
-            .map_err(|e| ClientError::Protocol {
-                server: server.to_owned(),
-                operation: "route".into(),
-                detail: e.to_string(),
-            })?;
         let session = Arc::new(self.gateway.host.connect(spec).await?);
-        if let Some(identity) = session.shared().identity() {
+        let identity = session
+            .execution_identity(spec)
+            .ok_or_else(|| ClientError::Protocol {
+                server: server.to_owned(),
+                operation: "launch".into(),
+                detail: "the server reported no identity".into(),
+            })?;
+        if let Some(measured) = session.shared().identity() {
             self.audit(Event::ServerLaunch {
                 session: self.id.clone(),
                 server: server.to_owned(),
-                identity: identity.digest.map(|d| d.to_string()).unwrap_or_default(),
-                sha256: identity.digest.map(|d| d.to_string()),
-                evidence: identity.evidence.to_string(),
+                identity: identity.to_string(),
+                sha256: measured.digest.map(|d| d.to_string()),
+                evidence: measured.evidence.to_string(),
             });
         }
-        children.insert(server.to_owned(), session.clone());
+        self.pass_on_tool_changes(server, &session);
+        if let Some(old) = children.by_identity.insert(identity, session.clone()) {
+            // Another name's child with this identity crashed and was
+            // replaced here: its names now reach the new child.
+            drop(old);
+        }
+        children.by_server.insert(server.to_owned(), identity);
         Ok(session)
+    }
+
+    /// A running, healthy child that can serve `spec`: same configuration
+    /// apart from the name, same lock entry, same execution identity.
+    fn shareable(&self, children: &Children, spec: &ServerSpec) -> Option<(Digest, Arc<Session>)> {
+        let host = &self.gateway.host;
+        children.by_server.iter().find_map(|(name, identity)| {
+            let other = self.gateway.config.servers.get(name)?;
+            let same_config = ServerSpec {
+                name: spec.name.clone(),
+                ..other.clone()
+            } == *spec;
+            if !same_config || host.locked(name) != host.locked(&spec.name) {
+                return None;
+            }
+            let child = children.by_identity.get(identity)?;
+            (child.shared().fault().is_none() && child.execution_identity(spec) == Some(*identity))
+                .then(|| (*identity, child.clone()))
+        })
+    }
+
+    /// When `child` announces that its tools changed, re-checks them against
+    /// the pins and then tells the agent, which lists them again. Ends with
+    /// the child's transport.
+    fn pass_on_tool_changes(&self, server: &str, child: &Arc<Session>) {
+        let mut events = child.shared().tools_changed_events();
+        let weak = Arc::downgrade(child);
+        let agent = self.agent.clone();
+        let server = server.to_owned();
+        tokio::spawn(async move {
+            while events.changed().await.is_ok() {
+                let Some(child) = weak.upgrade() else { return };
+                if let Err(error) = child.tool_reports().await {
+                    tracing::warn!(%server, %error, "re-checking tools after list_changed");
+                }
+                drop(child);
+                if let Some(agent) = agent.get()
+                    && let Err(error) = agent.notify_tool_list_changed().await
+                {
+                    tracing::debug!(%server, %error, "passing list_changed to the agent");
+                }
+            }
+        });
     }
 
     /// Every server's tools, as `server__tool`, in server order.
@@ -250,13 +497,21 @@ impl AgentSession {
                 None,
             ));
         }
+        let _in_flight = self.admit()?;
         let arguments_json = serde_json::to_vec(&arguments).unwrap_or_default();
         let started = Instant::now();
         let child = self.child(server).await.map_err(to_error)?;
         let fuel_before = child.shared().metrics().fuel_consumed();
-        let result = child
-            .call_tool_with(tool, arguments, progress, cancel)
-            .await;
+        // Cancelled by the agent, or by close once the drain timeout passes.
+        let cancel_call = self.cancel_calls.child_token();
+        let call = child.call_tool_with(tool, arguments, progress, cancel_call.clone());
+        tokio::pin!(call);
+        let result = loop {
+            tokio::select! {
+                result = &mut call => break result,
+                () = cancel.cancelled(), if !cancel_call.is_cancelled() => cancel_call.cancel(),
+            }
+        };
         let fuel = child.shared().metrics().fuel_consumed() - fuel_before;
         let (outcome, result_json) = match &result {
             Ok(result) if result.is_error == Some(true) => {
@@ -325,15 +580,61 @@ impl AgentSession {
     fn servers(&self) -> Vec<String> {
         self.gateway.config.servers.keys().cloned().collect()
     }
+}
 
-    /// Closes every child of this session; reports the ones that failed.
+impl SessionState {
+    /// Closes the session: refuses new calls, lets in-flight calls finish
+    /// for up to the drain timeout (`[serve] drain_timeout_ms`), cancels the
+    /// rest, then stops every child. Reports the children that failed to
+    /// close (and calls that outlived even their cancellation).
     pub async fn close(&self) -> Vec<(String, ClientError)> {
-        let children = std::mem::take(&mut *self.children.lock().await);
+        if self.closed.swap(true, Ordering::SeqCst) {
+            return Vec::new();
+        }
+        self.closing.cancel();
+        let drain = Duration::from_millis(self.gateway.config.serve.drain_timeout_ms);
+        let mut in_flight = self.in_flight.subscribe();
         let mut failures = Vec::new();
-        for (server, child) in children {
+        let drained = tokio::time::timeout(drain, in_flight.wait_for(|n| *n == 0))
+            .await
+            .is_ok();
+        if !drained {
+            let left = *in_flight.borrow();
+            tracing::warn!(session = %self.id, calls = left, ?drain, "drain timeout: cancelling in-flight calls");
+            self.cancel_calls.cancel();
+            if tokio::time::timeout(CANCEL_GRACE, in_flight.wait_for(|n| *n == 0))
+                .await
+                .is_err()
+            {
+                failures.push((
+                    "*".to_owned(),
+                    ClientError::Protocol {
+                        server: "*".to_owned(),
+                        operation: "close".into(),
+                        detail: format!(
+                            "{} calls still running {CANCEL_GRACE:?} after cancellation",
+                            *in_flight.borrow()
+                        ),
+                    },
+                ));
+            }
+        }
+        let children = std::mem::take(&mut *self.children.lock().await);
+        for (identity, child) in children.by_identity {
+            let server = children
+                .by_server
+                .iter()
+                .filter(|(_, id)| **id == identity)
+                .map(|(name, _)| name.as_str())
+                .collect::<Vec<_>>()
+                .join(",");
             let outcome = match Arc::try_unwrap(child) {
                 Ok(child) => child.close().await.err(),
-                Err(_) => None, // still in use by an in-flight call; dropped with it
+                Err(_) => Some(ClientError::Protocol {
+                    server: server.clone(),
+                    operation: "close".into(),
+                    detail: "still in use by a call that outlived its cancellation".into(),
+                }),
             };
             self.audit(Event::ServerExit {
                 session: self.id.clone(),
@@ -357,6 +658,9 @@ impl AgentSession {
         failures
     }
 }
+
+/// How long cancelled calls get to end once the drain timeout has passed.
+const CANCEL_GRACE: Duration = Duration::from_secs(5);
 
 fn outcome_of(error: &ClientError) -> String {
     match error {
@@ -382,10 +686,15 @@ impl ServerHandler for AgentSession {
         ServerConfig::new(
             ServerCapabilities::builder()
                 .enable_tools()
+                .enable_tool_list_changed()
                 .enable_prompts()
                 .enable_resources()
                 .build(),
         )
+    }
+
+    async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
+        let _ = self.agent.set(context.peer);
     }
 
     async fn list_prompts(
@@ -393,6 +702,7 @@ impl ServerHandler for AgentSession {
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::ListPromptsResult, ErrorData> {
+        let _in_flight = self.admit()?;
         self.prompts()
             .await
             .map(rmcp::model::ListPromptsResult::with_all_items)
@@ -404,6 +714,7 @@ impl ServerHandler for AgentSession {
         request: rmcp::model::GetPromptRequestParams,
         _context: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::GetPromptResponse, ErrorData> {
+        let _in_flight = self.admit()?;
         let (server, prompt) = self.route(&request.name)?;
         let child = self.child(server).await.map_err(to_error)?;
         child
@@ -418,6 +729,7 @@ impl ServerHandler for AgentSession {
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::ListResourcesResult, ErrorData> {
+        let _in_flight = self.admit()?;
         self.resources()
             .await
             .map(rmcp::model::ListResourcesResult::with_all_items)
@@ -429,6 +741,7 @@ impl ServerHandler for AgentSession {
         request: rmcp::model::ReadResourceRequestParams,
         _context: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::ReadResourceResponse, ErrorData> {
+        let _in_flight = self.admit()?;
         if !self.resource_owners.lock().await.contains_key(&request.uri) {
             self.resources().await.map_err(to_error)?;
         }
@@ -450,8 +763,11 @@ impl ServerHandler for AgentSession {
     async fn list_tools(
         &self,
         _request: Option<PaginatedRequestParams>,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
+        // Revisions without `initialized` reach the agent through here.
+        let _ = self.agent.set(context.peer.clone());
+        let _in_flight = self.admit()?;
         self.tools()
             .await
             .map(ListToolsResult::with_all_items)
@@ -533,6 +849,7 @@ mod tests {
                 server,
                 tool,
                 exposed,
+                ..
             }) => {
                 assert_eq!((server.as_str(), tool.as_str()), ("web", "fetch url"));
                 assert_eq!(exposed, "web__fetch url");

@@ -322,6 +322,7 @@ pub struct Shared {
     identity: std::sync::OnceLock<Identity>,
     metrics: std::sync::OnceLock<Arc<Metrics>>,
     tools_changed: AtomicBool,
+    tools_changed_events: watch::Sender<u64>,
     progress_routes: Mutex<HashMap<rmcp::model::ProgressToken, ProgressSender>>,
 }
 
@@ -344,6 +345,7 @@ impl Shared {
             identity: std::sync::OnceLock::new(),
             metrics: std::sync::OnceLock::new(),
             tools_changed: AtomicBool::new(false),
+            tools_changed_events: watch::Sender::new(0),
             progress_routes: Mutex::new(HashMap::new()),
         }
     }
@@ -364,6 +366,13 @@ impl Shared {
     /// notification never races it.
     pub fn take_tools_changed(&self) -> bool {
         self.tools_changed.swap(false, Ordering::SeqCst)
+    }
+
+    /// Counts each `notifications/tools/list_changed` from the server, for
+    /// whoever must pass the news on (after re-checking the pins). Ends when
+    /// the transport is gone.
+    pub fn tools_changed_events(&self) -> watch::Receiver<u64> {
+        self.tools_changed_events.subscribe()
     }
 
     /// Sends progress for `token` to `sender` until [`Shared::unroute`]:
@@ -812,6 +821,7 @@ async fn read_stdout(
                     )
                 {
                     shared.tools_changed.store(true, Ordering::SeqCst);
+                    shared.tools_changed_events.send_modify(|n| *n += 1);
                 }
                 if let ServerJsonRpcMessage::Notification(notification) = &message
                     && let rmcp::model::ServerNotification::ProgressNotification(progress) =

@@ -1,5 +1,7 @@
 //! The gateway's agent sessions, in process: namespaced tools across both
-//! launchers, children per session, crash restarts bounded per session.
+//! launchers, children per session reused by execution identity, crash
+//! restarts bounded per session, close that drains then cancels, and
+//! `list_changed` passed to the agent after the pin check.
 
 #[macro_use]
 mod common;
@@ -11,22 +13,191 @@ use moat_host::gateway::{Gateway, MAX_RESTARTS};
 use moat_host::{Config, Host};
 use moat_test_guests as guests;
 use serde_json::json;
+use tokio_util::sync::CancellationToken;
 
-both_launchers!(a_crashing_server_is_restarted_a_bounded_number_of_times);
+both_launchers!(
+    a_crashing_server_is_restarted_a_bounded_number_of_times,
+    close_lets_in_flight_calls_finish_then_refuses_new_ones,
+    close_cancels_calls_still_running_at_the_drain_timeout,
+    one_child_serves_names_of_the_same_execution_identity_within_a_session,
+    tool_list_changes_reach_the_agent_after_the_pin_check,
+);
 
 fn gateway(servers: &[moat_host::ServerSpec]) -> Gateway {
+    gateway_draining(servers, 30_000)
+}
+
+fn gateway_draining(servers: &[moat_host::ServerSpec], drain_timeout_ms: u64) -> Gateway {
     let config = Config {
         path: "moat.toml".into(),
         servers: servers
             .iter()
             .map(|s| (s.name.clone(), s.clone()))
             .collect(),
+        serve: moat_host::config::ServeSettings { drain_timeout_ms },
     };
-    let host = Host::new(Some(
+    Gateway::new(host(), config, None)
+}
+
+fn host() -> Host {
+    Host::new(Some(
         Path::new(env!("CARGO_TARGET_TMPDIR")).join("component-cache"),
     ))
-    .unwrap();
-    Gateway::new(host, config, None)
+    .unwrap()
+}
+
+/// Starts `server__progress` with `steps` notifications `interval_ms` apart
+/// and returns once the first notification arrived: the call is in flight.
+async fn call_in_flight(
+    session: &moat_host::gateway::AgentSession,
+    server: &str,
+    steps: u32,
+    interval_ms: u64,
+) -> tokio::task::JoinHandle<
+    Result<moat_host::rmcp::model::CallToolResult, moat_host::rmcp::ErrorData>,
+> {
+    let (progress, mut notes) = tokio::sync::mpsc::unbounded_channel();
+    let caller = session.clone();
+    let tool = format!("{server}__progress");
+    let call = tokio::spawn(async move {
+        caller
+            .call_forwarding(
+                &tool,
+                args(json!({"steps": steps, "interval_ms": interval_ms})),
+                Some(progress),
+                CancellationToken::new(),
+            )
+            .await
+    });
+    notes.recv().await.expect("first progress notification");
+    tokio::spawn(async move { while notes.recv().await.is_some() {} });
+    call
+}
+
+async fn close_lets_in_flight_calls_finish_then_refuses_new_ones(launcher: Launcher) {
+    let mut slow = spec(launcher, guests::EVERYTHING);
+    slow.name = "slow".into();
+    let gateway = gateway(&[slow]);
+    let session = gateway.session();
+    let call = call_in_flight(&session, "slow", 4, 50).await;
+    assert!(session.close().await.is_empty());
+    // close returned only after the call had finished, and finished well.
+    assert!(call.is_finished());
+    let result = call.await.unwrap().expect("the in-flight call completes");
+    assert_eq!(result.is_error, Some(false));
+    let refused = session
+        .call("slow__add", args(json!({"a": 1, "b": 2})))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        refused.message,
+        format!("session {} is closing: no new calls", session.id())
+    );
+}
+
+async fn close_cancels_calls_still_running_at_the_drain_timeout(launcher: Launcher) {
+    let mut slow = spec(launcher, guests::EVERYTHING);
+    slow.name = "slow".into();
+    let gateway = gateway_draining(&[slow], 100);
+    let session = gateway.session();
+    // 10,000 steps 50 ms apart: far longer than the 100 ms drain.
+    let call = call_in_flight(&session, "slow", 10_000, 50).await;
+    assert!(session.close().await.is_empty(), "the child still closes");
+    let error = call.await.unwrap().unwrap_err();
+    assert!(error.message.contains("cancelled"), "{}", error.message);
+}
+
+async fn one_child_serves_names_of_the_same_execution_identity_within_a_session(
+    launcher: Launcher,
+) {
+    let named = |name: &str| {
+        let mut spec = spec(launcher, guests::EVERYTHING);
+        spec.name = name.into();
+        spec
+    };
+    let mut other_env = named("c");
+    other_env.env.insert("EXTRA".into(), "1".into());
+    let gateway = gateway(&[named("a"), named("b"), other_env]);
+    let calls = |session: moat_host::gateway::AgentSession, server: &'static str| async move {
+        let result = session
+            .call(&format!("{server}__calls"), None)
+            .await
+            .unwrap();
+        text(&result)
+    };
+    let first = gateway.session();
+    assert_eq!(calls(first.clone(), "a").await, "1");
+    // A native server's argv[0] is its command, so `a` and `b` have one
+    // execution identity and share a child. A wasm server's argv[0] is its
+    // server name: `b` is a different execution and gets its own instance.
+    let shared = calls(first.clone(), "b").await;
+    match launcher {
+        Launcher::Native => assert_eq!(shared, "2", "b reused a's child"),
+        Launcher::Wasm => assert_eq!(shared, "1", "argv[0] differs: not the same identity"),
+    }
+    // Other environment values: another child, whatever the launcher.
+    assert_eq!(calls(first.clone(), "c").await, "1");
+    // Never shared across sessions.
+    let second = gateway.session();
+    assert_eq!(calls(second.clone(), "b").await, "1");
+    assert!(first.close().await.is_empty());
+    assert!(second.close().await.is_empty());
+}
+
+/// An agent that counts `notifications/tools/list_changed`.
+#[derive(Clone, Default)]
+struct Agent {
+    changed: std::sync::Arc<tokio::sync::Notify>,
+}
+
+impl moat_host::rmcp::ClientHandler for Agent {
+    async fn on_tool_list_changed(
+        &self,
+        _context: moat_host::rmcp::service::NotificationContext<moat_host::rmcp::RoleClient>,
+    ) {
+        self.changed.notify_one();
+    }
+}
+
+async fn tool_list_changes_reach_the_agent_after_the_pin_check(launcher: Launcher) {
+    use moat_host::lock::{LOCK_VERSION, Lock};
+    use moat_host::rmcp::ServiceExt;
+    let mut x = spec(launcher, guests::EVERYTHING);
+    x.name = "x".into();
+    let locked = host().measure(&x).await.unwrap();
+    let lock = Lock {
+        version: LOCK_VERSION,
+        servers: [("x".to_owned(), locked)].into(),
+    };
+    let config = Config {
+        path: "moat.toml".into(),
+        servers: [("x".to_owned(), x)].into(),
+        serve: Default::default(),
+    };
+    let gateway = Gateway::new(host().with_lock(lock, "moat.lock".into()), config, None);
+    let session = gateway.session();
+    let (agent_io, gateway_io) = tokio::io::duplex(64 << 10);
+    let serving = tokio::spawn(session.clone().serve(gateway_io));
+    let agent = Agent::default();
+    let client = agent.clone().serve(agent_io).await.unwrap();
+    let _server = serving.await.unwrap().unwrap();
+    let names = |tools: Vec<moat_host::rmcp::model::Tool>| {
+        tools
+            .into_iter()
+            .map(|t| t.name.to_string())
+            .collect::<Vec<_>>()
+    };
+    assert!(names(client.list_all_tools().await.unwrap()).contains(&"x__echo".to_owned()));
+    let mut drift = moat_host::rmcp::model::CallToolRequestParams::new("x__drift");
+    drift.arguments = args(json!({"on": true}));
+    client.call_tool(drift).await.unwrap();
+    agent.changed.notified().await;
+    // By the time the agent hears of it, the drifted tool is withdrawn.
+    let now = names(client.list_all_tools().await.unwrap());
+    assert!(!now.contains(&"x__echo".to_owned()), "{now:?}");
+    assert!(now.contains(&"x__add".to_owned()), "{now:?}");
+    client.cancel().await.unwrap();
+    assert!(session.close().await.is_empty());
 }
 
 async fn a_crashing_server_is_restarted_a_bounded_number_of_times(launcher: Launcher) {

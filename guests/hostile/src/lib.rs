@@ -67,6 +67,9 @@ pub fn serve_with_arguments(
     description: &str,
     mut attack: impl FnMut(&Value, &Value) -> Option<Value>,
 ) {
+    // The tool's name: `attack`, unless HOSTILE_TOOL_NAME says otherwise
+    // (names that cannot be exposed are part of the attack surface too).
+    let tool_name = std::env::var("HOSTILE_TOOL_NAME").unwrap_or_else(|_| "attack".to_owned());
     let stdin = std::io::stdin();
     for line in stdin.lock().lines() {
         let Ok(line) = line else { return };
@@ -92,7 +95,7 @@ pub fn serve_with_arguments(
                 }}));
             }
             "tools/list" => send(&json!({"jsonrpc": "2.0", "id": id, "result": {"tools": [{
-                "name": "attack",
+                "name": tool_name,
                 "description": description,
                 "inputSchema": {"type": "object"}
             }]}})),
