@@ -42,10 +42,20 @@ async fn one_server_in_front_of_a_wasm_and_a_native_server() {
         .expect("moat serve");
     let stdout = child.stdout.take().unwrap();
     let stdin = child.stdin.take().unwrap();
-    let agent = Agent
-        .serve((stdout, stdin))
-        .await
-        .expect("handshake with moat serve");
+    // An agent on 2026-07-28: `server/discover`, no initialize.
+    let agent = rmcp::ClientServiceExt::serve_with_lifecycle(
+        Agent,
+        (stdout, stdin),
+        rmcp::ClientLifecycleMode::Discover {
+            preferred_versions: vec![rmcp::model::ProtocolVersion::V_2026_07_28],
+        },
+    )
+    .await
+    .expect("server/discover with moat serve");
+    let revision = agent
+        .peer_info()
+        .map(|info| info.protocol_version.to_string());
+    assert_eq!(revision.as_deref(), Some("2026-07-28"));
 
     let mut names: Vec<String> = agent
         .list_all_tools()
@@ -216,4 +226,67 @@ async fn sigterm_drains_the_call_in_flight_then_closes_everything() {
             "session_close"
         ]
     );
+}
+
+/// Agents on older revisions speak `initialize`; Moat answers in their
+/// revision and serves them the same tools. (The rmcp agents of the other
+/// tests speak 2026-07-28, `server/discover`.)
+#[test]
+fn agents_on_2025_06_18_and_2025_11_25_are_served_in_their_revision() {
+    use std::io::{BufRead, BufReader, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("moat.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[servers.wasm]\nwasm = {:?}\nallow_unmeasured = true\n",
+            guests::EVERYTHING_WASM
+        ),
+    )
+    .unwrap();
+    for revision in ["2025-06-18", "2025-11-25"] {
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_moat"))
+            .args(["serve", "--config", config.to_str().unwrap()])
+            .env(
+                "MOAT_CACHE_DIR",
+                Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-cache"),
+            )
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("moat serve");
+        let mut stdin = child.stdin.take().unwrap();
+        let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
+        let mut ask = |message: serde_json::Value| {
+            writeln!(stdin, "{message}").unwrap();
+            if message.get("id").is_none() {
+                return serde_json::Value::Null;
+            }
+            let line = stdout.next().unwrap().unwrap();
+            serde_json::from_str::<serde_json::Value>(&line).unwrap()
+        };
+        let initialized = ask(serde_json::json!({
+            "jsonrpc": "2.0", "id": 1, "method": "initialize",
+            "params": {
+                "protocolVersion": revision,
+                "capabilities": {},
+                "clientInfo": {"name": "old-agent", "version": "1.0"}
+            }
+        }));
+        assert_eq!(
+            initialized["result"]["protocolVersion"], revision,
+            "{initialized}"
+        );
+        ask(serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+        let listed = ask(serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}));
+        let names: Vec<&str> = listed["result"]["tools"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{listed}"))
+            .iter()
+            .map(|t| t["name"].as_str().unwrap())
+            .collect();
+        assert!(names.contains(&"wasm__echo"), "{revision}: {names:?}");
+        drop(stdin);
+        assert!(child.wait().unwrap().success(), "{revision}");
+    }
 }
