@@ -83,6 +83,11 @@ enum Command {
         /// Extra Host values to accept over HTTP (loopback names always are).
         #[arg(long = "allow-host", value_name = "HOST")]
         allow_hosts: Vec<String>,
+        /// Browser origins (scheme://host[:port]) allowed to call over HTTP.
+        /// A request carrying any other Origin gets 403; none are allowed by
+        /// default (agents that are not browsers send no Origin).
+        #[arg(long = "allow-origin", value_name = "ORIGIN")]
+        allow_origins: Vec<String>,
     },
     /// Turn a Claude Desktop or VS Code MCP config into moat.toml entries
     /// (printed), measuring each command; says what was not carried over.
@@ -184,7 +189,14 @@ async fn run(command: Command) -> Result<ExitCode> {
             http: Some(addr),
             token,
             allow_hosts,
-        } => serve_http(&config, locked, audit.as_deref(), addr, token, allow_hosts).await,
+            allow_origins,
+        } => {
+            let allowed = Allowed {
+                hosts: allow_hosts,
+                origins: allow_origins,
+            };
+            serve_http(&config, locked, audit.as_deref(), addr, token, allowed).await
+        }
         Command::Serve {
             config,
             locked,
@@ -541,13 +553,19 @@ fn open_audit(audit: Option<&Path>) -> Result<Option<std::sync::Arc<moat_host::a
 /// `moat serve --http ADDR`: streamable HTTP at /mcp, one agent session per
 /// MCP session. Loopback by default; Host (and Origin) checked against DNS
 /// rebinding; a bearer token is required when bound beyond loopback.
+/// What `moat serve --http` accepts beyond loopback Host names.
+struct Allowed {
+    hosts: Vec<String>,
+    origins: Vec<String>,
+}
+
 async fn serve_http(
     config_path: &Path,
     locked: bool,
     audit: Option<&Path>,
     addr: std::net::SocketAddr,
     token: Option<String>,
-    allow_hosts: Vec<String>,
+    allowed: Allowed,
 ) -> Result<ExitCode> {
     use rmcp::transport::streamable_http_server::{
         StreamableHttpServerConfig, StreamableHttpService, session::local::LocalSessionManager,
@@ -569,7 +587,12 @@ async fn serve_http(
     let cancel = tokio_util_token();
     let mut http_config = StreamableHttpServerConfig::default();
     http_config.cancellation_token = cancel.clone();
-    http_config.allowed_hosts.extend(allow_hosts);
+    http_config.allowed_hosts.extend(allowed.hosts);
+    // DNS rebinding and cross-site requests: a browser's Origin must be one
+    // the operator listed (rmcp leaves Origin unchecked unless told).
+    let mut http_config = http_config
+        .with_allowed_origins(allowed.origins)
+        .enforce_origin_validation();
     if !addr.ip().is_loopback() {
         http_config.allowed_hosts.push(addr.ip().to_string());
         http_config.allowed_hosts.push(addr.to_string());

@@ -137,14 +137,17 @@ fn the_typescript_sdk_drives_moat_serve_over_stdio() {
 }
 
 /// A raw HTTP/1.1 POST; returns the status code.
-fn post_status(url: &str, host: &str, authorization: Option<&str>) -> u16 {
+fn post_status(url: &str, host: &str, authorization: Option<&str>, origin: Option<&str>) -> u16 {
     use std::io::{Read, Write};
     let address = url.trim_start_matches("http://").trim_end_matches("/mcp");
     let mut stream = std::net::TcpStream::connect(address).unwrap();
-    let body = r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#;
-    let auth = authorization
+    let body = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}"#;
+    let mut auth = authorization
         .map(|a| format!("Authorization: {a}\r\n"))
         .unwrap_or_default();
+    if let Some(origin) = origin {
+        auth.push_str(&format!("Origin: {origin}\r\n"));
+    }
     write!(
         stream,
         "POST /mcp HTTP/1.1\r\nHost: {host}\r\n{auth}Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
@@ -177,14 +180,21 @@ fn the_typescript_sdk_drives_moat_serve_over_streamable_http() {
         .trim_end_matches("/mcp")
         .to_owned();
 
-    // Without the token: 401. With a foreign Host (DNS rebinding): refused.
-    assert_eq!(post_status(&url, &address, None), 401);
-    assert_eq!(post_status(&url, &address, Some("Bearer wrong")), 401);
-    let rebinding = post_status(&url, "evil.example", Some("Bearer s3cret"));
-    assert!(
-        (400..500).contains(&rebinding),
-        "foreign Host answered {rebinding}"
+    // Without the token: 401. A foreign Host (DNS rebinding) or a browser
+    // Origin that was not allowed: 403. The allowed Origin, or none: 200.
+    let token = Some("Bearer s3cret");
+    assert_eq!(post_status(&url, &address, None, None), 401);
+    assert_eq!(post_status(&url, &address, Some("Bearer wrong"), None), 401);
+    assert_eq!(post_status(&url, "evil.example", token, None), 403);
+    assert_eq!(
+        post_status(&url, &address, token, Some("http://evil.example")),
+        403
     );
+    assert_eq!(
+        post_status(&url, &address, token, Some("http://app.example")),
+        200
+    );
+    assert_eq!(post_status(&url, &address, token, None), 200);
 
     let output = Command::new("node")
         .arg(root.join("tests/clients/ts_http_agent.mjs"))

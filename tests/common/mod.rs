@@ -15,6 +15,8 @@ pub fn serve_http(config: &Path, token: &str, audit: &Path) -> (std::process::Ch
             "127.0.0.1:0",
             "--token",
             token,
+            "--allow-origin",
+            "http://app.example",
             "--config",
         ])
         .arg(config)

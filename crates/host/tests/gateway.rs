@@ -21,13 +21,18 @@ both_launchers!(
     close_cancels_calls_still_running_at_the_drain_timeout,
     one_child_serves_names_of_the_same_execution_identity_within_a_session,
     tool_list_changes_reach_the_agent_after_the_pin_check,
+    concurrent_sessions_have_their_own_children_and_answers,
 );
 
 fn gateway(servers: &[moat_host::ServerSpec]) -> Gateway {
-    gateway_draining(servers, 30_000)
+    gateway_audited(servers, 30_000, None)
 }
 
-fn gateway_draining(servers: &[moat_host::ServerSpec], drain_timeout_ms: u64) -> Gateway {
+fn gateway_audited(
+    servers: &[moat_host::ServerSpec],
+    drain_timeout_ms: u64,
+    audit: Option<&Path>,
+) -> Gateway {
     let config = Config {
         path: "moat.toml".into(),
         servers: servers
@@ -36,7 +41,23 @@ fn gateway_draining(servers: &[moat_host::ServerSpec], drain_timeout_ms: u64) ->
             .collect(),
         serve: moat_host::config::ServeSettings { drain_timeout_ms },
     };
-    Gateway::new(host(), config, None)
+    let audit =
+        audit.map(|path| std::sync::Arc::new(moat_host::audit::AuditLog::open(path).unwrap()));
+    Gateway::new(host(), config, audit)
+}
+
+/// The audit log's events as (event, outcome) pairs.
+fn audited(path: &Path) -> Vec<(String, String)> {
+    moat_host::audit::verify(path).unwrap();
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|line| {
+            let event: serde_json::Value = serde_json::from_str(line).unwrap();
+            let field = |key: &str| event[key].as_str().unwrap_or_default().to_owned();
+            (field("event"), field("outcome"))
+        })
+        .collect()
 }
 
 fn host() -> Host {
@@ -77,7 +98,9 @@ async fn call_in_flight(
 async fn close_lets_in_flight_calls_finish_then_refuses_new_ones(launcher: Launcher) {
     let mut slow = spec(launcher, guests::EVERYTHING);
     slow.name = "slow".into();
-    let gateway = gateway(&[slow]);
+    let dir = tempfile::tempdir().unwrap();
+    let audit = dir.path().join("audit.jsonl");
+    let gateway = gateway_audited(&[slow], 30_000, Some(&audit));
     let session = gateway.session();
     let call = call_in_flight(&session, "slow", 4, 50).await;
     assert!(session.close().await.is_empty());
@@ -93,18 +116,36 @@ async fn close_lets_in_flight_calls_finish_then_refuses_new_ones(launcher: Launc
         refused.message,
         format!("session {} is closing: no new calls", session.id())
     );
+    let events = audited(&audit);
+    let kinds: Vec<&str> = events.iter().map(|(e, _)| e.as_str()).collect();
+    assert_eq!(
+        kinds,
+        [
+            "session_open",
+            "server_launch",
+            "tool_call",
+            "server_exit",
+            "session_close"
+        ]
+    );
+    assert_eq!(events[2].1, "ok", "drained: the call finished");
 }
 
 async fn close_cancels_calls_still_running_at_the_drain_timeout(launcher: Launcher) {
     let mut slow = spec(launcher, guests::EVERYTHING);
     slow.name = "slow".into();
-    let gateway = gateway_draining(&[slow], 100);
+    let dir = tempfile::tempdir().unwrap();
+    let audit = dir.path().join("audit.jsonl");
+    let gateway = gateway_audited(&[slow], 100, Some(&audit));
     let session = gateway.session();
     // 10,000 steps 50 ms apart: far longer than the 100 ms drain.
     let call = call_in_flight(&session, "slow", 10_000, 50).await;
     assert!(session.close().await.is_empty(), "the child still closes");
     let error = call.await.unwrap().unwrap_err();
     assert!(error.message.contains("cancelled"), "{}", error.message);
+    let events = audited(&audit);
+    assert_eq!(events[2], ("tool_call".to_owned(), "cancelled".to_owned()));
+    assert_eq!(events[3], ("server_exit".to_owned(), "closed".to_owned()));
 }
 
 async fn one_child_serves_names_of_the_same_execution_identity_within_a_session(
@@ -239,4 +280,61 @@ async fn a_crashing_server_is_restarted_a_bounded_number_of_times(launcher: Laun
     );
     assert!(session.close().await.is_empty());
     assert!(fresh.close().await.is_empty());
+}
+
+async fn concurrent_sessions_have_their_own_children_and_answers(launcher: Launcher) {
+    let mut e = spec(launcher, guests::EVERYTHING);
+    e.name = "e".into();
+    let mut r = spec(launcher, guests::REPORT);
+    r.name = "r".into();
+    let gateway = gateway(&[e, r]);
+    let (a, b) = (gateway.session(), gateway.session());
+    // Both sessions call at once, 20 times each, each with its own words.
+    let chatter = |session: moat_host::gateway::AgentSession, who: &'static str| async move {
+        let mut calls = Vec::new();
+        for i in 0..20 {
+            let session = session.clone();
+            calls.push(tokio::spawn(async move {
+                let message = format!("{who}-{i}");
+                let result = session
+                    .call("e__echo", args(json!({"message": message})))
+                    .await
+                    .unwrap();
+                assert_eq!(text(&result), message, "an answer crossed sessions");
+            }));
+        }
+        for call in calls {
+            call.await.unwrap();
+        }
+        text(&session.call("e__calls", None).await.unwrap())
+    };
+    let (seen_a, seen_b) = tokio::join!(chatter(a.clone(), "a"), chatter(b.clone(), "b"));
+    // Each session's instance counted only its own calls.
+    assert_eq!((seen_a.as_str(), seen_b.as_str()), ("21", "21"));
+    let report = |session: moat_host::gateway::AgentSession| async move {
+        let result = session.call("r__attack", None).await.unwrap();
+        serde_json::from_str::<serde_json::Value>(&text(&result)).unwrap()
+    };
+    let (report_a, report_b) = (report(a.clone()).await, report(b.clone()).await);
+    match launcher {
+        Launcher::Native => {
+            let (pid_a, pid_b) = (
+                report_a["pid"].as_u64().unwrap(),
+                report_b["pid"].as_u64().unwrap(),
+            );
+            assert_ne!(pid_a, pid_b, "one process served two sessions");
+            assert!(Path::new(&format!("/proc/{pid_a}")).exists());
+            assert!(a.close().await.is_empty());
+            // a's child is gone (reaped), b's is still there and answering.
+            assert!(!Path::new(&format!("/proc/{pid_a}")).exists());
+            assert!(Path::new(&format!("/proc/{pid_b}")).exists());
+        }
+        Launcher::Wasm => {
+            assert!(report_a["pid"].is_null());
+            assert!(a.close().await.is_empty());
+        }
+    }
+    assert_eq!(text(&b.call("e__calls", None).await.unwrap()), "22");
+    assert!(a.call("e__calls", None).await.is_err(), "a is closed");
+    assert!(b.close().await.is_empty());
 }

@@ -1,6 +1,7 @@
 //! Not hostile: answers `attack` with what it was given, as JSON text:
-//! `{"argv": [...], "env": {...}, "cwd": "..."}`. Tests use it to check that
-//! argv, the environment and the working directory arrive exactly.
+//! `{"argv": [...], "env": {...}, "cwd": "...", "pid": N}`. Tests use it to
+//! check that argv, the environment and the working directory arrive exactly,
+//! and which process answered (`pid` is null under wasm, which has none).
 fn main() {
     hostile::serve("report", |id: &serde_json::Value| {
         let argv: Vec<String> = std::env::args_os()
@@ -17,7 +18,11 @@ fn main() {
         let cwd = std::env::current_dir()
             .map(|d| d.display().to_string())
             .unwrap_or_default();
-        let report = serde_json::json!({"argv": argv, "env": env, "cwd": cwd});
+        #[cfg(not(target_os = "wasi"))]
+        let pid = Some(std::process::id());
+        #[cfg(target_os = "wasi")]
+        let pid: Option<u32> = None;
+        let report = serde_json::json!({"argv": argv, "env": env, "cwd": cwd, "pid": pid});
         Some(hostile::text_result(id, &report.to_string()))
     });
 }
