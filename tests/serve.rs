@@ -143,6 +143,36 @@ async fn one_server_in_front_of_a_wasm_and_a_native_server() {
         "arguments never reach the audit log"
     );
     assert_eq!(events[3]["outcome"], "ok");
+
+    // `moat audit verify` on this real log; then one byte of line 4 (the
+    // first tool call's duration) is changed, and the break is named.
+    let verify = |path: &Path| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_moat"))
+            .args(["audit", "verify"])
+            .arg(path)
+            .output()
+            .unwrap()
+    };
+    let intact = verify(&audit);
+    assert!(intact.status.success());
+    assert!(String::from_utf8_lossy(&intact.stdout).contains("8 lines, chain intact"));
+    let mut lines: Vec<String> = log.lines().map(str::to_owned).collect();
+    let at = lines[3].find("\"duration_ms\":").unwrap() + "\"duration_ms\":".len();
+    let digit = lines[3].as_bytes()[at];
+    let other = if digit == b'9' {
+        '1'
+    } else {
+        (digit + 1) as char
+    };
+    lines[3].replace_range(at..=at, &other.to_string());
+    std::fs::write(&audit, lines.join("\n") + "\n").unwrap();
+    let broken = verify(&audit);
+    assert!(!broken.status.success());
+    let stderr = String::from_utf8_lossy(&broken.stderr);
+    assert!(
+        stderr.contains("the chain breaks at line 5: its prev is"),
+        "{stderr}"
+    );
 }
 
 /// An agent that hears progress.
