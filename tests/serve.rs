@@ -143,6 +143,25 @@ async fn one_server_in_front_of_a_wasm_and_a_native_server() {
         "arguments never reach the audit log"
     );
     assert_eq!(events[3]["outcome"], "ok");
+    // Launch and exit carry the execution identity and the evidence.
+    let of = |kind: &str, key: &str| {
+        let mut values: Vec<String> = events
+            .iter()
+            .filter(|e| e["event"] == kind)
+            .map(|e| e[key].as_str().unwrap().to_owned())
+            .collect();
+        values.sort();
+        values
+    };
+    assert_eq!(
+        of("server_launch", "identity"),
+        of("server_exit", "identity")
+    );
+    assert_eq!(
+        of("server_exit", "evidence"),
+        ["native-unmeasured", "wasm-measured"]
+    );
+    assert_eq!(of("server_launch", "identity")[0].len(), 64);
 
     // `moat audit verify` on this real log; then one byte of line 4 (the
     // first tool call's duration) is changed, and the break is named.

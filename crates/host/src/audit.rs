@@ -63,6 +63,10 @@ pub enum Event {
     ServerExit {
         session: String,
         server: String,
+        /// The execution identity of the child that exited.
+        identity: String,
+        /// Its evidence class.
+        evidence: String,
         outcome: String,
     },
     ToolCall {

@@ -352,6 +352,8 @@ impl AgentSession {
             self.audit(Event::ServerExit {
                 session: self.id.clone(),
                 server: server.to_owned(),
+                identity: identity.to_string(),
+                evidence: evidence_of(&child),
                 outcome: format!("fault: {fault}"),
             });
         } else if let Some((identity, child)) = self.shareable(&children, spec) {
@@ -628,6 +630,7 @@ impl SessionState {
                 .map(|(name, _)| name.as_str())
                 .collect::<Vec<_>>()
                 .join(",");
+            let evidence = evidence_of(&child);
             let outcome = match Arc::try_unwrap(child) {
                 Ok(child) => child.close().await.err(),
                 Err(_) => Some(ClientError::Protocol {
@@ -639,6 +642,8 @@ impl SessionState {
             self.audit(Event::ServerExit {
                 session: self.id.clone(),
                 server: server.clone(),
+                identity: identity.to_string(),
+                evidence,
                 outcome: outcome
                     .as_ref()
                     .map_or("closed".to_owned(), |e| e.to_string()),
@@ -661,6 +666,14 @@ impl SessionState {
 
 /// How long cancelled calls get to end once the drain timeout has passed.
 const CANCEL_GRACE: Duration = Duration::from_secs(5);
+
+fn evidence_of(child: &Session) -> String {
+    child
+        .shared()
+        .identity()
+        .map(|identity| identity.evidence.to_string())
+        .unwrap_or_default()
+}
 
 fn outcome_of(error: &ClientError) -> String {
     match error {
