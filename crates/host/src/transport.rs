@@ -135,6 +135,10 @@ pub enum Fault {
     },
     #[error("server `{server}`: reading stdout failed: {detail}")]
     Io { server: String, detail: String },
+    #[error(
+        "server `{server}` answered request {id}, which was never sent or was already answered (fail closed)"
+    )]
+    UnknownResponse { server: String, id: String },
 }
 
 /// Errors of the transport itself (not of the server).
@@ -317,6 +321,9 @@ pub struct Shared {
     stderr: StderrBuffer,
     tracker: Arc<Tracker>,
     pending: Mutex<HashMap<RequestId, (String, Instant)>>,
+    /// Requests the host cancelled recently: a late answer to one of them is
+    /// dropped, not a fault. Bounded to the last [`CANCELLED_REMEMBERED`].
+    cancelled: Mutex<std::collections::VecDeque<RequestId>>,
     pending_changed: Notify,
     requests_sent: AtomicU64,
     identity: std::sync::OnceLock<Identity>,
@@ -325,6 +332,10 @@ pub struct Shared {
     tools_changed_events: watch::Sender<u64>,
     progress_routes: Mutex<HashMap<rmcp::model::ProgressToken, ProgressSender>>,
 }
+
+/// How many cancelled request ids a transport remembers, so that a late
+/// answer to one is dropped rather than treated as an answer to nothing.
+const CANCELLED_REMEMBERED: usize = 1024;
 
 /// Where one call's progress notifications go.
 pub type ProgressSender = mpsc::UnboundedSender<rmcp::model::ProgressNotificationParam>;
@@ -340,6 +351,7 @@ impl Shared {
             ),
             tracker: Arc::new(Tracker::default()),
             pending: Mutex::new(HashMap::new()),
+            cancelled: Mutex::default(),
             pending_changed: Notify::new(),
             requests_sent: AtomicU64::new(0),
             identity: std::sync::OnceLock::new(),
@@ -686,11 +698,19 @@ impl rmcp::transport::Transport<RoleClient> for Connected {
                     &notification.notification
                     && let Some(id) = &cancelled.params.request_id
                 {
-                    shared
+                    let was_pending = shared
                         .pending
                         .lock()
                         .unwrap_or_else(|e| e.into_inner())
-                        .remove(id);
+                        .remove(id)
+                        .is_some();
+                    if was_pending {
+                        let mut recent = shared.cancelled.lock().unwrap_or_else(|e| e.into_inner());
+                        if recent.len() == CANCELLED_REMEMBERED {
+                            recent.pop_front();
+                        }
+                        recent.push_back(id.clone());
+                    }
                 }
             }
             _ => {}
@@ -840,11 +860,27 @@ async fn read_stdout(
                     }
                 }
                 if let Some(id) = response_id(&message) {
-                    shared
+                    let answered = shared
                         .pending
                         .lock()
                         .unwrap_or_else(|e| e.into_inner())
-                        .remove(&id);
+                        .remove(&id)
+                        .is_some();
+                    if !answered {
+                        let mut recent = shared.cancelled.lock().unwrap_or_else(|e| e.into_inner());
+                        if let Some(at) = recent.iter().position(|c| *c == id) {
+                            // A late answer to a cancelled request: dropped.
+                            recent.remove(at);
+                            line.clear();
+                            continue;
+                        }
+                        // An answer to nothing, or a second answer: the
+                        // stream can no longer be trusted.
+                        break Some(Fault::UnknownResponse {
+                            server: shared.server.clone(),
+                            id: id.to_string(),
+                        });
+                    }
                 }
                 if incoming.send(message).await.is_err() {
                     return; // the client is gone

@@ -6,17 +6,18 @@
 #[macro_use]
 mod common;
 
-use common::{Launcher, args, spec, text};
+use common::{
+    Launcher, args, connect, fault_of, host, host_still_serves_everything, peak_rss_bytes, spec,
+    text,
+};
 
 use std::path::Path;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use moat_host::transport::TransportError;
-use moat_host::{
-    ClientError, Evidence, Fault, Handshake, Host, LaunchError, LimitHit, ServerSpec, Session,
-};
+use moat_host::{ClientError, Evidence, Fault, Handshake, LaunchError, LimitHit, Session};
 use moat_test_guests as guests;
 use serde_json::json;
 
@@ -41,36 +42,6 @@ both_launchers!(
 
 /// One host for the whole test binary, with an on-disk component cache, as a
 /// long-running `moat serve` would have.
-fn host() -> &'static Host {
-    static HOST: OnceLock<Host> = OnceLock::new();
-    HOST.get_or_init(|| {
-        let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("component-cache");
-        Host::new(Some(cache)).expect("host")
-    })
-}
-
-async fn connect(spec: &ServerSpec) -> Session {
-    host().connect(spec).await.expect("connect")
-}
-
-/// After any hostile case, the same host process serves a fresh instance.
-async fn host_still_serves_everything(launcher: Launcher) {
-    let session = connect(&spec(launcher, guests::EVERYTHING)).await;
-    let result = session
-        .call_tool("add", args(json!({"a": 2, "b": 40})))
-        .await
-        .expect("add");
-    assert_eq!(text(&result), "42");
-    session.close().await.expect("close");
-}
-
-fn fault_of(error: ClientError) -> Fault {
-    match error {
-        ClientError::Fault { fault, .. } => fault,
-        other => panic!("expected a transport fault, got {other:?}"),
-    }
-}
-
 async fn handshake_on_initialize_and_on_server_discover(launcher: Launcher) {
     let everything = spec(launcher, guests::EVERYTHING);
     let legacy = host()
@@ -284,15 +255,6 @@ async fn growing_memory_hits_the_memory_limit(launcher: Launcher) {
     );
     session.close().await.unwrap();
     host_still_serves_everything(launcher).await;
-}
-
-fn peak_rss_bytes() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .map_or(0, |kb| kb * 1024)
 }
 
 async fn endless_line_is_a_framing_error_with_host_memory_bounded(launcher: Launcher) {

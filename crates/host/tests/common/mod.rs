@@ -1,9 +1,13 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code, reason = "each test binary uses a different subset")]
 
-use moat_host::ServerSpec;
+use std::path::Path;
+use std::sync::OnceLock;
+
 use moat_host::rmcp::model::{CallToolResult, JsonObject};
-use moat_test_guests::Guest;
+use moat_host::{ClientError, Fault, Host, ServerSpec, Session};
+use moat_test_guests::{self as guests, Guest};
+use serde_json::json;
 
 /// The two launchers every transport-level test runs against.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -61,4 +65,45 @@ pub fn text(result: &CallToolResult) -> String {
         .iter()
         .filter_map(|c| c["text"].as_str())
         .collect()
+}
+
+/// One host per test binary, with a shared component cache.
+pub fn host() -> &'static Host {
+    static HOST: OnceLock<Host> = OnceLock::new();
+    HOST.get_or_init(|| {
+        let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("component-cache");
+        Host::new(Some(cache)).expect("host")
+    })
+}
+
+pub async fn connect(spec: &ServerSpec) -> Session {
+    host().connect(spec).await.expect("connect")
+}
+
+/// After any hostile case, the same host process serves a fresh instance.
+pub async fn host_still_serves_everything(launcher: Launcher) {
+    let session = connect(&spec(launcher, guests::EVERYTHING)).await;
+    let result = session
+        .call_tool("add", args(json!({"a": 2, "b": 40})))
+        .await
+        .expect("add");
+    assert_eq!(text(&result), "42");
+    session.close().await.expect("close");
+}
+
+pub fn fault_of(error: ClientError) -> Fault {
+    match error {
+        ClientError::Fault { fault, .. } => fault,
+        other => panic!("expected a transport fault, got {other:?}"),
+    }
+}
+
+/// The process's peak resident set (VmHWM), in bytes.
+pub fn peak_rss_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
 }

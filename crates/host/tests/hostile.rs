@@ -1,0 +1,160 @@
+//! Hostile guests at the boundary, on both launchers: whatever a server
+//! writes or withholds ends in a typed error (or is absorbed), the host's
+//! memory stays bounded, and a well-behaved server served at the same time by
+//! the same host keeps answering throughout.
+
+#[macro_use]
+mod common;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use common::{
+    Launcher, args, connect, fault_of, host_still_serves_everything, peak_rss_bytes, spec, text,
+};
+use moat_host::{Fault, LimitHit};
+use moat_test_guests as guests;
+use serde_json::json;
+
+both_launchers!(
+    an_answer_to_a_request_never_sent_faults_the_session,
+    a_second_answer_to_one_request_faults_the_session,
+    a_hundred_thousand_notifications_are_absorbed_with_memory_bounded,
+    a_hundred_megabyte_message_is_refused_with_memory_bounded,
+    a_server_that_ignores_eof_is_stopped_on_close,
+    an_answer_at_one_byte_a_second_meets_the_deadline,
+);
+
+/// How much the process's peak RSS may grow while one attack runs. The
+/// attacks below would cost hundreds of megabytes if buffered.
+const RSS_BOUND: u64 = 128 << 20;
+
+/// Runs `attack` while a well-behaved `everything` server on the same host
+/// answers calls in a loop; asserts that every one of those calls succeeded
+/// and that at least one was answered while the attack ran.
+async fn with_a_neighbour<F: Future>(launcher: Launcher, attack: F) -> F::Output {
+    let neighbour = connect(&spec(launcher, guests::EVERYTHING)).await;
+    let done = Arc::new(AtomicBool::new(false));
+    let calls = async {
+        let mut answered = 0u32;
+        while !done.load(Ordering::SeqCst) || answered == 0 {
+            let result = neighbour
+                .call_tool("echo", args(json!({"message": "still here"})))
+                .await
+                .expect("the neighbour keeps answering");
+            assert_eq!(text(&result), "still here");
+            answered += 1;
+        }
+        answered
+    };
+    let attack = async {
+        let outcome = attack.await;
+        done.store(true, Ordering::SeqCst);
+        outcome
+    };
+    let (outcome, answered) = tokio::join!(attack, calls);
+    assert!(answered >= 1);
+    neighbour.close().await.expect("the neighbour closes");
+    outcome
+}
+
+/// Calls `attack` with a neighbour answering alongside; the fault it ends in.
+async fn attack_faults(launcher: Launcher, session: &moat_host::Session) -> Fault {
+    let error = with_a_neighbour(launcher, session.call_tool("attack", None))
+        .await
+        .expect_err("the attack must fail");
+    fault_of(error)
+}
+
+async fn an_answer_to_a_request_never_sent_faults_the_session(launcher: Launcher) {
+    let session = connect(&spec(launcher, guests::STRAY_IDS)).await;
+    assert_eq!(
+        attack_faults(launcher, &session).await,
+        Fault::UnknownResponse {
+            server: "stray-ids".into(),
+            id: "424242".into(),
+        }
+    );
+    session.close().await.unwrap();
+    host_still_serves_everything(launcher).await;
+}
+
+async fn a_second_answer_to_one_request_faults_the_session(launcher: Launcher) {
+    let mut twice = spec(launcher, guests::STRAY_IDS);
+    twice.env.insert("STRAY".into(), "duplicate".into());
+    let session = connect(&twice).await;
+    // The first answer is the answer; the second ends the session.
+    let first = session.call_tool("attack", None).await.unwrap();
+    assert_eq!(text(&first), "first");
+    let error = session.call_tool("attack", None).await.unwrap_err();
+    match fault_of(error) {
+        Fault::UnknownResponse { server, .. } => assert_eq!(server, "stray-ids"),
+        other => panic!("expected a fail-closed fault, got {other:?}"),
+    }
+    session.close().await.unwrap();
+    host_still_serves_everything(launcher).await;
+}
+
+async fn a_hundred_thousand_notifications_are_absorbed_with_memory_bounded(launcher: Launcher) {
+    let session = connect(&spec(launcher, guests::NOTIFICATION_FLOOD)).await;
+    let before = peak_rss_bytes();
+    let result = with_a_neighbour(launcher, session.call_tool("attack", None))
+        .await
+        .expect("the call is answered after the flood");
+    assert_eq!(text(&result), "after the flood");
+    let grown = peak_rss_bytes().saturating_sub(before);
+    assert!(grown < RSS_BOUND, "peak RSS grew by {grown} bytes");
+    session.close().await.unwrap();
+}
+
+async fn a_hundred_megabyte_message_is_refused_with_memory_bounded(launcher: Launcher) {
+    // The default limit: 16 MiB per message.
+    let huge = spec(launcher, guests::HUGE_MESSAGE);
+    let max_line_bytes = huge.limits.max_line_bytes;
+    let session = connect(&huge).await;
+    let before = peak_rss_bytes();
+    assert_eq!(
+        attack_faults(launcher, &session).await,
+        Fault::Limit {
+            server: "huge-message".into(),
+            limit: LimitHit::LineLength { max_line_bytes },
+        }
+    );
+    let grown = peak_rss_bytes().saturating_sub(before);
+    assert!(grown < RSS_BOUND, "peak RSS grew by {grown} bytes");
+    session.close().await.unwrap();
+    host_still_serves_everything(launcher).await;
+}
+
+async fn a_server_that_ignores_eof_is_stopped_on_close(launcher: Launcher) {
+    let mut deaf = spec(launcher, guests::DEAF);
+    deaf.limits.close_grace_ms = 100;
+    let session = connect(&deaf).await;
+    let tracker = session.shared().tracker().clone();
+    let result = session.call_tool("attack", None).await.unwrap();
+    assert_eq!(text(&result), "going deaf");
+    // EOF goes unheard: after the grace period the host stops it.
+    with_a_neighbour(launcher, session.close())
+        .await
+        .expect("close stops a server that never reads EOF");
+    assert_eq!(tracker.live(), 0, "nothing of the deaf server is left");
+}
+
+async fn an_answer_at_one_byte_a_second_meets_the_deadline(launcher: Launcher) {
+    let mut drip = spec(launcher, guests::SLOW_DRIP);
+    drip.limits.request_timeout_ms = 1_500;
+    let session = connect(&drip).await;
+    let tracker = session.shared().tracker().clone();
+    assert_eq!(
+        attack_faults(launcher, &session).await,
+        Fault::Limit {
+            server: "slow-drip".into(),
+            limit: LimitHit::Deadline {
+                request_timeout_ms: 1_500
+            },
+        }
+    );
+    session.close().await.unwrap();
+    assert_eq!(tracker.live(), 0);
+}
