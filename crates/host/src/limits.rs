@@ -147,6 +147,8 @@ pub enum LimitHit {
     CpuSeconds { cpu_seconds: u64 },
     /// A native server ran out of address space (RLIMIT_AS).
     AddressSpace { address_space_bytes: u64 },
+    /// A wasm guest asked for more than `max_random_bytes` in one call.
+    RandomBytes { max_random_bytes: u64 },
 }
 
 impl fmt::Display for LimitHit {
@@ -189,6 +191,10 @@ impl fmt::Display for LimitHit {
             } => write!(
                 f,
                 "memory limit: address_space_bytes = {address_space_bytes} exhausted (RLIMIT_AS)"
+            ),
+            Self::RandomBytes { max_random_bytes } => write!(
+                f,
+                "randomness limit: max_random_bytes = {max_random_bytes} in one call"
             ),
         }
     }

@@ -139,6 +139,10 @@ pub enum Fault {
         "server `{server}` answered request {id}, which was never sent or was already answered (fail closed)"
     )]
     UnknownResponse { server: String, id: String },
+    #[error(
+        "server `{server}` has more than {limit} requests to the client unanswered: it is not reading the answers (fail closed)"
+    )]
+    RequestFlood { server: String, limit: usize },
 }
 
 /// Errors of the transport itself (not of the server).
@@ -324,6 +328,8 @@ pub struct Shared {
     /// Requests the host cancelled recently: a late answer to one of them is
     /// dropped, not a fault. Bounded to the last [`CANCELLED_REMEMBERED`].
     cancelled: Mutex<std::collections::VecDeque<RequestId>>,
+    /// Requests from the server read but not yet answered on its stdin.
+    server_requests: AtomicUsize,
     pending_changed: Notify,
     requests_sent: AtomicU64,
     identity: std::sync::OnceLock<Identity>,
@@ -336,6 +342,11 @@ pub struct Shared {
 /// How many cancelled request ids a transport remembers, so that a late
 /// answer to one is dropped rather than treated as an answer to nothing.
 const CANCELLED_REMEMBERED: usize = 1024;
+
+/// How many of its own requests a server may leave unanswered on its stdin
+/// (each answer waits in the host until the server reads it). A server that
+/// asks more without reading is flooding the host: the session ends.
+pub const MAX_UNANSWERED_SERVER_REQUESTS: usize = 256;
 
 /// Where one call's progress notifications go.
 pub type ProgressSender = mpsc::UnboundedSender<rmcp::model::ProgressNotificationParam>;
@@ -352,6 +363,7 @@ impl Shared {
             tracker: Arc::new(Tracker::default()),
             pending: Mutex::new(HashMap::new()),
             cancelled: Mutex::default(),
+            server_requests: AtomicUsize::new(0),
             pending_changed: Notify::new(),
             requests_sent: AtomicU64::new(0),
             identity: std::sync::OnceLock::new(),
@@ -678,6 +690,10 @@ impl rmcp::transport::Transport<RoleClient> for Connected {
         let shared = self.shared.clone();
         let stdin = self.stdin.clone();
         let encoded = serde_json::to_vec(&item);
+        let answers_server = matches!(
+            item,
+            ClientJsonRpcMessage::Response(_) | ClientJsonRpcMessage::Error(_)
+        );
         match &item {
             ClientJsonRpcMessage::Request(request) => {
                 let method = request.request.method().to_owned();
@@ -733,12 +749,18 @@ impl rmcp::transport::Transport<RoleClient> for Connected {
             // One message per lock: lines never interleave.
             let mut guard = stdin.lock().await;
             let writer = guard.as_mut().ok_or_else(closed)?;
-            match async {
+            let written = async {
                 writer.write_all(&line).await?;
                 writer.flush().await
             }
-            .await
-            {
+            .await;
+            if answers_server {
+                let _ =
+                    shared
+                        .server_requests
+                        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+            }
+            match written {
                 Ok(()) => Ok(()),
                 Err(error) => {
                     tracing::debug!(server = %shared.server, %error, "writing to server stdin failed");
@@ -858,6 +880,15 @@ async fn read_stdout(
                         line.clear();
                         continue;
                     }
+                }
+                if matches!(message, ServerJsonRpcMessage::Request(_))
+                    && shared.server_requests.fetch_add(1, Ordering::SeqCst)
+                        >= MAX_UNANSWERED_SERVER_REQUESTS
+                {
+                    break Some(Fault::RequestFlood {
+                        server: shared.server.clone(),
+                        limit: MAX_UNANSWERED_SERVER_REQUESTS,
+                    });
                 }
                 if let Some(id) = response_id(&message) {
                     let answered = shared

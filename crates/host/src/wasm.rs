@@ -578,11 +578,25 @@ fn classify(error: &wasmtime::Error, store: &Store<HostState>, limits: &Limits) 
                 Exit::Limit(LimitHit::ResourceTable {
                     resource_table_capacity: limits.resource_table_capacity,
                 })
+            } else if is_random_limit(error, limits.max_random_bytes) {
+                Exit::Limit(LimitHit::RandomBytes {
+                    max_random_bytes: limits.max_random_bytes,
+                })
             } else {
                 Exit::Crashed(format!("{error:#}"))
             }
         }
     }
+}
+
+/// Whether `error` is wasmtime-wasi refusing a `get-random-bytes` call over
+/// `max_random_size`. It reports that only as text ("requested len N exceeds
+/// limit M"), so the text is matched, with the configured limit;
+/// `tests/hostile.rs` (random-hog) pins the wording of the pinned version.
+fn is_random_limit(error: &wasmtime::Error, max_random_bytes: u64) -> bool {
+    // The root cause ends the alternate form, after any backtrace context.
+    let text = format!("{error:#}");
+    text.contains("requested len ") && text.ends_with(&format!(" exceeds limit {max_random_bytes}"))
 }
 
 /// Per-instance host state.

@@ -24,6 +24,8 @@ both_launchers!(
     a_hundred_megabyte_message_is_refused_with_memory_bounded,
     a_server_that_ignores_eof_is_stopped_on_close,
     an_answer_at_one_byte_a_second_meets_the_deadline,
+    a_flood_of_requests_to_the_client_fails_closed,
+    asking_for_four_gigabytes_of_randomness_hits_a_limit,
 );
 
 /// How much the process's peak RSS may grow while one attack runs. The
@@ -157,4 +159,49 @@ async fn an_answer_at_one_byte_a_second_meets_the_deadline(launcher: Launcher) {
     );
     session.close().await.unwrap();
     assert_eq!(tracker.live(), 0);
+}
+
+async fn a_flood_of_requests_to_the_client_fails_closed(launcher: Launcher) {
+    // The server never reads the host's answers: they wait in the host until
+    // more than the bound are unanswered, and the session ends. Nothing piles
+    // up in the host meanwhile.
+    let session = connect(&spec(launcher, guests::REQUEST_FLOOD)).await;
+    let before = peak_rss_bytes();
+    assert_eq!(
+        attack_faults(launcher, &session).await,
+        Fault::RequestFlood {
+            server: "request-flood".into(),
+            limit: moat_host::transport::MAX_UNANSWERED_SERVER_REQUESTS,
+        }
+    );
+    let grown = peak_rss_bytes().saturating_sub(before);
+    assert!(grown < RSS_BOUND, "peak RSS grew by {grown} bytes");
+    session.close().await.unwrap();
+    host_still_serves_everything(launcher).await;
+}
+
+async fn asking_for_four_gigabytes_of_randomness_hits_a_limit(launcher: Launcher) {
+    let mut hog = spec(launcher, guests::RANDOM_HOG);
+    hog.limits.address_space_bytes = 1 << 30;
+    let session = connect(&hog).await;
+    let limit = match launcher {
+        // wasi:random is served by the host: its per-call limit answers.
+        Launcher::Wasm => LimitHit::RandomBytes {
+            max_random_bytes: hog.limits.max_random_bytes,
+        },
+        // The kernel serves a native process's randomness; the 4 GiB
+        // buffer is what a limit can stop.
+        Launcher::Native => LimitHit::AddressSpace {
+            address_space_bytes: 1 << 30,
+        },
+    };
+    assert_eq!(
+        attack_faults(launcher, &session).await,
+        Fault::Limit {
+            server: "random-hog".into(),
+            limit,
+        }
+    );
+    session.close().await.unwrap();
+    host_still_serves_everything(launcher).await;
 }
