@@ -9,7 +9,12 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// Where tests that use guests live, relative to the workspace root.
-const TEST_DIRS: &[&str] = &["tests", "crates/host/tests", "benches"];
+const TEST_DIRS: &[&str] = &[
+    "tests",
+    "crates/host/tests",
+    "crates/fuzz-targets/tests",
+    "benches",
+];
 
 fn main() {
     let manifest_dir = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").unwrap());

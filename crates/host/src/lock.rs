@@ -105,10 +105,15 @@ impl Lock {
                 });
             }
         };
-        let lock: Self = toml::from_str(&text).map_err(|error| {
+        Self::parse(path, &text).map(Some)
+    }
+
+    /// Validates `text` as the lock found at `path`.
+    pub fn parse(path: &Path, text: &str) -> Result<Self, LockError> {
+        let lock: Self = toml::from_str(text).map_err(|error| {
             let (line, column) = error
                 .span()
-                .map_or((1, 1), |span| crate::config::line_column(&text, span.start));
+                .map_or((1, 1), |span| crate::config::line_column(text, span.start));
             LockError::Invalid {
                 path: path.to_owned(),
                 line,
@@ -122,7 +127,7 @@ impl Lock {
                 found: lock.version,
             });
         }
-        Ok(Some(lock))
+        Ok(lock)
     }
 
     /// The file's text: a header, then sorted TOML.
