@@ -46,7 +46,7 @@ fn host() -> &'static Host {
 fn small_limits() -> Limits {
     Limits {
         max_line_bytes: 4096,
-        request_timeout_ms: 2_000,
+        request_timeout_ms: 300,
         close_grace_ms: 10,
         stderr_buffer_bytes: 1024,
         ..Limits::default()
@@ -72,31 +72,22 @@ pub fn framing(data: &[u8]) {
     });
 }
 
-/// A "server" whose stdout is `stdout` and which ignores its stdin.
+/// A "server" that wrote `stdout`, ignored its stdin, and exited.
 fn scripted(stdout: Vec<u8>, tracker: &Arc<Tracker>) -> Launched {
     let (exit_tx, exit) = tokio::sync::watch::channel(None);
     let guard = tracker.enter();
-    let (finished_tx, finished) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(async move {
         let _guard = guard;
-        let _ = finished.await; // until stopped
         let _ = exit_tx.send(Some(Exit::Code(0)));
     });
-    let stop = std::sync::Mutex::new(Some(finished_tx));
-    let stop = Arc::new(move || {
-        if let Some(tx) = stop.lock().unwrap_or_else(|e| e.into_inner()).take() {
-            let _ = tx.send(());
-        }
-    });
-    let terminate = stop.clone();
     Launched {
         stdin: Box::new(tokio::io::sink()),
         stdout: Box::new(std::io::Cursor::new(stdout)),
         stderr: Box::new(tokio::io::empty()),
         exit,
         task,
-        terminate: Box::new(move || terminate()),
-        stop: Box::new(move || stop()),
+        terminate: Box::new(|| {}),
+        stop: Box::new(|| {}),
         on_request: Box::new(|| {}),
         metrics: Arc::new(Metrics::default()),
         digest: None,

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Short fuzz runs for CI (stable toolchain, no sanitizer): every target for
+# FUZZ_SECONDS (default 60) from its seed corpus with the MCP dictionary;
+# a crash fails the run and is saved under fuzz/artifacts/TARGET/, where the
+# replay tests (crates/fuzz-targets/tests/replay.rs) keep it as a regression
+# test once committed. Then a build with a planted crash must be caught,
+# which shows the harness can fail.
+set -euo pipefail
+cd "$(dirname "$0")"
+seconds="${FUZZ_SECONDS:-60}"
+version=0.13.2
+if [ "$(cargo fuzz --version 2>/dev/null)" != "cargo-fuzz $version" ]; then
+    cargo install cargo-fuzz --version "$version" --locked
+fi
+fuzz() { local command="$1"; shift; cargo fuzz "$command" -s none --dev --target-dir ../target/fuzz "$@"; }
+fuzz build
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+for target in framing config routing wasm_boundary arguments; do
+    echo "--- fuzz $target for ${seconds}s"
+    mkdir -p "$work/$target"
+    status=0
+    fuzz run "$target" "$work/$target" "corpus/$target" -- \
+        -max_total_time="$seconds" -dict=dict/mcp.dict -print_final_stats=1 \
+        >"$work/$target.log" 2>&1 || status=$?
+    # libFuzzer's progress lines are left out; its summary and any crash stay.
+    grep -E '^(stat::|Done|INFO: seed|SUMMARY|thread|Test unit|==)' "$work/$target.log" || true
+    if [ "$status" -ne 0 ]; then
+        tail -n 40 "$work/$target.log"
+        echo "fuzz: $target failed (a crash is saved under fuzz/artifacts/$target/)"
+        exit 1
+    fi
+done
+echo "--- the planted crash must be found"
+mkdir -p "$work/planted"
+if fuzz run config --features planted-crash "$work/planted" corpus/config -- \
+    -max_total_time="$seconds" -dict=dict/mcp.dict -artifact_prefix="$work/planted-" >"$work/planted.log" 2>&1; then
+    echo "fuzz: the planted crash was not found in ${seconds}s"; exit 1
+fi
+grep -q 'the planted crash was found' "$work/planted.log" || { cat "$work/planted.log"; exit 1; }
+ls "$work"/planted-crash-* >/dev/null
+echo "fuzz: planted crash found and saved, as it must be"
