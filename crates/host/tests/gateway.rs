@@ -22,6 +22,7 @@ both_launchers!(
     one_child_serves_names_of_the_same_execution_identity_within_a_session,
     tool_list_changes_reach_the_agent_after_the_pin_check,
     concurrent_sessions_have_their_own_children_and_answers,
+    a_crash_in_one_session_leaves_the_identical_server_of_another_mid_call,
 );
 
 fn gateway(servers: &[moat_host::ServerSpec]) -> Gateway {
@@ -336,5 +337,35 @@ async fn concurrent_sessions_have_their_own_children_and_answers(launcher: Launc
     }
     assert_eq!(text(&b.call("e__calls", None).await.unwrap()), "22");
     assert!(a.call("e__calls", None).await.is_err(), "a is closed");
+    assert!(b.close().await.is_empty());
+}
+
+async fn a_crash_in_one_session_leaves_the_identical_server_of_another_mid_call(
+    launcher: Launcher,
+) {
+    let mut x = spec(launcher, guests::EVERYTHING);
+    x.name = "x".into();
+    x.limits.memory_bytes = 64 << 20;
+    x.limits.address_space_bytes = 1 << 30;
+    let gateway = gateway(&[x]);
+    let (a, b) = (gateway.session(), gateway.session());
+    let call = call_in_flight(&a, "x", 4, 50).await;
+    // b's identical server allocates past its limit and dies mid-call.
+    let crash = b
+        .call("x__blob", args(json!({"n": 2_000_000_000u64})))
+        .await
+        .unwrap_err();
+    let expected = match launcher {
+        Launcher::Wasm => "server `x` hit its memory limit: memory_bytes = 67108864 exceeded",
+        Launcher::Native => {
+            "server `x` hit its memory limit: address_space_bytes = 1073741824 exhausted"
+        }
+    };
+    assert!(crash.message.contains(expected), "{}", crash.message);
+    // a's call, on a's own instance, finishes as if nothing happened.
+    let result = call.await.unwrap().expect("a's call completes");
+    assert_eq!(result.is_error, Some(false));
+    assert_eq!(text(&a.call("x__calls", None).await.unwrap()), "2");
+    assert!(a.close().await.is_empty());
     assert!(b.close().await.is_empty());
 }

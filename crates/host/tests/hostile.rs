@@ -26,6 +26,8 @@ both_launchers!(
     an_answer_at_one_byte_a_second_meets_the_deadline,
     a_flood_of_requests_to_the_client_fails_closed,
     asking_for_four_gigabytes_of_randomness_hits_a_limit,
+    opening_files_without_end_meets_a_limit,
+    a_server_reaching_for_what_it_was_not_granted_is_refused_every_time,
 );
 
 /// How much the process's peak RSS may grow while one attack runs. The
@@ -204,4 +206,84 @@ async fn asking_for_four_gigabytes_of_randomness_hits_a_limit(launcher: Launcher
     );
     session.close().await.unwrap();
     host_still_serves_everything(launcher).await;
+}
+
+async fn opening_files_without_end_meets_a_limit(launcher: Launcher) {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("file"), b"x").unwrap();
+    let mut opener = spec(launcher, guests::OPEN_FILES);
+    opener.dirs.push(moat_host::config::DirGrant {
+        host: dir.path().to_owned(),
+        guest: "/data".into(),
+        mode: moat_host::config::DirMode::Ro,
+    });
+    if launcher == Launcher::Native {
+        opener.env.insert(
+            "OPEN_PATH".into(),
+            dir.path().join("file").display().to_string(),
+        );
+    }
+    opener.limits.resource_table_capacity = 256;
+    opener.limits.open_files = 64;
+    let session = connect(&opener).await;
+    match launcher {
+        // Each open file is a host resource: the table's capacity ends it.
+        Launcher::Wasm => assert_eq!(
+            attack_faults(launcher, &session).await,
+            Fault::Limit {
+                server: "open-files".into(),
+                limit: LimitHit::ResourceTable {
+                    resource_table_capacity: 256
+                },
+            }
+        ),
+        // RLIMIT_NOFILE: the server's own open fails, and it says so.
+        Launcher::Native => {
+            let result = with_a_neighbour(launcher, session.call_tool("attack", None))
+                .await
+                .unwrap();
+            let report = text(&result);
+            assert!(
+                report.ends_with("then: Too many open files (os error 24)"),
+                "{report}"
+            );
+        }
+    }
+    session.close().await.unwrap();
+    host_still_serves_everything(launcher).await;
+}
+
+/// Everything it was not granted, tried while a neighbour is served: each
+/// attempt is refused. (`capabilities.rs` pins each refusal's exact error,
+/// grant by grant.)
+async fn a_server_reaching_for_what_it_was_not_granted_is_refused_every_time(launcher: Launcher) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let session = connect(&spec(launcher, guests::PROBE)).await;
+    let attempts = [
+        json!({"op": "read", "path": "/etc/shadow"}),
+        json!({"op": "list", "path": "/root"}),
+        json!({"op": "write", "path": "/tmp/moat-overreach"}),
+        json!({"op": "connect", "addr": addr}),
+        json!({"op": "env", "name": "HOME"}),
+    ];
+    let tries = async {
+        let mut refused = Vec::new();
+        for attempt in &attempts {
+            let result = session
+                .call_tool("attack", args(attempt.clone()))
+                .await
+                .unwrap();
+            let report: serde_json::Value = serde_json::from_str(&text(&result)).unwrap();
+            assert_eq!(report["ok"], false, "{attempt} was allowed: {report}");
+            refused.push(report["error"].as_str().unwrap_or_default().to_owned());
+        }
+        refused
+    };
+    let refused = with_a_neighbour(launcher, tries).await;
+    assert!(refused.iter().all(|e| !e.is_empty()), "{refused:?}");
+    assert!(!std::path::Path::new("/tmp/moat-overreach").exists());
+    listener.set_nonblocking(true).unwrap();
+    assert!(listener.accept().is_err(), "a connection got through");
+    session.close().await.unwrap();
 }
