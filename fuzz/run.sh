@@ -3,7 +3,9 @@
 # FUZZ_SECONDS (default 60) from its seed corpus with the MCP dictionary;
 # a crash fails the run and is saved under fuzz/artifacts/TARGET/, where the
 # replay tests (crates/fuzz-targets/tests/replay.rs) keep it as a regression
-# test once committed. Then a build with a planted crash must be caught,
+# test once committed. An input that makes the process exceed 2 GiB, one
+# allocation over 1 GiB, or one input running over 30 s counts as a crash.
+# Then a build with a planted crash must be caught,
 # which shows the harness can fail.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -22,6 +24,7 @@ for target in framing config routing wasm_boundary arguments; do
     status=0
     fuzz run "$target" "$work/$target" "corpus/$target" -- \
         -max_total_time="$seconds" -dict=dict/mcp.dict -print_final_stats=1 \
+        -rss_limit_mb=2048 -malloc_limit_mb=1024 -timeout=30 \
         >"$work/$target.log" 2>&1 || status=$?
     # libFuzzer's progress lines are left out; its summary and any crash stay.
     grep -E '^(stat::|Done|INFO: seed|SUMMARY|thread|Test unit|==)' "$work/$target.log" || true
