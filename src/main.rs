@@ -575,14 +575,7 @@ async fn serve_http(
             "--http {addr} is not a loopback address: set a bearer token with --token or MOAT_HTTP_TOKEN"
         );
     }
-    let config = Config::load(config_path)?;
-    let host = host_for(config_path, locked)?;
-    let pinned = host.is_locked();
-    let gateway = moat_host::gateway::Gateway::new(host, config, open_audit(audit)?);
-    if !pinned {
-        // With a lock, names were checked from it; without one, by a run.
-        gateway.check_names().await?;
-    }
+    let gateway = gateway_for(config_path, locked, audit).await?;
     let sessions = gateway.clone();
     let cancel = tokio_util_token();
     let mut http_config = StreamableHttpServerConfig::default();
@@ -655,14 +648,36 @@ async fn serve_http(
     // then stop serving.
     let failures = sessions.close_all().await;
     cancel.cancel();
-    for (server, error) in &failures {
+    Ok(close_status(&failures))
+}
+
+/// The gateway `moat serve` runs, with exposed names checked before serving:
+/// from the lock when there is one, otherwise by starting each server once.
+async fn gateway_for(
+    config_path: &Path,
+    locked: bool,
+    audit: Option<&Path>,
+) -> Result<moat_host::gateway::Gateway> {
+    let config = Config::load(config_path)?;
+    let host = host_for(config_path, locked)?;
+    let pinned = host.is_locked();
+    let gateway = moat_host::gateway::Gateway::new(host, config, open_audit(audit)?);
+    if !pinned {
+        gateway.check_names().await?;
+    }
+    Ok(gateway)
+}
+
+/// Reports every server that failed to close; the exit status says whether any did.
+fn close_status(failures: &[(String, moat_host::ClientError)]) -> ExitCode {
+    for (server, error) in failures {
         eprintln!("moat: error: closing server `{server}`: {error}");
     }
-    Ok(if failures.is_empty() {
+    if failures.is_empty() {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
-    })
+    }
 }
 
 fn tokio_util_token() -> tokio_util::sync::CancellationToken {
@@ -679,14 +694,7 @@ fn empty_body() -> http_body_util::combinators::BoxBody<bytes::Bytes, std::conve
 /// in the exit status.
 async fn serve(config_path: &Path, locked: bool, audit: Option<&Path>) -> Result<ExitCode> {
     use rmcp::ServiceExt;
-    let config = Config::load(config_path)?;
-    let host = host_for(config_path, locked)?;
-    let pinned = host.is_locked();
-    let gateway = moat_host::gateway::Gateway::new(host, config, open_audit(audit)?);
-    if !pinned {
-        // With a lock, names were checked from it; without one, by a run.
-        gateway.check_names().await?;
-    }
+    let gateway = gateway_for(config_path, locked, audit).await?;
     let session = gateway.session();
     let service = session
         .clone()
@@ -714,12 +722,5 @@ async fn serve(config_path: &Path, locked: bool, audit: Option<&Path>) -> Result
         cancel.cancel();
         let _ = waiting.await;
     }
-    for (server, error) in &failures {
-        eprintln!("moat: error: closing server `{server}`: {error}");
-    }
-    Ok(if failures.is_empty() {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    })
+    Ok(close_status(&failures))
 }

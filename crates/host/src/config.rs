@@ -418,7 +418,7 @@ impl Config {
                     let bearer_token_env = match server.bearer_token_env {
                         None => None,
                         Some(var) => {
-                            if var.get_ref().is_empty() || var.get_ref().contains(['=', '\0']) {
+                            if !is_variable_name(var.get_ref()) {
                                 return Err(invalid(
                                     Some(var.span()),
                                     format!(
@@ -467,7 +467,7 @@ impl Config {
                 })?),
             };
             for var in &server.env_passthrough {
-                if var.get_ref().is_empty() || var.get_ref().contains(['=', '\0']) {
+                if !is_variable_name(var.get_ref()) {
                     return Err(invalid(
                         Some(var.span()),
                         format!(
@@ -478,7 +478,7 @@ impl Config {
                 }
             }
             for key in server.env.keys() {
-                if key.is_empty() || key.contains(['=', '\0']) {
+                if !is_variable_name(key) {
                     return Err(invalid(
                         Some(server_span.clone()),
                         format!("server `{name}`: env: {key:?} is not a variable name"),
@@ -576,6 +576,11 @@ impl Config {
                 },
             })
     }
+}
+
+/// Whether `name` can name an environment variable.
+fn is_variable_name(name: &str) -> bool {
+    !name.is_empty() && !name.contains(['=', '\0'])
 }
 
 fn valid_server_name(name: &str) -> bool {

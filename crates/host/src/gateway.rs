@@ -384,11 +384,7 @@ impl AgentSession {
             });
         }
         self.pass_on_tool_changes(server, &session);
-        if let Some(old) = children.by_identity.insert(identity, session.clone()) {
-            // Another name's child with this identity crashed and was
-            // replaced here: its names now reach the new child.
-            drop(old);
-        }
+        children.by_identity.insert(identity, session.clone());
         children.by_server.insert(server.to_owned(), identity);
         Ok(session)
     }

@@ -11,7 +11,6 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use rmcp::model::{ClientJsonRpcMessage, ErrorData, JsonRpcMessage, ServerJsonRpcMessage};
 use rmcp::transport::Transport;
@@ -217,7 +216,6 @@ pub(crate) async fn launch(
     let (stderr_bridge, stderr_host) = tokio::io::duplex(PIPE_BYTES);
     let (exit_tx, exit) = watch::channel(None);
     let closing = CancellationToken::new();
-    let requests = Arc::new(AtomicU64::new(0));
     let guard = tracker.enter();
     let name = launch.name.clone();
     let bridge_closing = closing.clone();
@@ -244,9 +242,7 @@ pub(crate) async fn launch(
         task,
         terminate: Box::new(move || closing.cancel()),
         stop: Box::new(move || abort.abort()),
-        on_request: Box::new(move || {
-            requests.fetch_add(1, Ordering::SeqCst);
-        }),
+        on_request: Box::new(|| {}), // no CPU budget to refresh
         metrics: Arc::new(Metrics::default()),
         digest: None,
         measured: Vec::new(),
