@@ -11,6 +11,8 @@ use moat_host::policy::ToolStatus;
 use moat_host::rmcp::model::JsonObject;
 use moat_host::{Config, Digest, Host, Session};
 
+mod fuzz;
+
 /// Run MCP servers isolated, measured and bounded.
 #[derive(Parser)]
 #[command(name = "moat", version, about)]
@@ -110,11 +112,73 @@ enum Command {
         #[command(subcommand)]
         command: AuditCommand,
     },
+    /// Fuzz one server through its tools' input schemas and the protocol:
+    /// every crash, hang, limit hit, panic, protocol error or result outside
+    /// its own outputSchema is a finding, shrunk, saved in the corpus and
+    /// replayable. Exits 1 when there is a finding.
+    Fuzz(FuzzArgs),
     /// Print the sha256 of a file, to pin it with `sha256 = "..."`.
     Digest {
         /// The component or executable.
         path: PathBuf,
     },
+}
+
+#[derive(clap::Args)]
+struct FuzzArgs {
+    /// The config file.
+    #[arg(long, short, env = "MOAT_CONFIG", default_value = "moat.toml")]
+    config: PathBuf,
+    /// The server, as named in the config (with --replay: the case file's
+    /// server unless given).
+    server: Option<String>,
+    /// Fuzz only this tool (repeatable); default: every tool listed.
+    #[arg(long = "tool", value_name = "NAME")]
+    tools: Vec<String>,
+    /// How long to generate cases (`90s`, `2m`, `500ms`; a bare number is
+    /// seconds). Default 60s. Shrinking comes after.
+    #[arg(long, value_name = "DURATION", conflicts_with = "runs")]
+    time: Option<String>,
+    /// Generate exactly N cases instead.
+    #[arg(long, value_name = "N")]
+    runs: Option<u64>,
+    /// Seed of the case generator: the same seed, server and corpus give the
+    /// same cases in the same order. Default: from the clock (printed).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Inputs to mutate (`*.json` cases) and where findings are saved, under
+    /// `findings/`. Default: moat-fuzz/<server>.
+    #[arg(long, value_name = "DIR")]
+    corpus: Option<PathBuf>,
+    /// Write a report to FILE: JUnit XML when it ends in `.xml`, JSON
+    /// otherwise (repeatable).
+    #[arg(long = "report", value_name = "FILE")]
+    reports: Vec<PathBuf>,
+    /// Run one saved case on a fresh instance and report what it does now;
+    /// exits 1 if it is still a finding.
+    #[arg(long, value_name = "CASE", conflicts_with_all = ["time", "runs", "seed", "tools"])]
+    replay: Option<PathBuf>,
+    /// A fresh instance for every case (default: one instance is reused
+    /// until a case breaks it).
+    #[arg(long)]
+    fresh: bool,
+    /// Instances running cases at once (default: the number of CPUs, at
+    /// most 8). Cases are generated in the same order whatever this is.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=256))]
+    jobs: Option<u16>,
+    /// Lowers the server's request_timeout_ms for the run (never raises it):
+    /// a case without an answer by then is a hang.
+    #[arg(long, value_name = "DURATION", default_value = "5s")]
+    case_timeout: String,
+    /// Shrinking: at most this many candidate runs per finding.
+    #[arg(long, value_name = "N", default_value_t = 500)]
+    shrink_attempts: u32,
+    /// Shrinking: at most this long per finding.
+    #[arg(long, value_name = "DURATION", default_value = "30s")]
+    shrink_time: String,
+    /// Write every case, in order, as a JSON line to FILE (to compare runs).
+    #[arg(long, value_name = "FILE")]
+    log_cases: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -128,7 +192,10 @@ enum AuditCommand {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(cli.verbose);
+    // Under `moat fuzz`, servers failing is the expected news: it is in the
+    // report, not in a warning per case.
+    let quiet = matches!(cli.command, Command::Fuzz(_));
+    init_logging(cli.verbose, quiet);
     #[cfg(unix)]
     if !matches!(cli.command, Command::Serve { .. }) {
         // A report piped into `head` ends quietly, as other tools do, rather
@@ -165,8 +232,9 @@ fn main() -> ExitCode {
     }
 }
 
-fn init_logging(verbose: u8) {
+fn init_logging(verbose: u8, quiet: bool) {
     let default = match verbose {
+        0 if quiet => "error",
         0 => "warn",
         1 => "info",
         2 => "debug",
@@ -374,6 +442,7 @@ async fn run(command: Command) -> Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        Command::Fuzz(args) => fuzz::run(args).await,
         Command::Call {
             config,
             locked,

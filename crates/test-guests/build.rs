@@ -41,8 +41,21 @@ fn main() {
     require_wasm_target();
     let bins = guest_bins(&guests);
     let host = std::env::var("HOST").unwrap();
-    build(&root, &guests, &target_dir, Some("wasm32-wasip2"));
-    build(&root, &guests, &target_dir, None);
+    // A guest built with features of its own (its manifest says
+    // `build-alone = true`) gets a cargo invocation of its own, so those
+    // features never unify into the other guests' builds.
+    let alone = build_alone_packages(&guests);
+    let mut together = vec!["--workspace".to_owned()];
+    for package in &alone {
+        together.extend(["--exclude".to_owned(), package.clone()]);
+    }
+    let mut selections = vec![together];
+    selections.extend(alone.iter().map(|p| vec!["-p".to_owned(), p.clone()]));
+    for target in [Some("wasm32-wasip2"), None] {
+        for selection in &selections {
+            build(&root, &guests, &target_dir, target, selection);
+        }
+    }
 
     let mut generated = String::new();
     let mut all = String::new();
@@ -129,13 +142,35 @@ fn guest_bins(guests: &Path) -> Vec<String> {
     bins.into_iter().collect()
 }
 
-fn build(root: &Path, guests: &Path, target_dir: &Path, target: Option<&str>) {
+/// Packages whose manifest asks for a build of their own.
+fn build_alone_packages(guests: &Path) -> Vec<String> {
+    let mut alone = BTreeSet::new();
+    for entry in std::fs::read_dir(guests).unwrap() {
+        let package = entry.unwrap().path();
+        let manifest = std::fs::read_to_string(package.join("Cargo.toml")).unwrap_or_default();
+        if manifest
+            .lines()
+            .any(|line| line.replace(' ', "") == "build-alone=true")
+        {
+            alone.insert(package.file_name().unwrap().to_string_lossy().into_owned());
+        }
+    }
+    alone.into_iter().collect()
+}
+
+fn build(
+    root: &Path,
+    guests: &Path,
+    target_dir: &Path,
+    target: Option<&str>,
+    selection: &[String],
+) {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut cmd = Command::new(cargo);
     cmd.current_dir(guests)
         .arg("build")
         .arg("--release")
-        .arg("--workspace")
+        .args(selection)
         .arg("--locked")
         .arg("--target-dir")
         .arg(target_dir);
@@ -179,8 +214,9 @@ fn build(root: &Path, guests: &Path, target_dir: &Path, target: Option<&str>) {
         .unwrap_or_else(|e| panic!("running cargo to build the guests: {e}"));
     assert!(
         status.success(),
-        "building the guests in {} for {} failed",
+        "building the guests in {} ({}) for {} failed",
         guests.display(),
+        selection.join(" "),
         target.unwrap_or("the host")
     );
 }

@@ -754,6 +754,38 @@ impl Session {
         Ok(result)
     }
 
+    /// Sends request `method` with `params` exactly as given, with no check:
+    /// how the fuzzer sends what a typed request cannot carry. The answer is
+    /// returned as JSON.
+    pub async fn request_raw(
+        &self,
+        method: &str,
+        params: Option<serde_json::Value>,
+    ) -> Result<serde_json::Value, ClientError> {
+        let request = ClientRequest::CustomRequest(rmcp::model::CustomRequest::new(method, params));
+        let result = self
+            .service
+            .send_request(request)
+            .await
+            .map_err(|e| self.error(method, e))?;
+        serde_json::to_value(result).map_err(|e| ClientError::Protocol {
+            server: self.server().to_owned(),
+            operation: method.to_owned(),
+            detail: format!("the answer does not serialise: {e}"),
+        })
+    }
+
+    /// Sends `ping` and waits for the answer.
+    pub async fn ping(&self) -> Result<(), ClientError> {
+        self.service
+            .send_request(ClientRequest::PingRequest(
+                rmcp::model::PingRequest::default(),
+            ))
+            .await
+            .map(|_| ())
+            .map_err(|e| self.error("ping", e))
+    }
+
     /// Every prompt the server lists.
     pub async fn list_prompts(&self) -> Result<Vec<rmcp::model::Prompt>, ClientError> {
         self.service

@@ -5,12 +5,14 @@
 //! resolution) → [`wasm`] and `native` (the launchers) → [`transport`] (the one client transport over any launcher) →
 //! [`client`] (a connected session with a server, typed errors). [`remote`] is
 //! the third launcher: a bridge to a server reached over streamable HTTP.
-//! [`limits`] is shared vocabulary.
+//! [`limits`] is shared vocabulary. [`fuzz`] drives a server with generated
+//! cases through the client, as `moat fuzz`.
 
 pub mod audit;
 pub mod client;
 pub mod command;
 pub mod config;
+pub mod fuzz;
 pub mod gateway;
 pub mod identity;
 pub mod importer;

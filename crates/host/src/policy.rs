@@ -181,7 +181,7 @@ impl Pins {
     }
 }
 
-fn first_violation(
+pub(crate) fn first_violation(
     validator: &jsonschema::Validator,
     instance: &serde_json::Value,
 ) -> Result<(), SchemaViolation> {
