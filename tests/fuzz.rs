@@ -11,6 +11,16 @@ use serde_json::{Value, json};
 /// The fuzzing budget the issue asks for: a minute.
 const MINUTE: &str = "60s";
 
+/// Extra arguments per launcher: under wasm, fuel decides that a loop is
+/// endless, whatever the load on the machine, so the case deadline is kept
+/// well above the time the fuel takes to run out.
+fn launcher_args(launcher: Launcher) -> &'static [&'static str] {
+    match launcher {
+        Launcher::Wasm => &["--case-timeout", "30s"],
+        Launcher::Native => &[],
+    }
+}
+
 fn moat(dir: &Path, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_moat"))
         .args(args)
@@ -80,23 +90,21 @@ fn finding<'a>(report: &'a Value, subject: &str) -> &'a Value {
 fn planted_bugs_are_found_shrunk_and_replayed(launcher: Launcher) {
     let dir = tempfile::tempdir().unwrap();
     config(dir.path(), launcher);
-    let output = moat(
-        dir.path(),
-        &[
-            "fuzz",
-            "planted",
-            "--time",
-            MINUTE,
-            "--seed",
-            "1",
-            "--jobs",
-            "4",
-            "--report",
-            "report.json",
-            "--report",
-            "report.xml",
-        ],
-    );
+    let args = [
+        "fuzz",
+        "planted",
+        "--time",
+        MINUTE,
+        "--seed",
+        "1",
+        "--jobs",
+        "4",
+        "--report",
+        "report.json",
+        "--report",
+        "report.xml",
+    ];
+    let output = moat(dir.path(), &[&args[..], launcher_args(launcher)].concat());
     let stdout = text(&output.stdout);
     assert_eq!(
         output.status.code(),
@@ -117,7 +125,7 @@ fn planted_bugs_are_found_shrunk_and_replayed(launcher: Launcher) {
     // Each planted bug: found within the minute, its class and cause named
     // per launcher, shrunk to the minimal input.
     let (loop_class, loop_cause, alloc_cause) = match launcher {
-        // Fuel runs out before the 5 s case deadline; the allocation meets
+        // Fuel runs out long before the case deadline; the allocation meets
         // the store's memory limit.
         Launcher::Wasm => ("limit", "fuel_per_request", "memory_bytes"),
         // Nothing counts a native loop but the clock; the allocation meets
@@ -159,7 +167,10 @@ fn planted_bugs_are_found_shrunk_and_replayed(launcher: Launcher) {
         // The saved case replays to the same class; against the clean
         // build it is no finding.
         let file = found["file"].as_str().unwrap();
-        let replay = moat(dir.path(), &["fuzz", "--replay", file]);
+        let replay = moat(
+            dir.path(),
+            &[&["fuzz", "--replay", file][..], launcher_args(launcher)].concat(),
+        );
         let replayed = text(&replay.stdout);
         assert_eq!(replay.status.code(), Some(1), "{tool}: {replayed}");
         assert!(
@@ -213,23 +224,21 @@ fn planted_bugs_are_found_shrunk_and_replayed_native() {
 fn the_clean_build_runs_the_full_time_without_a_finding(launcher: Launcher) {
     let dir = tempfile::tempdir().unwrap();
     config(dir.path(), launcher);
-    let output = moat(
-        dir.path(),
-        &[
-            "fuzz",
-            "clean",
-            "--time",
-            MINUTE,
-            "--seed",
-            "1",
-            "--jobs",
-            "2",
-            "--report",
-            "report.json",
-            "--report",
-            "report.xml",
-        ],
-    );
+    let args = [
+        "fuzz",
+        "clean",
+        "--time",
+        MINUTE,
+        "--seed",
+        "1",
+        "--jobs",
+        "2",
+        "--report",
+        "report.json",
+        "--report",
+        "report.xml",
+    ];
+    let output = moat(dir.path(), &[&args[..], launcher_args(launcher)].concat());
     let stdout = text(&output.stdout);
     assert_eq!(
         output.status.code(),

@@ -238,7 +238,14 @@ impl Generator {
             let valid = self.value(&schema, &schema, 0);
             self.invalidate(valid, &schema)
         } else if !self.pool[index].is_empty() {
-            let pick = self.rng.random_range(0..self.pool[index].len());
+            // Half the mutations start from the corpus, when there is one,
+            // so that a user's inputs are not drowned by recent ones.
+            let corpus = self.corpus_len[index];
+            let pick = if corpus > 0 && self.rng.random_bool(0.5) {
+                self.rng.random_range(0..corpus)
+            } else {
+                self.rng.random_range(0..self.pool[index].len())
+            };
             let base = self.pool[index][pick].clone();
             self.mutate(base)
         } else {

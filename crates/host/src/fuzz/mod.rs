@@ -112,13 +112,13 @@ pub enum FuzzError {
     Start {
         server: String,
         #[source]
-        source: ClientError,
+        source: Box<ClientError>,
     },
     #[error("fuzz: listing the tools of server `{server}` failed: {source}")]
     ListTools {
         server: String,
         #[source]
-        source: ClientError,
+        source: Box<ClientError>,
     },
     #[error("fuzz: server `{server}` has no tool `{tool}` (it lists: {listed})")]
     NoSuchTool {
@@ -295,7 +295,7 @@ impl Runner {
             .await
             .map_err(|source| FuzzError::Start {
                 server: spec.name.clone(),
-                source,
+                source: Box::new(source),
             })?;
         let sha256 = session
             .shared()
@@ -306,7 +306,7 @@ impl Runner {
             .await
             .map_err(|source| FuzzError::ListTools {
                 server: spec.name.clone(),
-                source,
+                source: Box::new(source),
             })?;
         let mut outputs = BTreeMap::new();
         let mut tools = Vec::new();
@@ -525,16 +525,14 @@ async fn call(
     outputs: &BTreeMap<String, jsonschema::Validator>,
 ) -> Outcome {
     let answer = match arguments {
-        Value::Object(map) => session
-            .call_tool(tool, Some(map.clone()))
-            .await
-            .and_then(|result| {
-                serde_json::to_value(result).map_err(|e| ClientError::Protocol {
-                    server: session.server().to_owned(),
-                    operation: format!("tools/call `{tool}`"),
-                    detail: e.to_string(),
-                })
+        Value::Object(map) => match session.call_tool(tool, Some(map.clone())).await {
+            Ok(result) => serde_json::to_value(result).map_err(|e| ClientError::Protocol {
+                server: session.server().to_owned(),
+                operation: format!("tools/call `{tool}`"),
+                detail: e.to_string(),
             }),
+            Err(error) => Err(error),
+        },
         other => {
             // Arguments that are not an object make the request itself
             // malformed: a JSON-RPC error is a right answer.
