@@ -57,10 +57,10 @@ fn config(dir: &Path, launcher: Launcher) -> PathBuf {
             "[servers.{name}]\nwasm = {:?}\nallow_unmeasured = true\n[servers.{name}.limits]\nfuel_per_request = 20000000000\n",
             guest.wasm
         ),
-        // The planted allocation meets RLIMIT_AS (256 MiB) long before the
-        // deadline; a hang is 3 s without an answer.
+        // The planted allocation meets RLIMIT_AS (128 MiB) long before the
+        // deadline, even on a loaded machine; a hang is 5 s without an answer.
         Launcher::Native => format!(
-            "[servers.{name}]\ncommand = {:?}\nallow_unmeasured = true\n[servers.{name}.limits]\nrequest_timeout_ms = 3000\naddress_space_bytes = 268435456\n",
+            "[servers.{name}]\ncommand = {:?}\nallow_unmeasured = true\n[servers.{name}.limits]\nrequest_timeout_ms = 5000\naddress_space_bytes = 134217728\n",
             guest.native
         ),
     };
@@ -77,14 +77,14 @@ fn report(path: &Path) -> Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
-/// The finding of `subject` in a JSON report.
-fn finding<'a>(report: &'a Value, subject: &str) -> &'a Value {
+/// The finding of `subject` and `class` in a JSON report.
+fn finding<'a>(report: &'a Value, subject: &str, class: &str) -> &'a Value {
     report["findings"]
         .as_array()
         .unwrap()
         .iter()
-        .find(|f| f["subject"] == subject)
-        .unwrap_or_else(|| panic!("no finding in `{subject}`: {report:#}"))
+        .find(|f| f["subject"] == subject && f["class"] == class)
+        .unwrap_or_else(|| panic!("no {class} finding in `{subject}`: {report:#}"))
 }
 
 fn planted_bugs_are_found_shrunk_and_replayed(launcher: Launcher) {
@@ -130,7 +130,7 @@ fn planted_bugs_are_found_shrunk_and_replayed(launcher: Launcher) {
         Launcher::Wasm => ("limit", "fuel_per_request", "memory_bytes"),
         // Nothing counts a native loop but the clock; the allocation meets
         // RLIMIT_AS.
-        Launcher::Native => ("hang", "request_timeout_ms = 3000", "address_space_bytes"),
+        Launcher::Native => ("hang", "request_timeout_ms = 5000", "address_space_bytes"),
     };
     let expected = [
         (
@@ -149,8 +149,7 @@ fn planted_bugs_are_found_shrunk_and_replayed(launcher: Launcher) {
         ),
     ];
     for (tool, class, cause, minimal) in &expected {
-        let found = finding(&report, tool);
-        assert_eq!(found["class"], *class, "{tool}: {found:#}");
+        let found = finding(&report, tool, class);
         assert!(
             found["detail"].as_str().unwrap().contains(cause)
                 || found["shrink"]["detail"].as_str().unwrap().contains(cause),
@@ -181,14 +180,16 @@ fn planted_bugs_are_found_shrunk_and_replayed(launcher: Launcher) {
         assert_eq!(fixed.status.code(), Some(0), "{}", text(&fixed.stdout));
         assert!(text(&fixed.stdout).contains("verdict no longer a finding"));
     }
-    // No finding beyond the planted ones, except a concurrent case that did
-    // not fail the same way twice (it is kept, not shrunk).
+    // No finding beyond the planted ones, except one whose class depended on
+    // the moment (a case that did not fail the same way again on a fresh
+    // instance, such as a concurrent case, or an allocation that a loaded
+    // machine let the deadline overtake): it is kept, not shrunk.
     for found in report["findings"].as_array().unwrap() {
         let planted = expected
             .iter()
             .any(|(tool, class, ..)| found["subject"] == *tool && found["class"] == *class);
         assert!(
-            planted || (found["subject"] == "(protocol)" && found["shrink"]["reproduced"] == false),
+            planted || found["shrink"]["reproduced"] == false,
             "unexpected finding: {found:#}"
         );
     }

@@ -157,8 +157,20 @@ const MAX_DEPTH: u32 = 8;
 /// parsable by a server's JSON reader with the message envelope around it.
 const DEEP_NESTING: usize = 96;
 
+/// How deep generation goes at all, whatever the schema asks for.
+const HARD_DEPTH: u32 = 32;
+
+/// The most a schema's `minLength` or `minItems` is taken at.
+const MAX_MINIMUM: usize = 1 << 16;
+
 /// Nodes in one generated value before arrays stop growing.
 const NODE_BUDGET: usize = 4096;
+
+/// String bytes in one generated value before strings stop being long.
+const BYTE_BUDGET: usize = 2 << 20;
+
+/// The largest input a mutation may produce, serialised.
+const MUTATION_BUDGET: usize = 4 << 20;
 
 /// Recent inputs kept per tool for mutation.
 const POOL_PER_TOOL: usize = 32;
@@ -176,6 +188,9 @@ pub struct Generator {
     /// Nodes generated for the current value: past [`NODE_BUDGET`] arrays
     /// stop growing, so nested boundary sizes cannot multiply.
     nodes: usize,
+    /// String bytes generated for the current value: past [`BYTE_BUDGET`]
+    /// strings stop being long.
+    bytes: usize,
     count: u64,
 }
 
@@ -200,6 +215,7 @@ impl Generator {
             corpus_len,
             boundary: 0.0,
             nodes: 0,
+            bytes: 0,
             count: 0,
         }
     }
@@ -341,8 +357,14 @@ impl Generator {
     pub fn value(&mut self, schema: &Value, root: &Value, depth: u32) -> Value {
         if depth == 0 {
             self.nodes = 0;
+            self.bytes = 0;
         }
         self.nodes += 1;
+        if depth > HARD_DEPTH {
+            // A schema that requires itself (`{"$ref": "#"}` as a required
+            // property) has no finite instance; stop here.
+            return Value::Null;
+        }
         let schema = resolve(schema, root);
         let Some(object) = schema.as_object() else {
             // `true` or a schema the generator cannot read: anything.
@@ -374,7 +396,7 @@ impl Generator {
         }
         if let Some(Value::Array(parts)) = object.get("allOf") {
             let merged = merge_all_of(object, parts, root);
-            return self.value(&merged, root, depth);
+            return self.value(&merged, root, depth + 1);
         }
         let ty = match object.get("type") {
             Some(Value::String(ty)) => ty.clone(),
@@ -417,7 +439,7 @@ impl Generator {
             hi = hi.min(v.ceil() as i128 - 1);
         }
         if lo > hi {
-            return json!(lo);
+            return integer_value(lo);
         }
         let n = if self.boundary() {
             let edges: Vec<i128> = EDGE_INTEGERS
@@ -460,13 +482,17 @@ impl Generator {
     }
 
     fn string(&mut self, schema: &Map<String, Value>) -> String {
-        let min = schema.get("minLength").and_then(Value::as_u64).unwrap_or(0) as usize;
+        let min = schema
+            .get("minLength")
+            .and_then(Value::as_u64)
+            .map_or(0, |m| usize::try_from(m).unwrap_or(usize::MAX))
+            .min(MAX_MINIMUM);
         let max = schema
             .get("maxLength")
             .and_then(Value::as_u64)
             .map_or(usize::MAX, |m| m as usize);
         let s = if self.boundary() {
-            if self.rng.random_bool(0.5) {
+            if self.rng.random_bool(0.5) || self.bytes > BYTE_BUDGET {
                 self.pick(ODD_STRINGS).to_owned()
             } else {
                 let len = LONG_LENGTHS[self.rng.random_range(0..LONG_LENGTHS.len())];
@@ -482,11 +508,20 @@ impl Generator {
                 })
                 .collect()
         };
-        fit_length(s, min, max)
+        let s = fit_length(s, min, max);
+        self.bytes += s.len();
+        s
     }
 
     fn array(&mut self, schema: &Map<String, Value>, root: &Value, depth: u32) -> Value {
-        let min = schema.get("minItems").and_then(Value::as_u64).unwrap_or(0) as usize;
+        let min = schema
+            .get("minItems")
+            .and_then(Value::as_u64)
+            .map_or(0, |m| usize::try_from(m).unwrap_or(usize::MAX))
+            .min(MAX_MINIMUM);
+        // Over budget, even a schema's minimum gives way (the value is then
+        // invalid, which is a case too).
+        let min = if self.nodes > NODE_BUDGET { 0 } else { min };
         let max = schema
             .get("maxItems")
             .and_then(Value::as_u64)
@@ -626,7 +661,9 @@ impl Generator {
     /// One to three changes to an earlier input: a leaf at a boundary, an
     /// element duplicated or dropped, a level of nesting added, a field
     /// removed.
-    fn mutate(&mut self, mut value: Value) -> Value {
+    fn mutate(&mut self, base: Value) -> Value {
+        self.bytes = 0;
+        let mut value = base.clone();
         for _ in 0..self.rng.random_range(1..=3u32) {
             let paths = paths(&value);
             let path = paths[self.rng.random_range(0..paths.len())].clone();
@@ -665,6 +702,11 @@ impl Generator {
             if let Some(replacement) = replacement {
                 *at_mut(&mut value, &path) = replacement;
             }
+        }
+        // Duplicating elements of duplicated elements would grow inputs
+        // without end: past the budget, the base is sent as it was.
+        if serde_json::to_vec(&value).map_or(usize::MAX, |v| v.len()) > MUTATION_BUDGET {
+            return base;
         }
         value
     }
@@ -909,6 +951,32 @@ mod tests {
         );
         assert!(tree_args.iter().any(|a| !validator.is_valid(a)));
         assert!(tree_args.iter().any(|a| !a.is_object()));
+    }
+
+    #[test]
+    fn schemas_without_finite_or_sane_instances_do_not_hang_or_panic() {
+        let hostile = [
+            json!({"type": "object", "properties": {"me": {"$ref": "#"}}, "required": ["me"]}),
+            json!({"allOf": [{"allOf": [{"$ref": "#"}]}]}),
+            json!({"type": "string", "minLength": 1_000_000_000_000u64}),
+            json!({"type": "array", "minItems": 1_000_000_000_000u64, "items": {"type": "array", "minItems": 1_000_000_000_000u64}}),
+            json!({"type": "integer", "minimum": 1e30, "maximum": 1e31}),
+            json!({"type": "integer", "minimum": 10, "maximum": 5}),
+            json!({"$ref": "#/nowhere"}),
+            json!({"type": ["string", 5, null]}),
+        ];
+        for schema in hostile {
+            let tools = vec![ToolSchema {
+                name: "t".into(),
+                input_schema: schema.clone(),
+            }];
+            let mut g = Generator::new(9, tools, &[]);
+            for _ in 0..50 {
+                let case = g.next_case();
+                let size = serde_json::to_vec(&case).unwrap().len();
+                assert!(size < 64 << 20, "{schema}: a case of {size} bytes");
+            }
+        }
     }
 
     #[test]

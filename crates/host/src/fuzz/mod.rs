@@ -96,11 +96,15 @@ pub struct Outcome {
     pub detail: String,
 }
 
+/// The most of a description an outcome keeps (a schema violation can quote
+/// a megabyte of output).
+const DETAIL_BYTES: usize = 2000;
+
 impl Outcome {
     fn new(class: Class, detail: impl Into<String>) -> Self {
         Self {
             class,
-            detail: detail.into(),
+            detail: report::excerpt(&detail.into(), DETAIL_BYTES),
         }
     }
 }
