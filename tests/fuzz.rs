@@ -87,24 +87,37 @@ fn finding<'a>(report: &'a Value, subject: &str, class: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no {class} finding in `{subject}`: {report:#}"))
 }
 
-fn planted_bugs_are_found_shrunk_and_replayed(launcher: Launcher) {
-    let dir = tempfile::tempdir().unwrap();
-    config(dir.path(), launcher);
+/// `moat fuzz SERVER` for a minute with seed 1, JSON and JUnit reports in
+/// `dir`; the output and the JSON report.
+fn fuzz_for_a_minute(dir: &Path, server: &str, jobs: &str, launcher: Launcher) -> (Output, Value) {
     let args = [
         "fuzz",
-        "planted",
+        server,
         "--time",
         MINUTE,
         "--seed",
         "1",
         "--jobs",
-        "4",
+        jobs,
         "--report",
         "report.json",
         "--report",
         "report.xml",
     ];
-    let output = moat(dir.path(), &[&args[..], launcher_args(launcher)].concat());
+    let output = moat(dir, &[&args[..], launcher_args(launcher)].concat());
+    assert!(
+        dir.join("report.json").exists(),
+        "no report: {}",
+        text(&output.stderr)
+    );
+    let report = report(&dir.join("report.json"));
+    (output, report)
+}
+
+fn planted_bugs_are_found_shrunk_and_replayed(launcher: Launcher) {
+    let dir = tempfile::tempdir().unwrap();
+    config(dir.path(), launcher);
+    let (output, report) = fuzz_for_a_minute(dir.path(), "planted", "4", launcher);
     let stdout = text(&output.stdout);
     assert_eq!(
         output.status.code(),
@@ -112,7 +125,6 @@ fn planted_bugs_are_found_shrunk_and_replayed(launcher: Launcher) {
         "findings make the exit status 1\n{stdout}\n{}",
         text(&output.stderr)
     );
-    let report = report(&dir.path().join("report.json"));
     assert_eq!(
         report["launcher"],
         if launcher == Launcher::Wasm {
@@ -225,21 +237,7 @@ fn planted_bugs_are_found_shrunk_and_replayed_native() {
 fn the_clean_build_runs_the_full_time_without_a_finding(launcher: Launcher) {
     let dir = tempfile::tempdir().unwrap();
     config(dir.path(), launcher);
-    let args = [
-        "fuzz",
-        "clean",
-        "--time",
-        MINUTE,
-        "--seed",
-        "1",
-        "--jobs",
-        "2",
-        "--report",
-        "report.json",
-        "--report",
-        "report.xml",
-    ];
-    let output = moat(dir.path(), &[&args[..], launcher_args(launcher)].concat());
+    let (output, report) = fuzz_for_a_minute(dir.path(), "clean", "2", launcher);
     let stdout = text(&output.stdout);
     assert_eq!(
         output.status.code(),
@@ -248,7 +246,6 @@ fn the_clean_build_runs_the_full_time_without_a_finding(launcher: Launcher) {
         text(&output.stderr)
     );
     assert!(stdout.contains("no findings"), "{stdout}");
-    let report = report(&dir.path().join("report.json"));
     assert_eq!(report["findings"], json!([]));
     assert!(report["fuzz_ms"].as_u64().unwrap() >= 60_000, "{report:#}");
     // Every tool was fuzzed, with valid and invalid input and protocol cases.
