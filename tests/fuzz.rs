@@ -370,3 +370,23 @@ fn bad_requests_get_clear_errors() {
     assert_eq!(output.status.code(), Some(0), "{}", text(&output.stdout));
     assert!(text(&output.stdout).contains("now     ok"));
 }
+
+#[test]
+fn cases_reuse_one_instance_unless_each_is_to_have_a_fresh_one() {
+    let dir = tempfile::tempdir().unwrap();
+    config(dir.path(), Launcher::Native);
+    let instances = |extra: &[&str]| {
+        let args = [
+            "fuzz", "clean", "--runs", "30", "--seed", "5", "--jobs", "1", "--report", "r.json",
+        ];
+        let output = moat(dir.path(), &[&args[..], extra].concat());
+        assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+        report(&dir.path().join("r.json"))["instances"]
+            .as_u64()
+            .unwrap()
+    };
+    // The instance that listed the tools serves every case...
+    assert_eq!(instances(&[]), 1);
+    // ...or each case gets its own, after it.
+    assert_eq!(instances(&["--fresh"]), 31);
+}
