@@ -156,7 +156,7 @@ async fn replay(
     let spec = spec_for(&args.config, config, server)?;
     let host = Host::new(Host::default_cache_dir())?;
     let mut runner = Runner::start(host, spec, true, Some(case_timeout)).await?;
-    let outcome = engine::replay(&mut runner, &file.case).await;
+    let outcome = runner.run_fresh(&file.case).await;
     runner.close().await;
     let case = serde_json::to_string(&file.case)?;
     println!("case    {}", printable(&report::excerpt(&case, 400)));

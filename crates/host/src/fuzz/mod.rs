@@ -897,11 +897,6 @@ async fn shrink_finding(runner: &mut Runner, finding: &mut Finding, options: &Op
     finding.shrink = stats;
 }
 
-/// Replays a saved case on a fresh instance.
-pub async fn replay(runner: &mut Runner, case: &Case) -> Outcome {
-    runner.run_fresh(case).await
-}
-
 /// The default corpus directory for `server`: `moat-fuzz/<server>`.
 pub fn default_corpus(server: &str) -> PathBuf {
     Path::new("moat-fuzz").join(server)

@@ -140,17 +140,14 @@ pub fn save_finding(
     };
     let dir = corpus.join("findings");
     let path = dir.join(format!("{subject}-{}-{hash}.json", finding.class));
-    let write = |path: &Path, bytes: &[u8]| {
-        std::fs::create_dir_all(&dir)
-            .and_then(|()| std::fs::write(path, bytes))
-            .map_err(|source| FuzzError::Write {
-                path: path.to_owned(),
-                source,
-            })
-    };
     let mut text = serde_json::to_string_pretty(&file).unwrap_or_default();
     text.push('\n');
-    write(&path, text.as_bytes())?;
+    std::fs::create_dir_all(&dir)
+        .and_then(|()| std::fs::write(&path, text))
+        .map_err(|source| FuzzError::Write {
+            path: path.clone(),
+            source,
+        })?;
     Ok(path)
 }
 
