@@ -257,20 +257,46 @@ pub struct SessionState {
     closed: Arc<std::sync::atomic::AtomicBool>,
 }
 
-/// The running children of one session, keyed by execution identity; each
-/// configured server name points at the child that serves it.
+/// The running children of one session, keyed by process key (see
+/// [`process_key`]); each configured server name points at the child that
+/// serves it. Two names share a child only when their keys are equal, so a
+/// child never runs with another server's environment, grants or limits.
 #[derive(Default)]
 struct Children {
-    by_identity: BTreeMap<Digest, Arc<Session>>,
+    by_key: BTreeMap<Digest, Child>,
     by_server: BTreeMap<String, Digest>,
 }
 
+/// One running child and the execution identity it reported.
+struct Child {
+    identity: Digest,
+    session: Arc<Session>,
+}
+
 impl Children {
-    /// Forgets the child serving `server` and every name that shared it.
-    fn forget(&mut self, identity: &Digest) -> Option<Arc<Session>> {
-        self.by_server.retain(|_, id| id != identity);
-        self.by_identity.remove(identity)
+    /// Forgets the child under `key` and every name that shared it.
+    fn forget(&mut self, key: &Digest) -> Option<Child> {
+        self.by_server.retain(|_, k| k != key);
+        self.by_key.remove(key)
     }
+}
+
+/// What decides whether two configured servers may share one child: the
+/// execution identity the child reported, and everything else that shapes the
+/// process (environment values, grants, limits, sandbox, consent) and its
+/// lock entry. The display name is left out. The key lives only in memory,
+/// within one process, so the derived `Debug` rendering of the configuration
+/// (deterministic: ordered maps, fixed field order) serves as its encoding.
+fn process_key(
+    identity: &Digest,
+    spec: &ServerSpec,
+    locked: Option<&crate::lock::LockedServer>,
+) -> Digest {
+    let unnamed = ServerSpec {
+        name: String::new(),
+        ..spec.clone()
+    };
+    Digest::of(format!("{identity}\n{unnamed:?}\n{locked:?}").as_bytes())
 }
 
 /// Counts one admitted call until dropped.
@@ -332,10 +358,10 @@ impl AgentSession {
             })?;
         let mut children = self.children.lock().await;
         let mut restarts = 0;
-        if let Some(identity) = children.by_server.get(server).copied() {
-            let child = children.by_identity[&identity].clone();
-            let Some(fault) = child.shared().fault() else {
-                return Ok(child);
+        if let Some(key) = children.by_server.get(server).copied() {
+            let child = &children.by_key[&key];
+            let Some(fault) = child.session.shared().fault() else {
+                return Ok(child.session.clone());
             };
             let mut counts = self.restarts.lock().await;
             let count = counts.entry(server.to_owned()).or_insert(0);
@@ -348,17 +374,18 @@ impl AgentSession {
             }
             *count += 1;
             restarts = *count;
-            children.forget(&identity);
-            self.audit(Event::ServerExit {
-                session: self.id.clone(),
-                server: server.to_owned(),
-                identity: identity.to_string(),
-                evidence: evidence_of(&child),
-                outcome: format!("fault: {fault}"),
-            });
-        } else if let Some((identity, child)) = self.shareable(&children, spec) {
-            tracing::debug!(%server, %identity, "served by a running child of the same identity");
-            children.by_server.insert(server.to_owned(), identity);
+            if let Some(child) = children.forget(&key) {
+                self.audit(Event::ServerExit {
+                    session: self.id.clone(),
+                    server: server.to_owned(),
+                    identity: child.identity.to_string(),
+                    evidence: evidence_of(&child.session),
+                    outcome: format!("fault: {fault}"),
+                });
+            }
+        } else if let Some((key, child)) = self.shareable(&children, spec) {
+            tracing::debug!(%server, %key, "served by a running child of the same process key");
+            children.by_server.insert(server.to_owned(), key);
             return Ok(child);
         }
         if restarts > 0 {
@@ -384,27 +411,40 @@ impl AgentSession {
             });
         }
         self.pass_on_tool_changes(server, &session);
-        children.by_identity.insert(identity, session.clone());
-        children.by_server.insert(server.to_owned(), identity);
+        let key = process_key(&identity, spec, self.gateway.host.locked(server));
+        // A child already under this key is one that `shareable` passed over
+        // (it has faulted): the names it served restart with the new one. A
+        // live child is never replaced.
+        if let Some(old) = children.by_key.get(&key)
+            && old.session.shared().fault().is_none()
+        {
+            return Err(ClientError::Protocol {
+                server: server.to_owned(),
+                operation: "launch".into(),
+                detail: "a healthy child of the same process key is already running".into(),
+            });
+        }
+        children.by_key.insert(
+            key,
+            Child {
+                identity,
+                session: session.clone(),
+            },
+        );
+        children.by_server.insert(server.to_owned(), key);
         Ok(session)
     }
 
-    /// A running, healthy child that can serve `spec`: same configuration
-    /// apart from the name, same lock entry, same execution identity.
+    /// A running, healthy child that can serve `spec`: same process key
+    /// (execution identity, configuration apart from the name, lock entry).
     fn shareable(&self, children: &Children, spec: &ServerSpec) -> Option<(Digest, Arc<Session>)> {
-        let host = &self.gateway.host;
-        children.by_server.iter().find_map(|(name, identity)| {
-            let other = self.gateway.config.servers.get(name)?;
-            let same_config = ServerSpec {
-                name: spec.name.clone(),
-                ..other.clone()
-            } == *spec;
-            if !same_config || host.locked(name) != host.locked(&spec.name) {
-                return None;
-            }
-            let child = children.by_identity.get(identity)?;
-            (child.shared().fault().is_none() && child.execution_identity(spec) == Some(*identity))
-                .then(|| (*identity, child.clone()))
+        let locked = self.gateway.host.locked(&spec.name);
+        children.by_key.iter().find_map(|(key, child)| {
+            let identity = child.session.execution_identity(spec)?;
+            (child.session.shared().fault().is_none()
+                && identity == child.identity
+                && process_key(&identity, spec, locked) == *key)
+                .then(|| (*key, child.session.clone()))
         })
     }
 
@@ -618,11 +658,18 @@ impl SessionState {
             }
         }
         let children = std::mem::take(&mut *self.children.lock().await);
-        for (identity, child) in children.by_identity {
+        for (
+            key,
+            Child {
+                identity,
+                session: child,
+            },
+        ) in children.by_key
+        {
             let server = children
                 .by_server
                 .iter()
-                .filter(|(_, id)| **id == identity)
+                .filter(|(_, k)| **k == key)
                 .map(|(name, _)| name.as_str())
                 .collect::<Vec<_>>()
                 .join(",");

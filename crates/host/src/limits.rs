@@ -47,9 +47,11 @@ pub struct Limits {
     pub max_line_bytes: u64,
     /// Size of the rolling stderr buffer kept for diagnostics. Default 64 KiB.
     pub stderr_buffer_bytes: u64,
-    /// How long close waits after closing stdin before stopping the server,
-    /// and again after SIGTERM before SIGKILL (native), in milliseconds.
-    /// Default 2,000.
+    /// How long close waits after closing stdin before stopping the server.
+    /// Close as a whole takes at most twice this: after the first period,
+    /// SIGTERM (native) and three quarters of a second period, then SIGKILL
+    /// and the rest of it for the server to be gone and its pipes drained;
+    /// nothing is waited for past that. Default 2,000.
     pub close_grace_ms: u64,
     /// CPU for native servers: RLIMIT_CPU, seconds of CPU time over the
     /// process's life (SIGXCPU, then SIGKILL a second later). Default 300.
@@ -64,6 +66,10 @@ pub struct Limits {
     pub processes: u64,
     /// RLIMIT_FSIZE: largest file a native server may write. Default 1 GiB.
     pub file_size_bytes: u64,
+    /// Size of a native server's private /tmp (a tmpfs in its own mount
+    /// namespace, gone when it stops). Many servers write temporary files;
+    /// the bound keeps them from filling the host's memory. Default 64 MiB.
+    pub tmp_bytes: u64,
 }
 
 impl Default for Limits {
@@ -88,6 +94,7 @@ impl Default for Limits {
             open_files: 1024,
             processes: 4096,
             file_size_bytes: 1 << 30,
+            tmp_bytes: 64 << 20,
         }
     }
 }
@@ -118,6 +125,7 @@ impl Limits {
             ("address_space_bytes", self.address_space_bytes),
             ("open_files", self.open_files),
             ("processes", self.processes),
+            ("tmp_bytes", self.tmp_bytes),
         ];
         for (name, value) in positive {
             if value == 0 {

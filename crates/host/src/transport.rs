@@ -617,29 +617,34 @@ impl Connected {
         &self.shared
     }
 
+    /// Closes within twice the grace period: EOF on stdin and the grace
+    /// period; then terminate and three quarters of it; then kill, and the
+    /// rest of the second period for the server to be gone and its pipes to
+    /// drain. Nothing is waited for past that: a pipe still held open by
+    /// something the server started is dropped, never waited on.
     async fn shutdown(&mut self) {
         self.shared.closing.store(true, Ordering::SeqCst);
+        let start = Instant::now();
+        let deadline = start + self.grace * 2;
         // EOF on the server's stdin.
         if let Some(mut stdin) = self.stdin.lock().await.take() {
             let _ = stdin.shutdown().await;
         }
         if let Some(mut server_task) = self.server_task.take() {
-            // The grace period after EOF, then terminate and the grace period
-            // again, then kill.
-            let mut done = tokio::time::timeout(self.grace, &mut server_task)
+            let mut done = tokio::time::timeout_at(start + self.grace, &mut server_task)
                 .await
                 .is_ok();
             if !done {
                 tracing::debug!(server = %self.shared.server, "grace period over; terminating server");
                 (self.terminate)();
-                done = tokio::time::timeout(self.grace, &mut server_task)
+                done = tokio::time::timeout_at(deadline - self.grace / 4, &mut server_task)
                     .await
                     .is_ok();
             }
             if !done {
                 tracing::debug!(server = %self.shared.server, "still running; killing server");
                 (self.stop)();
-                done = tokio::time::timeout(self.grace, &mut server_task)
+                done = tokio::time::timeout_at(deadline, &mut server_task)
                     .await
                     .is_ok();
             }
@@ -649,9 +654,15 @@ impl Connected {
                 let _ = server_task.await;
             }
         }
-        // The server is gone, so its pipes are closed and every task ends.
-        for task in self.tasks.drain(..) {
-            let _ = task.await;
+        // The server is gone. Its pipes close with it, unless something it
+        // started still holds them (possible only without a PID namespace):
+        // drain them until the deadline, then drop them.
+        for mut task in self.tasks.drain(..) {
+            if tokio::time::timeout_at(deadline, &mut task).await.is_err() {
+                tracing::debug!(server = %self.shared.server, "a pipe is still held open after the server stopped; dropping it");
+                task.abort();
+                let _ = task.await;
+            }
         }
     }
 }

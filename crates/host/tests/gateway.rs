@@ -23,6 +23,7 @@ both_launchers!(
     tool_list_changes_reach_the_agent_after_the_pin_check,
     concurrent_sessions_have_their_own_children_and_answers,
     a_crash_in_one_session_leaves_the_identical_server_of_another_mid_call,
+    servers_on_one_binary_with_other_tokens_and_grants_never_share_a_child,
 );
 
 fn gateway(servers: &[moat_host::ServerSpec]) -> Gateway {
@@ -368,4 +369,94 @@ async fn a_crash_in_one_session_leaves_the_identical_server_of_another_mid_call(
     assert_eq!(text(&a.call("x__calls", None).await.unwrap()), "2");
     assert!(a.close().await.is_empty());
     assert!(b.close().await.is_empty());
+}
+
+/// `github-work` and `github-personal`: one binary, one argv, two tokens and
+/// two grants. After the agent lists the tools (which starts both), each
+/// call runs in its own server's process, with its own token and its own
+/// directory, and the audit log names the server the agent asked for.
+async fn servers_on_one_binary_with_other_tokens_and_grants_never_share_a_child(
+    launcher: Launcher,
+) {
+    use moat_host::config::{DirGrant, DirMode};
+    let dir = tempfile::tempdir().unwrap();
+    let server = |name: &str| {
+        let data = dir.path().join(name);
+        std::fs::create_dir(&data).unwrap();
+        std::fs::write(data.join("secret"), format!("{name}'s file")).unwrap();
+        let mut spec = spec(launcher, guests::PROBE);
+        spec.name = name.into();
+        spec.env.insert("TOKEN".into(), format!("{name}-token"));
+        spec.dirs = vec![DirGrant {
+            host: data.clone(),
+            guest: data.display().to_string(),
+            mode: DirMode::Ro,
+        }];
+        spec
+    };
+    let work = server("work");
+    let personal = server("personal");
+    let audit = dir.path().join("audit.jsonl");
+    let gateway = gateway_audited(&[work, personal], 30_000, Some(&audit));
+    let session = gateway.session();
+    let names: Vec<String> = session
+        .tools()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|t| t.name.to_string())
+        .collect();
+    assert_eq!(names, ["personal__attack", "work__attack"]);
+    let probe = |server: &'static str, arguments: serde_json::Value| {
+        let session = session.clone();
+        async move {
+            let result = session
+                .call(&format!("{server}__attack"), args(arguments))
+                .await
+                .unwrap();
+            serde_json::from_str::<serde_json::Value>(&text(&result)).unwrap()
+        }
+    };
+    for (me, other) in [("work", "personal"), ("personal", "work")] {
+        let token = probe(me, json!({"op": "env", "name": "TOKEN"})).await;
+        assert_eq!(token, json!({"ok": true, "data": format!("{me}-token")}));
+        let mine = dir.path().join(me).join("secret");
+        let read = probe(me, json!({"op": "read", "path": mine})).await;
+        assert_eq!(read, json!({"ok": true, "data": format!("{me}'s file")}));
+        let theirs = dir.path().join(other).join("secret");
+        let denied = probe(me, json!({"op": "read", "path": theirs})).await;
+        assert_eq!(
+            denied["ok"],
+            json!(false),
+            "{me} read {other}'s file: {denied}"
+        );
+    }
+    assert!(session.close().await.is_empty());
+    let calls: Vec<(String, String)> = std::fs::read_to_string(&audit)
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str::<serde_json::Value>(line).unwrap())
+        .filter(|event| event["event"] == "tool_call")
+        .map(|event| {
+            let token = |key: &str| event[key].as_str().unwrap_or_default().to_owned();
+            (token("server"), token("tool"))
+        })
+        .collect();
+    assert_eq!(
+        calls,
+        [
+            ("work".to_owned(), "attack".to_owned()),
+            ("work".to_owned(), "attack".to_owned()),
+            ("work".to_owned(), "attack".to_owned()),
+            ("personal".to_owned(), "attack".to_owned()),
+            ("personal".to_owned(), "attack".to_owned()),
+            ("personal".to_owned(), "attack".to_owned()),
+        ]
+    );
+    let launches = std::fs::read_to_string(&audit)
+        .unwrap()
+        .lines()
+        .filter(|line| line.contains("\"server_launch\""))
+        .count();
+    assert_eq!(launches, 2, "one child per server");
 }

@@ -1,5 +1,5 @@
 //! On `attack`, forks a child that forks a grandchild; both then sleep
-//! forever. Answers with their pids. The host must leave none behind when it
+//! forever. Answers with their pids as the host sees them. The host must leave none behind when it
 //! closes the session. (Native only: wasm has no processes.) Leaving them
 //! unreaped is the point.
 #![allow(clippy::zombie_processes)]
@@ -23,12 +23,26 @@ fn spawn_self(role: &str) -> std::process::Child {
         .expect("spawn")
 }
 
+/// This process's pid as the host sees it: /proc is the host's, so
+/// /proc/self names it even inside a PID namespace.
+fn host_pid() -> String {
+    std::fs::read_link("/proc/self")
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|_| std::process::id().to_string())
+}
+
 fn main() {
     match std::env::args().nth(1).as_deref() {
-        Some("grandchild") => sleep_forever(),
+        Some("grandchild") => {
+            println!("{}", host_pid());
+            sleep_forever()
+        }
         Some("child") => {
-            let grandchild = spawn_self("grandchild");
-            println!("{}", grandchild.id());
+            let mut grandchild = spawn_self("grandchild");
+            let mut line = String::new();
+            let stdout = grandchild.stdout.take().expect("grandchild stdout");
+            BufReader::new(stdout).read_line(&mut line).expect("read");
+            println!("{} {}", host_pid(), line.trim());
             sleep_forever()
         }
         _ => hostile::serve("fork-tree", |id: &serde_json::Value| {
@@ -36,7 +50,7 @@ fn main() {
             let mut line = String::new();
             let stdout = child.stdout.take().expect("child stdout");
             BufReader::new(stdout).read_line(&mut line).expect("read");
-            let pids = format!("{} {}", child.id(), line.trim());
+            let pids = line.trim().to_owned();
             Some(hostile::text_result(id, &pids))
         }),
     }

@@ -1,7 +1,8 @@
 //! Not hostile: answers `attack` with what it was given, as JSON text:
 //! `{"argv": [...], "env": {...}, "cwd": "...", "pid": N}`. Tests use it to
 //! check that argv, the environment and the working directory arrive exactly,
-//! and which process answered (`pid` is null under wasm, which has none).
+//! and which process answered (`pid`, as the host sees it, is null under
+//! wasm, which has none).
 fn main() {
     hostile::serve("report", |id: &serde_json::Value| {
         let argv: Vec<String> = std::env::args_os()
@@ -18,8 +19,15 @@ fn main() {
         let cwd = std::env::current_dir()
             .map(|d| d.display().to_string())
             .unwrap_or_default();
+        // The pid as the host sees it: /proc is the host's, so /proc/self
+        // names this process even inside its own PID namespace.
         #[cfg(not(target_os = "wasi"))]
-        let pid = Some(std::process::id());
+        let pid = Some(
+            std::fs::read_link("/proc/self")
+                .ok()
+                .and_then(|p| p.to_str()?.parse::<u32>().ok())
+                .unwrap_or_else(std::process::id),
+        );
         #[cfg(target_os = "wasi")]
         let pid: Option<u32> = None;
         let report = serde_json::json!({"argv": argv, "env": env, "cwd": cwd, "pid": pid});

@@ -14,7 +14,6 @@ use std::io::Read;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
-use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
@@ -30,6 +29,8 @@ use crate::command::{ResolveError, Resolved};
 use crate::identity::{Digest, DigestMismatch, Evidence, Expectation};
 use crate::limits::{LimitHit, Limits};
 use crate::transport::{Exit, Launched, Metrics, Tracker};
+
+mod spawn;
 
 /// Errors of the native launcher, naming the operation and the path.
 #[derive(Debug, thiserror::Error)]
@@ -57,9 +58,9 @@ pub enum NativeError {
     },
     #[error(transparent)]
     Sandbox(#[from] crate::sandbox::SandboxError),
-    #[error(
-        "spawning {path} (fork; prctl PR_SET_PDEATHSIG and PR_SET_NO_NEW_PRIVS; setrlimit; landlock_restrict_self; execve of the measured descriptor): {source}"
-    )]
+    #[error("{path}: {what} contains a NUL byte")]
+    Nul { what: &'static str, path: PathBuf },
+    #[error("spawning {path}: {source}")]
     Spawn {
         path: PathBuf,
         #[source]
@@ -305,94 +306,96 @@ fn spawn(
     measured: Vec<(PathBuf, Digest)>,
     tracker: &Arc<Tracker>,
 ) -> Result<Launched, NativeError> {
-    let fd = executable.fd.as_raw_fd();
-    let mut cmd = tokio::process::Command::new(format!("/proc/self/fd/{fd}"));
-    cmd.arg0(&launch.resolved.configured)
-        .args(&launch.args)
-        .env_clear()
-        .envs(launch.env.iter().map(|(k, v)| (k, v)))
-        .current_dir(&launch.cwd)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0)
-        .kill_on_drop(true);
-    let rlimits = rlimits(&launch.limits);
+    let path = &launch.resolved.target;
     let sandbox = crate::sandbox::plan(&crate::sandbox::Grants {
         executable: executable.fd.as_fd(),
-        executable_path: &launch.resolved.target,
+        executable_path: path,
         measure: &launch.measure,
         dirs: &launch.dirs,
         net: &launch.net,
         sandbox: launch.sandbox,
     })?;
-    let ruleset = crate::sandbox::ruleset_fd(&sandbox);
-    let proc_self_access = sandbox.proc_self_access;
-    let parent = rustix::process::getpid();
-    let exe_fd = executable
-        .fd
-        .try_clone()
-        .map_err(|source| NativeError::Io {
-            syscall: "dup",
-            path: launch.resolved.target.clone(),
-            source,
-        })?;
-    // SAFETY: the closure runs in the child between fork and exec, where only
-    // async-signal-safe operations are allowed. It makes raw system calls
-    // through rustix (fcntl, prctl, getppid, setrlimit) on values computed
-    // before the fork, and allocates nothing: errors are plain errno values.
-    unsafe {
-        cmd.pre_exec(move || {
-            // Keep the measured descriptor open across exec, so a script's
-            // interpreter can read it through /proc/self/fd/N.
-            rustix::io::fcntl_setfd(&exe_fd, rustix::io::FdFlags::empty())?;
-            rustix::process::set_parent_process_death_signal(Some(Signal::KILL))?;
-            // The parent may have died before the line above took effect.
-            if rustix::process::getppid() != Some(parent) {
-                return Err(rustix::io::Errno::SRCH.into());
-            }
-            rustix::thread::set_no_new_privs(true)?;
-            for (resource, limit) in &rlimits {
-                rustix::process::setrlimit(*resource, *limit)?;
-            }
-            if let Some(ruleset) = ruleset {
-                // SAFETY (restrict_child): we are in the forked child,
-                // no_new_privs is set, and `ruleset` is the Landlock ruleset
-                // built before the fork.
-                crate::sandbox::restrict_child(ruleset, proc_self_access)?;
-            }
-            Ok(())
-        });
+    let isolation = isolation(launch)?;
+    let cstring = |what: &'static str, text: &str| {
+        std::ffi::CString::new(text).map_err(|_| NativeError::Nul {
+            what,
+            path: path.clone(),
+        })
+    };
+    let fd = executable.fd.as_raw_fd();
+    let mut argv = vec![cstring("argv[0]", &launch.resolved.configured)?];
+    for arg in &launch.args {
+        argv.push(cstring("an argument", arg)?);
     }
-    let mut child = cmd.spawn().map_err(|source| NativeError::Spawn {
-        path: launch.resolved.target.clone(),
-        source,
+    let env = launch
+        .env
+        .iter()
+        .map(|(k, v)| cstring("an environment variable", &format!("{k}={v}")))
+        .collect::<Result<Vec<_>, _>>()?;
+    let plan = spawn::ChildPlan {
+        path: cstring("the executable path", &format!("/proc/self/fd/{fd}"))?,
+        argv,
+        env,
+        cwd: std::ffi::CString::new(launch.cwd.as_os_str().as_encoded_bytes()).map_err(|_| {
+            NativeError::Nul {
+                what: "the working directory",
+                path: path.clone(),
+            }
+        })?,
+        executable: fd,
+        rlimits: rlimits(&launch.limits),
+        namespaces: isolation.namespaces,
+        landlock: crate::sandbox::ruleset_fd(&sandbox)
+            .map(|ruleset| (ruleset, sandbox.proc_self_access, sandbox.tmp_access)),
+        drop_bounding: isolation.drop_bounding,
+        seccomp: isolation.seccomp,
+    };
+    let child = spawn::spawn(&plan).map_err(|failure| NativeError::Spawn {
+        path: path.clone(),
+        source: std::io::Error::other(failure.to_string()),
     })?;
+    drop(plan);
     drop(executable.fd);
     let mut sandbox_lines: Vec<String> = sandbox
         .enforced
         .iter()
+        .chain(&isolation.enforced)
         .map(|l| format!("enforced: {l}"))
         .collect();
     sandbox_lines.extend(
         sandbox
             .not_enforced
             .iter()
+            .chain(&isolation.not_enforced)
             .map(|l| format!("not enforced: {l}")),
     );
     drop(sandbox);
-    let pid = child.id().and_then(|id| Pid::from_raw(id as i32));
-    let (Some(pid), Some(stdin), Some(stdout), Some(stderr)) = (
+    let spawn::Child {
+        pidfd,
         pid,
-        child.stdin.take(),
-        child.stdout.take(),
-        child.stderr.take(),
-    ) else {
-        return Err(NativeError::Spawn {
-            path: launch.resolved.target.clone(),
-            source: std::io::Error::other("the child has no pid or stdio"),
-        });
+        stdin,
+        stdout,
+        stderr,
+    } = child;
+    let io = |what: &'static str| {
+        let path = path.clone();
+        move |source| NativeError::Io {
+            syscall: what,
+            path,
+            source,
+        }
     };
+    let stdin = tokio::net::unix::pipe::Sender::from_owned_fd(stdin)
+        .map_err(io("registering the stdin pipe"))?;
+    let stdout = tokio::net::unix::pipe::Receiver::from_owned_fd(stdout)
+        .map_err(io("registering the stdout pipe"))?;
+    let stderr = tokio::net::unix::pipe::Receiver::from_owned_fd(stderr)
+        .map_err(io("registering the stderr pipe"))?;
+    let reaper = Reaper::new(pidfd).map_err(io("registering the pidfd"))?;
+    let pid = Pid::from_raw(pid).ok_or_else(|| NativeError::Spawn {
+        path: path.clone(),
+        source: std::io::Error::other("clone returned no pid"),
+    })?;
     tracing::debug!(server = %launch.name, pid = pid.as_raw_nonzero().get(), "native server started");
     let stopped = Arc::new(AtomicBool::new(false));
     let out_of_memory = Arc::new(AtomicBool::new(false));
@@ -400,14 +403,17 @@ fn spawn(
     let guard = tracker.enter();
     let limits = launch.limits.clone();
     let name = launch.name.clone();
+    let signals = reaper.signaller();
     let task = tokio::spawn({
         let stopped = stopped.clone();
         let out_of_memory = out_of_memory.clone();
         async move {
             let _guard = guard;
-            let status = child.wait().await;
-            // The leader is gone; anything it left in its group goes too,
-            // and is waited for, so "closed" means nothing is left running.
+            let status = reaper.wait().await;
+            // With a PID namespace the kernel has already killed and reaped
+            // every other process of the server's namespace. Without one,
+            // anything the server left in its group goes too, and is
+            // waited for, so "closed" means nothing is left running.
             kill_group_and_wait(pid, limits.close_grace()).await;
             let exit = classify(
                 status,
@@ -419,16 +425,18 @@ fn spawn(
             let _ = exit_tx.send(Some(exit));
         }
     });
-    let signal_group = move |signal: Signal, stopped: &AtomicBool| {
+    let signal_all = move |signal: Signal, stopped: &AtomicBool| {
         stopped.store(true, Ordering::SeqCst);
+        signals.send(signal);
         // ESRCH: the group is already empty.
         let _ = rustix::process::kill_process_group(pid, signal);
     };
     let terminate = {
         let stopped = stopped.clone();
-        move || signal_group(Signal::TERM, &stopped)
+        let signal_all = signal_all.clone();
+        move || signal_all(Signal::TERM, &stopped)
     };
-    let kill = move || signal_group(Signal::KILL, &stopped);
+    let kill = move || signal_all(Signal::KILL, &stopped);
     Ok(Launched {
         stdin: Box::new(stdin),
         stdout: Box::new(stdout),
@@ -448,6 +456,230 @@ fn spawn(
             Evidence::NativeUnmeasured
         },
     })
+}
+
+/// The namespaces, capability drop and seccomp filters for one launch, with
+/// the lines that say what they enforce.
+struct Isolation {
+    namespaces: Option<spawn::Namespaces>,
+    drop_bounding: bool,
+    seccomp: Vec<seccompiler::BpfProgram>,
+    enforced: Vec<String>,
+    not_enforced: Vec<String>,
+}
+
+/// Decides the isolation of `launch` on this kernel: refuses, under
+/// `sandbox = "required"`, what cannot be enforced, naming it.
+fn isolation(launch: &NativeLaunch) -> Result<Isolation, NativeError> {
+    use crate::sandbox::SandboxError;
+    let required = launch.sandbox == crate::config::Sandbox::Required;
+    let mut enforced = Vec::new();
+    let mut not_enforced = Vec::new();
+    let missing = |feature: String, not_enforced: &mut Vec<String>| {
+        if required {
+            Err(NativeError::Sandbox(SandboxError::Unsupported { feature }))
+        } else {
+            not_enforced.push(feature);
+            Ok(())
+        }
+    };
+    let support = spawn::namespace_support();
+    let root = rustix::process::geteuid().is_root();
+    let namespaces = if support.available {
+        let user = support.user.then(|| {
+            let uid = rustix::process::geteuid().as_raw();
+            let gid = rustix::process::getegid().as_raw();
+            (
+                format!("{uid} {uid} 1\n").into_bytes(),
+                format!("{gid} {gid} 1\n").into_bytes(),
+            )
+        });
+        let tmp = Path::new("/tmp").is_dir().then(|| {
+            std::ffi::CString::new(format!("size={},mode=1777", launch.limits.tmp_bytes))
+                .unwrap_or_default()
+        });
+        enforced.push(format!(
+            "PID namespace{}: the server is PID 1 of its own namespace; every process it starts dies with it",
+            if support.user {
+                " (in a user namespace of its own)"
+            } else {
+                ""
+            }
+        ));
+        match &tmp {
+            Some(_) => enforced.push(format!(
+                "mount namespace: a private, empty /tmp (tmpfs, {} bytes), gone when the server stops",
+                launch.limits.tmp_bytes
+            )),
+            None => not_enforced.push("a private /tmp (the host has no /tmp)".to_owned()),
+        }
+        let net = launch.net.is_empty();
+        if net {
+            enforced.push(
+                "network namespace: no network at all (TCP, UDP, raw sockets and abstract Unix sockets reach nothing outside the server)"
+                    .to_owned(),
+            );
+        }
+        // Granted paths under /tmp stay where they were: each is bound into
+        // the private /tmp.
+        let mut binds = Vec::new();
+        if tmp.is_some() {
+            let granted = launch
+                .dirs
+                .iter()
+                .map(|d| d.host.as_path())
+                .chain(launch.measure.iter().map(PathBuf::as_path));
+            for path in granted {
+                if path.starts_with("/tmp") && path != Path::new("/tmp") {
+                    if binds.len() == spawn::MAX_BINDS {
+                        return Err(NativeError::Io {
+                            syscall: "binding granted paths into the private /tmp",
+                            path: path.to_owned(),
+                            source: std::io::Error::other(format!(
+                                "more than {} granted paths under /tmp",
+                                spawn::MAX_BINDS
+                            )),
+                        });
+                    }
+                    binds.push(spawn::Bind::new(path).map_err(|source| NativeError::Io {
+                        syscall: "stat of a granted path under /tmp",
+                        path: path.to_owned(),
+                        source,
+                    })?);
+                }
+            }
+        }
+        Some(spawn::Namespaces {
+            user,
+            net,
+            tmp,
+            binds,
+        })
+    } else {
+        let why = std::io::Error::from_raw_os_error(support.errno);
+        missing(
+            format!(
+                "PID, mount and network namespaces (clone with CLONE_NEWUSER: {why}; unprivileged user namespaces may be disabled)"
+            ),
+            &mut not_enforced,
+        )?;
+        None
+    };
+    if !launch.net.is_empty() {
+        not_enforced.push(
+            "network: with `net` grants, UDP datagrams (DNS included) may go to any host"
+                .to_owned(),
+        );
+    }
+    // Pathname Unix sockets are reached through the filesystem, where
+    // neither the network namespace nor Landlock (before ABI 9) applies:
+    // socket(AF_UNIX) is refused instead.
+    let filters = crate::sandbox::seccomp::filters(true).map_err(|error| {
+        NativeError::Sandbox(SandboxError::Ruleset {
+            operation: "seccomp",
+            detail: error.to_string(),
+        })
+    })?;
+    enforced.push(filters.summary);
+    let drop_bounding = support.available && support.user || root;
+    enforced.push(if drop_bounding {
+        "capabilities: none (bounding, permitted, effective, inheritable and ambient sets empty, securebits locked), no_new_privs".to_owned()
+    } else {
+        "capabilities: none (permitted, effective, inheritable and ambient sets empty), no_new_privs".to_owned()
+    });
+    enforced.push(
+        "descriptors: only stdin, stdout, stderr and the measured executable are open at exec"
+            .to_owned(),
+    );
+    Ok(Isolation {
+        namespaces,
+        drop_bounding,
+        seccomp: filters.programs,
+        enforced,
+        not_enforced,
+    })
+}
+
+/// Waits for a child through its pidfd, and signals it through the same
+/// descriptor (never a recycled pid). A child not yet waited for when this
+/// is dropped is killed and reaped.
+struct Reaper {
+    pidfd: Arc<tokio::io::unix::AsyncFd<OwnedFd>>,
+    reaped: bool,
+}
+
+/// Signals a child through its pidfd.
+#[derive(Clone)]
+struct Signaller(Arc<tokio::io::unix::AsyncFd<OwnedFd>>);
+
+impl Signaller {
+    fn send(&self, signal: Signal) {
+        // ESRCH: already exited.
+        let _ = rustix::process::pidfd_send_signal(self.0.get_ref(), signal);
+    }
+}
+
+type WaitStatus = Result<(Option<i32>, Option<i32>), std::io::Error>;
+
+impl Reaper {
+    fn new(pidfd: OwnedFd) -> std::io::Result<Self> {
+        // SAFETY: the AsyncFd takes ownership of the OwnedFd, so the
+        // descriptor stays open and refers to the same pidfd for the
+        // AsyncFd's whole life, and `as_raw_fd` always returns it.
+        let registered = unsafe {
+            tokio::io::unix::AsyncFd::register_with_interest(pidfd, tokio::io::Interest::READABLE)
+        }?;
+        Ok(Self {
+            pidfd: Arc::new(registered),
+            reaped: false,
+        })
+    }
+
+    fn signaller(&self) -> Signaller {
+        Signaller(self.pidfd.clone())
+    }
+
+    /// The exit code or the terminating signal, once the child has exited.
+    async fn wait(mut self) -> WaitStatus {
+        loop {
+            let mut ready = self.pidfd.readable().await?;
+            match rustix::process::waitid(
+                rustix::process::WaitId::PidFd(self.pidfd.get_ref().as_fd()),
+                rustix::process::WaitIdOptions::EXITED | rustix::process::WaitIdOptions::NOHANG,
+            ) {
+                Ok(Some(status)) => {
+                    self.reaped = true;
+                    return Ok((status.exit_status(), status.terminating_signal()));
+                }
+                Ok(None) => ready.clear_ready(),
+                Err(rustix::io::Errno::INTR) => {}
+                Err(errno) => {
+                    self.reaped = true;
+                    return Err(errno.into());
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        if self.reaped {
+            return;
+        }
+        let _ = rustix::process::pidfd_send_signal(self.pidfd.get_ref(), Signal::KILL);
+        let pidfd = self.pidfd.clone();
+        let reap = move || {
+            let _ = rustix::process::waitid(
+                rustix::process::WaitId::PidFd(pidfd.get_ref().as_fd()),
+                rustix::process::WaitIdOptions::EXITED,
+            );
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(handle) => drop(handle.spawn_blocking(reap)),
+            Err(_) => reap(),
+        }
+    }
 }
 
 /// Processes (not zombies) whose process group is `pgid`, from /proc.
@@ -537,21 +769,15 @@ fn rlimits(limits: &Limits) -> Vec<(Resource, Rlimit)> {
     ]
 }
 
-fn classify(
-    status: std::io::Result<std::process::ExitStatus>,
-    stopped: bool,
-    out_of_memory: bool,
-    limits: &Limits,
-) -> Exit {
-    use std::os::unix::process::ExitStatusExt;
-    let status = match status {
+fn classify(status: WaitStatus, stopped: bool, out_of_memory: bool, limits: &Limits) -> Exit {
+    let (code, signal) = match status {
         Ok(status) => status,
-        Err(error) => return Exit::Crashed(format!("waitpid: {error}")),
+        Err(error) => return Exit::Crashed(format!("waitid: {error}")),
     };
-    if let Some(code) = status.code() {
+    if let Some(code) = code {
         return Exit::Code(code);
     }
-    let signal = status.signal().unwrap_or(0);
+    let signal = signal.unwrap_or(0);
     if signal == Signal::XCPU.as_raw() {
         return Exit::Limit(LimitHit::CpuSeconds {
             cpu_seconds: limits.cpu_seconds,

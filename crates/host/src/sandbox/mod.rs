@@ -18,8 +18,10 @@ use std::path::{Path, PathBuf};
 
 use landlock::{
     ABI, Access, AccessFs, AccessNet, BitFlags, NetPort, PathBeneath, PathFd, Ruleset, RulesetAttr,
-    RulesetCreatedAttr,
+    RulesetCreatedAttr, Scope,
 };
+
+pub mod seccomp;
 
 use crate::config::{DirGrant, DirMode, NetGrant, Sandbox};
 
@@ -50,6 +52,8 @@ pub struct Plan {
     pub ruleset: Option<OwnedFd>,
     /// Read and execute rights for the child's own /proc/self.
     pub proc_self_access: u64,
+    /// Every right, for the child's private /tmp.
+    pub tmp_access: u64,
     /// One line per enforced rule family.
     pub enforced: Vec<String>,
     /// One line per rule the kernel could not enforce.
@@ -116,6 +120,30 @@ fn etc_grants(dir: &Path, prefix: &str, out: &mut Vec<PathBuf>) {
 const SYSTEM_DIRS: &[&str] = &["/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/opt"];
 const DEVICES_RO: &[&str] = &["/dev/zero", "/dev/urandom", "/dev/random"];
 
+/// The installation root of an interpreter or runtime outside the system
+/// directories (pyenv, uv, conda, nvm, asdf): the prefix that holds the
+/// executable's `bin/` and a `lib/`, so its standard library is readable.
+/// Never `/` or the home directory itself, and nothing for an executable
+/// that is not in a `bin/` beside a `lib/`.
+pub fn install_root(executable: &Path) -> Option<PathBuf> {
+    let bin = executable.parent()?;
+    if bin.file_name()? != "bin" {
+        return None;
+    }
+    let root = bin.parent()?;
+    let home = std::env::var_os("HOME").map(PathBuf::from);
+    if root == Path::new("/")
+        || home.as_deref() == Some(root)
+        || SYSTEM_DIRS.iter().any(|dir| root.starts_with(dir))
+    {
+        return None;
+    }
+    ["lib", "lib64"]
+        .iter()
+        .any(|lib| root.join(lib).is_dir())
+        .then(|| root.to_owned())
+}
+
 /// What a native launch grants.
 pub struct Grants<'a> {
     /// The measured executable's descriptor: the rule follows the bytes that
@@ -167,6 +195,19 @@ pub fn plan_for_abi(grants: &Grants<'_>, version: i32) -> Result<Plan, SandboxEr
     let mut ruleset = Ruleset::default()
         .handle_access(AccessFs::from_all(abi))
         .map_err(ruleset_error("handle filesystem access"))?;
+    if version >= 6 {
+        ruleset = ruleset
+            .scope(Scope::from_all(abi))
+            .map_err(ruleset_error("scope signals and abstract sockets"))?;
+        plan.enforced.push(
+            "Landlock scopes (ABI 6+): no signal to, and no abstract Unix socket of, any process outside the server"
+                .to_owned(),
+        );
+    } else {
+        plan.not_enforced.push(
+            "Landlock scopes for signals and abstract Unix sockets (ABI 6, Linux 6.12)".to_owned(),
+        );
+    }
     let net_rules = version >= 4;
     if net_rules {
         ruleset = ruleset
@@ -228,6 +269,9 @@ pub fn plan_for_abi(grants: &Grants<'_>, version: i32) -> Result<Plan, SandboxEr
         })?;
     for path in grants.measure {
         rules.push((path.clone(), read, false, false));
+    }
+    if let Some(root) = install_root(grants.executable_path) {
+        rules.push((root, read, true, true));
     }
     for dir in grants.dirs {
         let access = match dir.mode {
@@ -322,53 +366,72 @@ pub fn plan_for_abi(grants: &Grants<'_>, version: i32) -> Result<Plan, SandboxEr
                     .join(", ")
             )
         });
-        plan.not_enforced
-            .push("network: UDP and Unix sockets are not covered by Landlock".to_owned());
     }
     plan.proc_self_access = read.bits();
+    plan.tmp_access = all.bits();
     plan.ruleset = created.into();
     Ok(plan)
 }
 
-/// In the child, between fork and exec: allow reading its own /proc/self,
-/// then restrict itself with `ruleset`. Async-signal-safe: raw system calls
-/// on values prepared before the fork; no allocation.
+/// In the child, between fork and exec: allow reading its own /proc/self
+/// (and, with `tmp`, everything in its private /tmp, mounted after the
+/// ruleset was built), then restrict itself with `ruleset`.
+/// Async-signal-safe: raw system calls on values prepared before the fork;
+/// no allocation.
 ///
 /// # Safety
 ///
-/// Call only in a freshly forked child (a `pre_exec` hook), after
-/// no_new_privs is set; `ruleset` must be a Landlock ruleset descriptor.
-pub unsafe fn restrict_child(ruleset: RawFd, proc_self_access: u64) -> std::io::Result<()> {
+/// Call only in a freshly forked child, after no_new_privs is set;
+/// `ruleset` must be a Landlock ruleset descriptor.
+pub unsafe fn restrict_child(
+    ruleset: RawFd,
+    proc_self_access: u64,
+    tmp_access: Option<u64>,
+) -> std::io::Result<()> {
     #[repr(C, packed)]
     struct PathBeneathAttr {
         allowed_access: u64,
         parent_fd: i32,
     }
     const LANDLOCK_RULE_PATH_BENEATH: libc::c_int = 1;
-    // SAFETY: a static NUL-terminated path; O_PATH opens without reading.
-    let proc_self = unsafe {
-        libc::open(
-            c"/proc/self".as_ptr(),
-            libc::O_PATH | libc::O_CLOEXEC | libc::O_DIRECTORY,
-        )
-    };
-    if proc_self >= 0 {
+    let add = |path: &std::ffi::CStr, access: u64| -> std::io::Result<()> {
+        // SAFETY: a static NUL-terminated path; O_PATH opens without reading.
+        let fd = unsafe {
+            libc::open(
+                path.as_ptr(),
+                libc::O_PATH | libc::O_CLOEXEC | libc::O_DIRECTORY,
+            )
+        };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
         let attr = PathBeneathAttr {
-            allowed_access: proc_self_access,
-            parent_fd: proc_self,
+            allowed_access: access,
+            parent_fd: fd,
         };
         // SAFETY: `attr` lives on this stack frame for the call; the kernel
-        // copies it. A failure only means /proc/self stays unreadable.
-        unsafe {
+        // copies it.
+        let result = unsafe {
             libc::syscall(
                 libc::SYS_landlock_add_rule,
                 ruleset,
                 LANDLOCK_RULE_PATH_BENEATH,
                 &attr as *const PathBeneathAttr,
                 0u32,
-            );
-            libc::close(proc_self);
+            )
+        };
+        let error = std::io::Error::last_os_error();
+        // SAFETY: closes the descriptor opened above.
+        unsafe { libc::close(fd) };
+        if result != 0 {
+            return Err(error);
         }
+        Ok(())
+    };
+    // A failure here only means /proc/self stays unreadable.
+    let _ = add(c"/proc/self", proc_self_access);
+    if let Some(access) = tmp_access {
+        add(c"/tmp", access)?;
     }
     // SAFETY: restricts only the calling (child) thread, which is about to exec.
     let result = unsafe { libc::syscall(libc::SYS_landlock_restrict_self, ruleset, 0u32) };

@@ -1,0 +1,719 @@
+//! How a native server's process is made: one `clone` into fresh user, PID,
+//! mount and (without `net`) network namespaces, then, in the child and
+//! before exec, every containment step in a fixed order.
+//!
+//! This module owns the child side of the native launch: the namespaces, the
+//! uid and gid maps, the private `/tmp`, rlimits, no_new_privs, Landlock, the
+//! descriptor sweep, the capability drop and the seccomp filters. The
+//! standard library's `Command` cannot start a process in a new PID
+//! namespace, so the process is made here with a raw `clone` (no `CLONE_VM`:
+//! the child has its own copy of memory, as after `fork`), and the server is
+//! PID 1 of its namespace. When PID 1 exits, the kernel kills every other
+//! process of the namespace and reaps them before PID 1's own exit can be
+//! waited for: once [`Child::wait`] returns, nothing the server started is
+//! left, whatever it did with sessions or process groups.
+//!
+//! Between `clone` and `execve` the child runs only raw system calls on
+//! memory prepared before the clone; it allocates nothing and takes no lock.
+//! A step that fails is reported through a close-on-exec pipe as (step,
+//! errno), and the launch fails naming that step: nothing is retried with
+//! less containment.
+
+use std::ffi::{CString, c_char};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::sync::OnceLock;
+
+use rustix::process::{Resource, Rlimit};
+
+/// Which namespaces this kernel lets Moat make for a server, found once by
+/// trying.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NamespaceSupport {
+    /// Namespaces can be made at all (PID, mount, network).
+    pub available: bool,
+    /// They are made inside a new user namespace (always, where the kernel
+    /// allows it; required when Moat is not root).
+    pub user: bool,
+    /// Why not, when they cannot: the errno of the trial `clone`.
+    pub errno: i32,
+}
+
+const BASE_NAMESPACES: i32 = libc::CLONE_NEWPID | libc::CLONE_NEWNS | libc::CLONE_NEWNET;
+
+/// Tries `clone` with the namespace flags once per process: with a user
+/// namespace first, then, for root only, without one.
+pub fn namespace_support() -> NamespaceSupport {
+    static SUPPORT: OnceLock<NamespaceSupport> = OnceLock::new();
+    *SUPPORT.get_or_init(|| {
+        let with_user = trial_clone(BASE_NAMESPACES | libc::CLONE_NEWUSER);
+        if with_user == 0 {
+            return NamespaceSupport {
+                available: true,
+                user: true,
+                errno: 0,
+            };
+        }
+        if rustix::process::geteuid().is_root() && trial_clone(BASE_NAMESPACES) == 0 {
+            return NamespaceSupport {
+                available: true,
+                user: false,
+                errno: 0,
+            };
+        }
+        NamespaceSupport {
+            available: false,
+            user: false,
+            errno: with_user,
+        }
+    })
+}
+
+/// Makes a child in new namespaces that exits at once; 0 or the errno.
+fn trial_clone(flags: i32) -> i32 {
+    // SAFETY: a fork-like clone (no CLONE_VM, no new stack): the child has its
+    // own copy of memory and only calls `_exit`.
+    let pid = unsafe {
+        libc::syscall(
+            libc::SYS_clone,
+            (flags | libc::SIGCHLD) as libc::c_ulong,
+            0usize,
+            0usize,
+            0usize,
+            0usize,
+        )
+    };
+    if pid < 0 {
+        return std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+    }
+    if pid == 0 {
+        // SAFETY: the child leaves at once, running no destructors.
+        unsafe { libc::_exit(0) }
+    }
+    let mut status = 0;
+    // SAFETY: waits for the child just made; `status` is a valid pointer.
+    unsafe { libc::waitpid(pid as libc::pid_t, &mut status, libc::__WALL) };
+    0
+}
+
+/// The steps of the child, in order. Their names appear in launch errors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum Step {
+    Stdio = 1,
+    DeathSignal,
+    ParentGone,
+    Setgroups,
+    UidMap,
+    GidMap,
+    MountPrivate,
+    MountTmp,
+    BindGrant,
+    Chdir,
+    ProcessGroup,
+    Rlimit,
+    NoNewPrivs,
+    Landlock,
+    CloseDescriptors,
+    BoundingSet,
+    Securebits,
+    AmbientSet,
+    Capset,
+    Seccomp,
+    Execve,
+}
+
+impl Step {
+    const ALL: [Step; 21] = [
+        Step::Stdio,
+        Step::DeathSignal,
+        Step::ParentGone,
+        Step::Setgroups,
+        Step::UidMap,
+        Step::GidMap,
+        Step::MountPrivate,
+        Step::MountTmp,
+        Step::BindGrant,
+        Step::Chdir,
+        Step::ProcessGroup,
+        Step::Rlimit,
+        Step::NoNewPrivs,
+        Step::Landlock,
+        Step::CloseDescriptors,
+        Step::BoundingSet,
+        Step::Securebits,
+        Step::AmbientSet,
+        Step::Capset,
+        Step::Seccomp,
+        Step::Execve,
+    ];
+
+    /// The system call and what it was for.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Step::Stdio => "dup2 of the stdio pipes",
+            Step::DeathSignal => "prctl(PR_SET_PDEATHSIG)",
+            Step::ParentGone => "poll of the launch pipe (Moat exited during the launch)",
+            Step::Setgroups => "write /proc/self/setgroups (deny)",
+            Step::UidMap => "write /proc/self/uid_map",
+            Step::GidMap => "write /proc/self/gid_map",
+            Step::MountPrivate => "mount(/, MS_REC|MS_PRIVATE)",
+            Step::MountTmp => "mount(tmpfs, /tmp)",
+            Step::BindGrant => "mount(MS_BIND) of a granted path under /tmp",
+            Step::Chdir => "chdir to the working directory",
+            Step::ProcessGroup => "setpgid",
+            Step::Rlimit => "setrlimit",
+            Step::NoNewPrivs => "prctl(PR_SET_NO_NEW_PRIVS)",
+            Step::Landlock => "landlock_restrict_self",
+            Step::CloseDescriptors => "close_range",
+            Step::BoundingSet => "prctl(PR_CAPBSET_DROP)",
+            Step::Securebits => "prctl(PR_SET_SECUREBITS)",
+            Step::AmbientSet => "prctl(PR_CAP_AMBIENT_CLEAR_ALL)",
+            Step::Capset => "capset (all sets empty)",
+            Step::Seccomp => "seccomp(SECCOMP_SET_MODE_FILTER)",
+            Step::Execve => "execve of the measured descriptor",
+        }
+    }
+
+    fn from_raw(raw: u32) -> Option<Step> {
+        Step::ALL.into_iter().find(|s| *s as u32 == raw)
+    }
+}
+
+/// The namespaces to make for one server.
+pub struct Namespaces {
+    /// In a new user namespace: the uid and gid map lines to write.
+    pub user: Option<(Vec<u8>, Vec<u8>)>,
+    /// A new network namespace (no `net` grant): nothing leaves the server.
+    pub net: bool,
+    /// tmpfs mount options for the private /tmp (`size=...,mode=1777`), when
+    /// the host has a /tmp to mount over.
+    pub tmp: Option<CString>,
+    /// Granted paths under /tmp, bound into the private /tmp at the same
+    /// place so the grant still reaches them.
+    pub binds: Vec<Bind>,
+}
+
+/// Most granted paths under /tmp one server may have bound.
+pub const MAX_BINDS: usize = 64;
+
+/// One granted path under /tmp. The child opens it before /tmp is replaced
+/// (in its own mount namespace: a bind's source must be a mount of that
+/// namespace) and binds it back at the same place afterwards.
+pub struct Bind {
+    /// Each directory to make on the way, outermost first.
+    pub parents: Vec<CString>,
+    /// The path, on the host and in the private /tmp alike.
+    pub target: CString,
+    /// Whether it is a directory (else a file is made to bind over).
+    pub dir: bool,
+}
+
+impl Bind {
+    /// Prepares `path` (which must lie under /tmp) for binding.
+    pub fn new(path: &std::path::Path) -> std::io::Result<Self> {
+        use std::os::unix::ffi::OsStrExt;
+        let dir = std::fs::metadata(path)?.is_dir();
+        let cstring = |p: &std::path::Path| {
+            CString::new(p.as_os_str().as_bytes())
+                .map_err(|_| std::io::Error::other("a NUL byte in a path"))
+        };
+        let mut ancestors: Vec<&std::path::Path> = path
+            .ancestors()
+            .skip(1)
+            .take_while(|a| *a != std::path::Path::new("/tmp"))
+            .collect();
+        ancestors.reverse();
+        Ok(Self {
+            parents: ancestors
+                .into_iter()
+                .map(cstring)
+                .collect::<Result<_, _>>()?,
+            target: cstring(path)?,
+            dir,
+        })
+    }
+}
+
+/// `/proc/self/fd/N` for `fd`, written into `buf` with its NUL, without
+/// allocating.
+fn fd_path(fd: i32, buf: &mut [u8; 32]) -> *const c_char {
+    const PREFIX: &[u8] = b"/proc/self/fd/";
+    buf[..PREFIX.len()].copy_from_slice(PREFIX);
+    let mut digits = [0u8; 12];
+    let mut n = fd.unsigned_abs();
+    let mut len = 0;
+    loop {
+        digits[len] = b'0' + (n % 10) as u8;
+        len += 1;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    for i in 0..len {
+        buf[PREFIX.len() + i] = digits[len - 1 - i];
+    }
+    buf[PREFIX.len() + len] = 0;
+    buf.as_ptr().cast()
+}
+
+/// Everything the child does, prepared in the parent.
+pub struct ChildPlan {
+    pub path: CString,
+    pub argv: Vec<CString>,
+    pub env: Vec<CString>,
+    pub cwd: CString,
+    pub executable: RawFd,
+    pub rlimits: Vec<(Resource, Rlimit)>,
+    pub namespaces: Option<Namespaces>,
+    /// The Landlock ruleset, with the rights for the child's /proc/self and
+    /// its private /tmp.
+    pub landlock: Option<(RawFd, u64, u64)>,
+    /// Whether the bounding set and securebits can be changed (the child
+    /// holds CAP_SETPCAP: root, or in its own user namespace).
+    pub drop_bounding: bool,
+    pub seccomp: Vec<seccompiler::BpfProgram>,
+}
+
+/// A started child: its pidfd and the parent's ends of its stdio.
+pub struct Child {
+    pub pidfd: OwnedFd,
+    pub pid: i32,
+    pub stdin: OwnedFd,
+    pub stdout: OwnedFd,
+    pub stderr: OwnedFd,
+}
+
+/// Why a child could not be started.
+#[derive(Debug)]
+pub enum SpawnFailure {
+    /// In the parent: the system call named, and its error.
+    Parent(&'static str, std::io::Error),
+    /// In the child, before exec: the step, and its errno.
+    Child(Step, std::io::Error),
+}
+
+impl std::fmt::Display for SpawnFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SpawnFailure::Parent(call, error) => write!(f, "{call}: {error}"),
+            SpawnFailure::Child(step, error) => {
+                write!(f, "in the child, {}: {error}", step.describe())
+            }
+        }
+    }
+}
+
+fn pipe() -> Result<(OwnedFd, OwnedFd), SpawnFailure> {
+    let (read, write) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+        .map_err(|e| SpawnFailure::Parent("pipe2", e.into()))?;
+    // The child moves its ends onto 0, 1 and 2: keep every end above them, so
+    // no move overwrites another end (Moat may run with 0..2 closed).
+    let high = |fd: OwnedFd| {
+        rustix::io::fcntl_dupfd_cloexec(&fd, 3)
+            .map_err(|e| SpawnFailure::Parent("fcntl(F_DUPFD_CLOEXEC)", e.into()))
+    };
+    Ok((high(read)?, high(write)?))
+}
+
+/// Starts the child described by `plan`, in namespaces when it has them.
+pub fn spawn(plan: &ChildPlan) -> Result<Child, SpawnFailure> {
+    let (stdin_read, stdin_write) = pipe()?;
+    let (stdout_read, stdout_write) = pipe()?;
+    let (stderr_read, stderr_write) = pipe()?;
+    let (report_read, report_write) = pipe()?;
+    // Held open by Moat until the child has exec'd: a child that finds it
+    // closed knows its parent died before the death signal was armed.
+    let (life_read, life_write) = pipe()?;
+    let argv: Vec<*const c_char> = plan
+        .argv
+        .iter()
+        .map(|a| a.as_ptr())
+        .chain(std::iter::once(std::ptr::null()))
+        .collect();
+    let envp: Vec<*const c_char> = plan
+        .env
+        .iter()
+        .map(|a| a.as_ptr())
+        .chain(std::iter::once(std::ptr::null()))
+        .collect();
+    let mut flags = libc::CLONE_PIDFD | libc::SIGCHLD;
+    if let Some(ns) = &plan.namespaces {
+        flags |= libc::CLONE_NEWPID | libc::CLONE_NEWNS;
+        if ns.user.is_some() {
+            flags |= libc::CLONE_NEWUSER;
+        }
+        if ns.net {
+            flags |= libc::CLONE_NEWNET;
+        }
+    }
+    let fds = ChildFds {
+        stdin: stdin_read.as_raw_fd(),
+        stdout: stdout_write.as_raw_fd(),
+        stderr: stderr_write.as_raw_fd(),
+        report: report_write.as_raw_fd(),
+        life: life_read.as_raw_fd(),
+        life_write: life_write.as_raw_fd(),
+    };
+    let mut pidfd: libc::c_int = -1;
+    // SAFETY: a fork-like clone: no CLONE_VM and no new stack, so the child
+    // runs on its own copy of this thread's stack and memory. It runs only
+    // `child`, which never returns, makes raw system calls on memory
+    // prepared above and allocates nothing. CLONE_PIDFD writes the pidfd
+    // through the parent_tid argument, which points at `pidfd`.
+    let pid = unsafe {
+        libc::syscall(
+            libc::SYS_clone,
+            flags as libc::c_ulong,
+            0usize,
+            &mut pidfd as *mut libc::c_int,
+            0usize,
+            0usize,
+        )
+    };
+    if pid == 0 {
+        // SAFETY: we are the freshly cloned child (see above).
+        unsafe { child(plan, &fds, &argv, &envp) }
+    }
+    if pid < 0 {
+        return Err(SpawnFailure::Parent(
+            "clone",
+            std::io::Error::last_os_error(),
+        ));
+    }
+    // SAFETY: CLONE_PIDFD succeeded, so `pidfd` is a descriptor we now own.
+    let pidfd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(pidfd) };
+    drop((
+        stdin_read,
+        stdout_write,
+        stderr_write,
+        report_write,
+        life_read,
+    ));
+    let report = read_report(&report_read);
+    drop(life_write);
+    if let Some(failure) = report {
+        // The child has left with `_exit`; reap it.
+        let _ = rustix::process::waitid(
+            rustix::process::WaitId::PidFd(pidfd.as_fd()),
+            rustix::process::WaitIdOptions::EXITED,
+        );
+        return Err(failure);
+    }
+    Ok(Child {
+        pidfd,
+        pid: pid as i32,
+        stdin: stdin_write,
+        stdout: stdout_read,
+        stderr: stderr_read,
+    })
+}
+
+/// Reads the child's report: nothing (EOF at exec) or (step, errno).
+fn read_report(fd: &OwnedFd) -> Option<SpawnFailure> {
+    let mut buf = [0u8; 8];
+    let mut filled = 0;
+    while filled < buf.len() {
+        match rustix::io::read(fd, &mut buf[filled..]) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(errno) => {
+                return Some(SpawnFailure::Parent(
+                    "read of the launch pipe",
+                    errno.into(),
+                ));
+            }
+        }
+    }
+    if filled == 0 {
+        return None;
+    }
+    let step = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]);
+    let errno = i32::from_le_bytes([buf[4], buf[5], buf[6], buf[7]]);
+    Some(SpawnFailure::Child(
+        Step::from_raw(step).unwrap_or(Step::Execve),
+        std::io::Error::from_raw_os_error(errno),
+    ))
+}
+
+struct ChildFds {
+    stdin: RawFd,
+    stdout: RawFd,
+    stderr: RawFd,
+    report: RawFd,
+    life: RawFd,
+    life_write: RawFd,
+}
+
+/// Reports `step` failing with the current errno, and leaves.
+///
+/// # Safety
+///
+/// Only in the cloned child.
+unsafe fn fail(report: RawFd, step: Step, errno: i32) -> ! {
+    let mut buf = [0u8; 8];
+    buf[..4].copy_from_slice(&(step as u32).to_le_bytes());
+    buf[4..].copy_from_slice(&errno.to_le_bytes());
+    // SAFETY: writes 8 bytes from the stack, then leaves without running
+    // destructors (the parent's state is not ours to tear down).
+    unsafe {
+        libc::write(report, buf.as_ptr().cast(), buf.len());
+        libc::_exit(127)
+    }
+}
+
+fn errno() -> i32 {
+    std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+}
+
+/// Writes `bytes` to the file at `path` (a /proc file), or fails `step`.
+///
+/// # Safety
+///
+/// Only in the cloned child.
+unsafe fn write_proc(path: &std::ffi::CStr, bytes: &[u8], report: RawFd, step: Step) {
+    // SAFETY: a static path; the descriptor is closed before returning.
+    unsafe {
+        let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+        if fd < 0 {
+            fail(report, step, errno());
+        }
+        if libc::write(fd, bytes.as_ptr().cast(), bytes.len()) != bytes.len() as isize {
+            fail(report, step, errno());
+        }
+        libc::close(fd);
+    }
+}
+
+/// Closes every descriptor from `from` to `to` inclusive.
+///
+/// # Safety
+///
+/// Only in the cloned child.
+unsafe fn close_range(from: u32, to: u32) -> bool {
+    if from > to {
+        return true;
+    }
+    // SAFETY: closes descriptors of this (child) process only.
+    unsafe { libc::syscall(libc::SYS_close_range, from, to, 0u32) == 0 }
+}
+
+/// The child, between clone and exec. Never returns.
+///
+/// # Safety
+///
+/// Only in the freshly cloned child: raw system calls on memory prepared
+/// before the clone, no allocation, no locks.
+unsafe fn child(
+    plan: &ChildPlan,
+    fds: &ChildFds,
+    argv: &[*const c_char],
+    envp: &[*const c_char],
+) -> ! {
+    let report = fds.report;
+    // SAFETY: every call below is a raw system call on this process, with
+    // pointers into memory prepared before the clone; see the function's
+    // contract.
+    unsafe {
+        let check = |ok: bool, step: Step| {
+            if !ok {
+                fail(report, step, errno());
+            }
+        };
+        for (from, to) in [(fds.stdin, 0), (fds.stdout, 1), (fds.stderr, 2)] {
+            check(libc::dup2(from, to) == to, Step::Stdio);
+        }
+        libc::close(fds.life_write);
+        check(
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) == 0,
+            Step::DeathSignal,
+        );
+        // Moat holds the other end until this child has exec'd; a hang-up
+        // means Moat died before the death signal was armed.
+        let mut poll = libc::pollfd {
+            fd: fds.life,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        if libc::poll(&mut poll, 1, 0) > 0 && poll.revents & libc::POLLHUP != 0 {
+            fail(report, Step::ParentGone, libc::ESRCH);
+        }
+        // The working directory is entered before /tmp is replaced, so a
+        // working directory under the host's /tmp stays reachable.
+        check(libc::chdir(plan.cwd.as_ptr()) == 0, Step::Chdir);
+        if let Some(ns) = &plan.namespaces {
+            if let Some((uid_map, gid_map)) = &ns.user {
+                write_proc(c"/proc/self/setgroups", b"deny", report, Step::Setgroups);
+                write_proc(c"/proc/self/uid_map", uid_map, report, Step::UidMap);
+                write_proc(c"/proc/self/gid_map", gid_map, report, Step::GidMap);
+            }
+            check(
+                libc::mount(
+                    std::ptr::null(),
+                    c"/".as_ptr(),
+                    std::ptr::null(),
+                    libc::MS_REC | libc::MS_PRIVATE,
+                    std::ptr::null(),
+                ) == 0,
+                Step::MountPrivate,
+            );
+            if let Some(options) = &ns.tmp {
+                // Open every granted path under /tmp while it is still
+                // visible, in this mount namespace.
+                let mut bound = [-1i32; MAX_BINDS];
+                for (slot, bind) in bound.iter_mut().zip(&ns.binds) {
+                    *slot = libc::open(bind.target.as_ptr(), libc::O_PATH | libc::O_CLOEXEC);
+                    check(*slot >= 0, Step::BindGrant);
+                }
+                check(
+                    libc::mount(
+                        c"tmpfs".as_ptr(),
+                        c"/tmp".as_ptr(),
+                        c"tmpfs".as_ptr(),
+                        libc::MS_NOSUID | libc::MS_NODEV,
+                        options.as_ptr().cast(),
+                    ) == 0,
+                    Step::MountTmp,
+                );
+                for (fd, bind) in bound.iter().zip(&ns.binds) {
+                    for parent in &bind.parents {
+                        let made = libc::mkdir(parent.as_ptr(), 0o755);
+                        check(made == 0 || errno() == libc::EEXIST, Step::BindGrant);
+                    }
+                    let made = if bind.dir {
+                        libc::mkdir(bind.target.as_ptr(), 0o755)
+                    } else {
+                        let file = libc::open(
+                            bind.target.as_ptr(),
+                            libc::O_CREAT | libc::O_WRONLY | libc::O_CLOEXEC,
+                            0o644,
+                        );
+                        if file >= 0 {
+                            libc::close(file);
+                        }
+                        file.min(0)
+                    };
+                    check(made == 0 || errno() == libc::EEXIST, Step::BindGrant);
+                    let mut source = [0u8; 32];
+                    check(
+                        libc::mount(
+                            fd_path(*fd, &mut source),
+                            bind.target.as_ptr(),
+                            std::ptr::null(),
+                            libc::MS_BIND | libc::MS_REC,
+                            std::ptr::null(),
+                        ) == 0,
+                        Step::BindGrant,
+                    );
+                    libc::close(*fd);
+                }
+            }
+        }
+        check(libc::setpgid(0, 0) == 0, Step::ProcessGroup);
+        for (resource, limit) in &plan.rlimits {
+            check(
+                rustix::process::setrlimit(*resource, *limit).is_ok(),
+                Step::Rlimit,
+            );
+        }
+        check(
+            libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0,
+            Step::NoNewPrivs,
+        );
+        if let Some((ruleset, proc_self, tmp)) = plan.landlock {
+            let tmp = plan
+                .namespaces
+                .as_ref()
+                .and_then(|ns| ns.tmp.as_ref())
+                .map(|_| tmp);
+            if let Err(error) = crate::sandbox::restrict_child(ruleset, proc_self, tmp) {
+                fail(report, Step::Landlock, error.raw_os_error().unwrap_or(0));
+            }
+        }
+        // The measured descriptor stays open across exec, so a script's
+        // interpreter can read it through /proc/self/fd/N.
+        check(
+            libc::fcntl(plan.executable, libc::F_SETFD, 0) == 0,
+            Step::CloseDescriptors,
+        );
+        // Nothing but 0, 1, 2 and the measured executable survives exec (the
+        // report pipe is close-on-exec and goes at exec).
+        let mut keep = [plan.executable as u32, report as u32];
+        keep.sort_unstable();
+        let mut from = 3u32;
+        for fd in keep {
+            check(
+                close_range(from, fd.saturating_sub(1)),
+                Step::CloseDescriptors,
+            );
+            from = fd + 1;
+        }
+        check(close_range(from, u32::MAX), Step::CloseDescriptors);
+        if plan.drop_bounding {
+            let mut cap = 0;
+            while libc::prctl(libc::PR_CAPBSET_READ, cap, 0, 0, 0) >= 0 {
+                check(
+                    libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) == 0,
+                    Step::BoundingSet,
+                );
+                cap += 1;
+            }
+            // SECBIT_NOROOT, SECBIT_NO_SETUID_FIXUP and SECBIT_KEEP_CAPS off,
+            // each locked: uid 0 never regains capabilities at exec.
+            const SECUREBITS: libc::c_ulong = (1 << 0) | (1 << 1) | (1 << 2) | (1 << 3) | (1 << 5);
+            check(
+                libc::prctl(libc::PR_SET_SECUREBITS, SECUREBITS, 0, 0, 0) == 0,
+                Step::Securebits,
+            );
+        }
+        check(
+            libc::prctl(
+                libc::PR_CAP_AMBIENT,
+                libc::PR_CAP_AMBIENT_CLEAR_ALL,
+                0,
+                0,
+                0,
+            ) == 0,
+            Step::AmbientSet,
+        );
+        #[repr(C)]
+        struct CapHeader {
+            version: u32,
+            pid: i32,
+        }
+        #[repr(C)]
+        struct CapData {
+            effective: u32,
+            permitted: u32,
+            inheritable: u32,
+        }
+        let header = CapHeader {
+            version: 0x2008_0522, // _LINUX_CAPABILITY_VERSION_3
+            pid: 0,
+        };
+        let data = [
+            CapData {
+                effective: 0,
+                permitted: 0,
+                inheritable: 0,
+            },
+            CapData {
+                effective: 0,
+                permitted: 0,
+                inheritable: 0,
+            },
+        ];
+        check(
+            libc::syscall(libc::SYS_capset, &header as *const CapHeader, data.as_ptr()) == 0,
+            Step::Capset,
+        );
+        for program in &plan.seccomp {
+            if let Err(error) = crate::sandbox::seccomp::install(program) {
+                fail(report, Step::Seccomp, error.raw_os_error().unwrap_or(0));
+            }
+        }
+        libc::execve(plan.path.as_ptr(), argv.as_ptr(), envp.as_ptr());
+        fail(report, Step::Execve, errno())
+    }
+}

@@ -1,0 +1,340 @@
+//! Containment of native servers, tried by a hostile server (`breakout`)
+//! while a well-behaved neighbour keeps answering: it cannot signal Moat or
+//! an unrelated process, holds no privilege even when Moat is root, inherits
+//! no descriptor, cannot leave a process behind or make close wait, and with
+//! no `net` grant reaches no socket of the host (TCP, UDP, pathname or
+//! abstract Unix). Each refusal is asserted by its errno.
+#![cfg(target_os = "linux")]
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{args, host, text};
+use moat_host::{ServerSpec, Session};
+use moat_test_guests as guests;
+use serde_json::{Value, json};
+
+fn breakout() -> ServerSpec {
+    let mut spec = ServerSpec::native("breakout", guests::BREAKOUT_NATIVE);
+    spec.allow_unmeasured = true;
+    spec
+}
+
+/// A native `everything` that must keep answering whatever its neighbour
+/// does.
+struct Neighbour(Session);
+
+impl Neighbour {
+    async fn start() -> Self {
+        let mut spec = ServerSpec::native("neighbour", guests::EVERYTHING_NATIVE);
+        spec.allow_unmeasured = true;
+        let neighbour = Self(host().connect(&spec).await.expect("neighbour"));
+        neighbour.answers().await;
+        neighbour
+    }
+
+    async fn answers(&self) {
+        let result = self
+            .0
+            .call_tool("add", args(json!({"a": 2, "b": 40})))
+            .await
+            .expect("the neighbour answers");
+        assert_eq!(text(&result), "42");
+    }
+
+    async fn close(self) {
+        self.answers().await;
+        self.0.close().await.expect("the neighbour closes");
+    }
+}
+
+async fn attack(session: &Session, arguments: Value) -> Value {
+    let result = session
+        .call_tool("attack", args(arguments))
+        .await
+        .expect("the breakout server answers");
+    serde_json::from_str(&text(&result)).expect("a JSON report")
+}
+
+/// Asserts that the attack failed with `errno`.
+#[track_caller]
+fn refused(report: &Value, errno: i32, what: &str) {
+    assert_eq!(report["ok"], json!(false), "{what} succeeded: {report}");
+    assert_eq!(report["errno"], json!(errno), "{what}: {report}");
+}
+
+fn running(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => false,
+        Ok(stat) => {
+            let state = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.trim_start().chars().next());
+            state != Some('Z') && state != Some('X')
+        }
+    }
+}
+
+/// Host pids of live processes whose argv holds `token`.
+fn processes_with(token: &str) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|entry| {
+            let entry = entry.ok()?;
+            let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+            let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
+            (running(pid) && String::from_utf8_lossy(&cmdline).contains(token)).then_some(pid)
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn signals_reach_neither_moat_nor_an_unrelated_process() {
+    let neighbour = Neighbour::start().await;
+    let mut unrelated = std::process::Command::new("sleep")
+        .arg("600")
+        .spawn()
+        .unwrap();
+    let server = host().connect(&breakout()).await.unwrap();
+    for (pid, signal, whom) in [
+        (std::process::id(), libc::SIGSTOP, "Moat"),
+        (unrelated.id(), libc::SIGKILL, "an unrelated process"),
+    ] {
+        let report = attack(
+            &server,
+            json!({"op": "signal", "pid": pid, "signal": signal}),
+        )
+        .await;
+        refused(&report, libc::ESRCH, &format!("signal {signal} to {whom}"));
+        neighbour.answers().await;
+    }
+    assert!(running(unrelated.id()), "the unrelated process survived");
+    unrelated.kill().unwrap();
+    unrelated.wait().unwrap();
+    let _ = server.close().await;
+    neighbour.close().await;
+}
+
+#[tokio::test]
+async fn no_privilege_is_held_even_when_moat_is_root() {
+    let neighbour = Neighbour::start().await;
+    let server = host().connect(&breakout()).await.unwrap();
+    let caps = attack(&server, json!({"op": "caps"})).await;
+    for set in ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"] {
+        assert_eq!(
+            caps["data"][set],
+            json!("0000000000000000"),
+            "{set}: {caps}"
+        );
+    }
+    assert_eq!(caps["data"]["NoNewPrivs"], json!("1"), "{caps}");
+    assert_eq!(caps["data"]["Seccomp"], json!("2"), "{caps}");
+    let neighbour_pid = std::process::id();
+    for (op, errno) in [
+        (json!({"op": "packet"}), libc::EPERM),
+        (json!({"op": "raw"}), libc::EPERM),
+        (json!({"op": "bpf"}), libc::EPERM),
+        (json!({"op": "klogctl"}), libc::EPERM),
+        (json!({"op": "ptrace", "pid": neighbour_pid}), libc::EPERM),
+        (json!({"op": "unshare"}), libc::EPERM),
+        (json!({"op": "keyctl"}), libc::EPERM),
+    ] {
+        let report = attack(&server, op.clone()).await;
+        refused(&report, errno, &op.to_string());
+        neighbour.answers().await;
+    }
+    let identity = server.shared().identity().unwrap();
+    for line in [
+        "enforced: PID namespace",
+        "enforced: capabilities: none",
+        "enforced: seccomp: EPERM for ptrace",
+        "enforced: network namespace",
+        "enforced: descriptors: only stdin, stdout, stderr and the measured executable",
+    ] {
+        assert!(
+            identity.sandbox.iter().any(|l| l.starts_with(line)),
+            "{line} missing from {:#?}",
+            identity.sandbox
+        );
+    }
+    server.close().await.unwrap();
+    neighbour.close().await;
+}
+
+#[tokio::test]
+async fn a_descriptor_moat_inherited_does_not_reach_the_server() {
+    use std::os::fd::AsRawFd;
+    let neighbour = Neighbour::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let secret = dir.path().join("secret");
+    std::fs::write(&secret, "the caller's secret").unwrap();
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&secret)
+        .unwrap();
+    let fd = file.as_raw_fd();
+    // As Moat's caller might hand it: without close-on-exec.
+    // SAFETY: clears the flags of a descriptor this test owns.
+    assert_eq!(unsafe { libc::fcntl(fd, libc::F_SETFD, 0) }, 0);
+    let server = host().connect(&breakout()).await.unwrap();
+    let report = attack(&server, json!({"op": "fd", "fd": fd})).await;
+    refused(&report, libc::EBADF, "reading the inherited descriptor");
+    neighbour.answers().await;
+    server.close().await.unwrap();
+    assert_eq!(
+        std::fs::read_to_string(&secret).unwrap(),
+        "the caller's secret"
+    );
+    drop(file);
+    neighbour.close().await;
+}
+
+#[tokio::test]
+async fn a_grandchild_that_leaves_its_session_dies_with_the_server_and_close_is_bounded() {
+    let neighbour = Neighbour::start().await;
+    let mut spec = breakout();
+    spec.limits.close_grace_ms = 400;
+    let server = host().connect(&spec).await.unwrap();
+    let token = format!("moat-escape-{}", std::process::id());
+    // The server ignores SIGTERM and SIGHUP and stdin EOF from now on; its
+    // grandchild is in a session of its own and holds stdout and stderr.
+    let report = attack(
+        &server,
+        json!({"op": "escape", "token": token, "deaf": true}),
+    )
+    .await;
+    assert_eq!(report["ok"], json!(true), "{report}");
+    let pid: u32 = report["data"].as_str().unwrap().parse().unwrap();
+    assert!(running(pid), "the grandchild runs before close");
+    assert_eq!(processes_with(&token), [pid]);
+    neighbour.answers().await;
+    let started = Instant::now();
+    server.close().await.unwrap();
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_millis(2 * 400),
+        "close took {took:?}, more than twice close_grace_ms"
+    );
+    assert!(!running(pid), "the grandchild outlived close");
+    assert_eq!(processes_with(&token), Vec::<u32>::new());
+    neighbour.close().await;
+}
+
+#[tokio::test]
+async fn without_net_no_socket_of_the_host_is_reached() {
+    use std::os::linux::net::SocketAddrExt;
+    let neighbour = Neighbour::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    udp.set_nonblocking(true).unwrap();
+    let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    tcp.set_nonblocking(true).unwrap();
+    let path = dir.path().join("listener.sock");
+    let unix = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    unix.set_nonblocking(true).unwrap();
+    let name = format!("moat-test-{}", std::process::id());
+    let address = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
+    let abstract_listener = std::os::unix::net::UnixListener::bind_addr(&address).unwrap();
+    abstract_listener.set_nonblocking(true).unwrap();
+    let server = host().connect(&breakout()).await.unwrap();
+    let cases = [
+        (
+            json!({"op": "udp", "addr": udp.local_addr().unwrap().to_string()}),
+            libc::ENETUNREACH,
+        ),
+        (
+            json!({"op": "tcp", "addr": tcp.local_addr().unwrap().to_string()}),
+            // Landlock refuses the connect before routing would.
+            libc::EACCES,
+        ),
+        (json!({"op": "unix", "path": path}), libc::EPERM),
+        (json!({"op": "abstract", "name": name}), libc::EPERM),
+    ];
+    for (op, errno) in cases {
+        let report = attack(&server, op.clone()).await;
+        refused(&report, errno, &op.to_string());
+        neighbour.answers().await;
+    }
+    let mut buf = [0u8; 16];
+    assert_eq!(
+        udp.recv_from(&mut buf).unwrap_err().kind(),
+        std::io::ErrorKind::WouldBlock,
+        "a datagram arrived"
+    );
+    for accepted in [
+        tcp.accept().map(|_| ()),
+        unix.accept().map(|_| ()),
+        abstract_listener.accept().map(|_| ()),
+    ] {
+        assert_eq!(
+            accepted.unwrap_err().kind(),
+            std::io::ErrorKind::WouldBlock,
+            "a connection arrived"
+        );
+    }
+    server.close().await.unwrap();
+    neighbour.close().await;
+}
+
+#[tokio::test]
+async fn each_server_writes_to_a_private_tmp_that_goes_with_it() {
+    let neighbour = Neighbour::start().await;
+    let server = host().connect(&breakout()).await.unwrap();
+    assert!(
+        std::fs::read_dir("/tmp").unwrap().next().is_some(),
+        "the host's /tmp has entries the server must not see"
+    );
+    let report = attack(&server, json!({"op": "tmp"})).await;
+    assert_eq!(
+        report,
+        json!({"ok": true, "data": {"dir": "/tmp", "entries": ["breakout-tmp"]}})
+    );
+    assert!(
+        !std::path::Path::new("/tmp/breakout-tmp").exists(),
+        "the server's /tmp is the host's"
+    );
+    server.close().await.unwrap();
+    // A second server starts from an empty /tmp again.
+    let server = host().connect(&breakout()).await.unwrap();
+    let again = attack(&server, json!({"op": "tmp"})).await;
+    assert_eq!(again, report);
+    server.close().await.unwrap();
+    neighbour.close().await;
+}
+
+/// A directory granted under the host's /tmp is still there, at the same
+/// path, inside the server's private /tmp; nothing else of the host's /tmp is.
+#[tokio::test]
+async fn a_grant_under_the_hosts_tmp_reaches_through_the_private_tmp() {
+    use moat_host::config::{DirGrant, DirMode};
+    let dir = tempfile::tempdir_in("/tmp").unwrap();
+    let granted = dir.path().join("granted");
+    std::fs::create_dir(&granted).unwrap();
+    std::fs::write(granted.join("note"), "from the host").unwrap();
+    std::fs::write(dir.path().join("beside"), "not granted").unwrap();
+    let mut spec = ServerSpec::native("probe", guests::PROBE_NATIVE);
+    spec.allow_unmeasured = true;
+    spec.dirs = vec![DirGrant {
+        host: granted.clone(),
+        guest: granted.display().to_string(),
+        mode: DirMode::Rw,
+    }];
+    let server = host().connect(&spec).await.unwrap();
+    let probe = |arguments: Value| {
+        let server = &server;
+        async move { attack(server, arguments).await }
+    };
+    let read = probe(json!({"op": "read", "path": granted.join("note")})).await;
+    assert_eq!(read, json!({"ok": true, "data": "from the host"}));
+    let write = probe(json!({"op": "write", "path": granted.join("new")})).await;
+    assert_eq!(write, json!({"ok": true, "data": "written"}));
+    let beside = probe(json!({"op": "read", "path": dir.path().join("beside")})).await;
+    assert_eq!(beside["ok"], json!(false), "{beside}");
+    server.close().await.unwrap();
+    assert_eq!(
+        std::fs::read_to_string(granted.join("new")).unwrap(),
+        "written by probe"
+    );
+}
