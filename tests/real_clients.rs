@@ -233,3 +233,92 @@ fn serving_beyond_loopback_needs_a_token() {
         String::from_utf8_lossy(&output.stderr)
     );
 }
+
+/// The interpreter behind `python3`, as installed (pyenv, uv and the like
+/// put it under the home directory, outside /usr).
+fn python_executable() -> std::path::PathBuf {
+    let output = Command::new("python3")
+        .args(["-c", "import sys; print(sys.executable)"])
+        .output()
+        .expect("python3");
+    std::path::PathBuf::from(String::from_utf8(output.stdout).unwrap().trim())
+}
+
+/// The reference servers (mcp-server-time under this machine's Python,
+/// wherever it is installed, and server-everything under node) run under the
+/// required sandbox through `moat serve`, driven by the official Python SDK,
+/// with nothing granted by hand beyond their package directories.
+#[test]
+fn the_reference_servers_run_under_the_required_sandbox() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let site = root.join("target/py");
+    let modules = root.join("target/npm/node_modules");
+    assert!(
+        site.join("mcp_server_time").exists() && modules.join("@modelcontextprotocol").exists(),
+        "run `bash tests/setup.sh` (the README's test command does)"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("moat.toml");
+    let everything = modules.join("@modelcontextprotocol/server-everything/dist/index.js");
+    std::fs::write(
+        &config,
+        format!(
+            r#"[servers.time]
+command = {python:?}
+args = ["-m", "mcp_server_time", "--local-timezone", "UTC"]
+env = {{ PYTHONPATH = {site:?} }}
+allow_unmeasured = true
+sandbox = "required"
+[[servers.time.dirs]]
+host = {site:?}
+mode = "ro"
+
+[servers.everything]
+command = "node"
+args = [{everything:?}, "stdio"]
+allow_unmeasured = true
+sandbox = "required"
+[[servers.everything.dirs]]
+host = {modules:?}
+mode = "ro"
+"#,
+            python = python_executable(),
+        ),
+    )
+    .unwrap();
+    let output = Command::new("python3")
+        .arg(root.join("tests/clients/py_reference.py"))
+        .arg(env!("CARGO_BIN_EXE_moat"))
+        .arg(&config)
+        .env("PYTHONPATH", &site)
+        .env(
+            "MOAT_CACHE_DIR",
+            Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-cache"),
+        )
+        .output()
+        .expect("running python3");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "the Python agent failed:\n{stderr}"
+    );
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&output.stdout)));
+    let tools = report["tools"].as_array().unwrap();
+    for tool in [
+        "time__get_current_time",
+        "time__convert_time",
+        "everything__echo",
+    ] {
+        assert!(
+            tools.contains(&serde_json::json!(tool)),
+            "{tool} missing: {tools:?}"
+        );
+    }
+    assert_eq!(report["time_error"], false, "{report}");
+    assert_eq!(report["time"]["timezone"], "UTC", "{report}");
+    assert!(
+        report["echo"].as_str().unwrap().contains("through moat"),
+        "{report}"
+    );
+}

@@ -30,9 +30,13 @@ if ! grep -q "\"version\": \"$SERVER_EVERYTHING\"" "$installed/server-everything
         "@modelcontextprotocol/sdk@$SDK"
 fi
 
-# The official Python SDK (an agent that drives `moat serve`), pinned, into
-# target/py (no virtualenv needed: tests put it on PYTHONPATH).
+# The official Python SDK (an agent that drives `moat serve`) and the Python
+# reference server mcp-server-time (run by the sandbox tests under this
+# machine's interpreter, wherever it is installed), pinned, into target/py
+# (no virtualenv needed: tests put it on PYTHONPATH).
 PY_MCP=2.3.0
-if ! PYTHONPATH=target/py python3 -c "import importlib.metadata as m, sys; sys.exit(m.version('mcp') != '$PY_MCP')" 2>/dev/null; then
-    python3 -m pip install --quiet --disable-pip-version-check --target target/py "mcp==$PY_MCP"
+PY_TIME=2026.10.19
+if ! PYTHONPATH=target/py python3 -c "import importlib.metadata as m, sys; sys.exit(m.version('mcp') != '$PY_MCP' or m.version('mcp-server-time') != '$PY_TIME')" 2>/dev/null; then
+    python3 -m pip install --quiet --disable-pip-version-check --target target/py --upgrade \
+        "mcp==$PY_MCP" "mcp-server-time==$PY_TIME"
 fi

@@ -26,7 +26,8 @@ fn user() -> Option<u32> {
 
 fn as_user(command: &mut Command) -> &mut Command {
     if let Some(uid) = user() {
-        command.uid(uid).gid(NOBODY).groups(&[]);
+        // From root, std also clears the supplementary groups.
+        command.uid(uid).gid(NOBODY);
     }
     command
 }
