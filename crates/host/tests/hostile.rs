@@ -262,7 +262,8 @@ async fn a_server_reaching_for_what_it_was_not_granted_is_refused_every_time(lau
     let attempts = [
         json!({"op": "read", "path": "/etc/shadow"}),
         json!({"op": "list", "path": "/root"}),
-        json!({"op": "write", "path": "/tmp/moat-overreach"}),
+        // Not /tmp: a native server has a private /tmp of its own to write.
+        json!({"op": "write", "path": "/var/tmp/moat-overreach"}),
         json!({"op": "connect", "addr": addr}),
         json!({"op": "env", "name": "HOME"}),
     ];
@@ -294,7 +295,7 @@ async fn a_server_reaching_for_what_it_was_not_granted_is_refused_every_time(lau
         refused,
         [file, file, file, socket, "environment variable not found"]
     );
-    assert!(!std::path::Path::new("/tmp/moat-overreach").exists());
+    assert!(!std::path::Path::new("/var/tmp/moat-overreach").exists());
     listener.set_nonblocking(true).unwrap();
     assert!(listener.accept().is_err(), "a connection got through");
     session.close().await.unwrap();

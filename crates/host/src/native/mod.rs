@@ -5,10 +5,14 @@
 //! links, hashed through that descriptor, and that same descriptor is run
 //! (`/proc/self/fd/N`), so nothing can be swapped between hash and exec.
 //! The child gets exactly the configured argv (no shell), cwd and
-//! environment; it leads its own process group, has a parent-death signal
-//! and no_new_privs, and runs under rlimits for CPU, address space, open
-//! files, processes, file size and core size 0. Stopping it signals the
-//! whole group, so grandchildren go too.
+//! environment. It is made in namespaces of its own and contained before it
+//! runs (see [`spawn`]): PID 1 of its own PID namespace, a private /tmp,
+//! no network without `net`, no capabilities, a seccomp deny-list, Landlock,
+//! no inherited descriptors, a parent-death signal and rlimits for CPU,
+//! address space, open files, processes, file size and core size 0.
+//! [`isolation`] decides what this kernel allows and refuses, under
+//! `sandbox = "required"`, what it does not. It is waited for and signalled
+//! through a pidfd; when it exits, its namespace is already empty.
 
 use std::io::Read;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -391,7 +395,7 @@ fn spawn(
         .map_err(io("registering the stdout pipe"))?;
     let stderr = tokio::net::unix::pipe::Receiver::from_owned_fd(stderr)
         .map_err(io("registering the stderr pipe"))?;
-    let reaper = Reaper::new(pidfd).map_err(io("registering the pidfd"))?;
+    let reaper = Reaper::new(pidfd, pid).map_err(io("registering the pidfd"))?;
     let pid = Pid::from_raw(pid).ok_or_else(|| NativeError::Spawn {
         path: path.clone(),
         source: std::io::Error::other("clone returned no pid"),
@@ -605,6 +609,7 @@ fn isolation(launch: &NativeLaunch) -> Result<Isolation, NativeError> {
 /// is dropped is killed and reaped.
 struct Reaper {
     pidfd: Arc<tokio::io::unix::AsyncFd<OwnedFd>>,
+    pid: i32,
     reaped: bool,
 }
 
@@ -619,10 +624,31 @@ impl Signaller {
     }
 }
 
-type WaitStatus = Result<(Option<i32>, Option<i32>), std::io::Error>;
+/// Exit code, terminating signal, and the CPU seconds it had used.
+type WaitStatus = Result<(Option<i32>, Option<i32>, u64), std::io::Error>;
+
+/// CPU seconds (user and system) a process has used, read from
+/// /proc/PID/stat; a zombie keeps them until it is reaped.
+fn cpu_seconds_used(pid: i32) -> u64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0;
+    };
+    let Some((_, rest)) = stat.rsplit_once(')') else {
+        return 0;
+    };
+    // Fields after the command: state is field 3; utime 14, stime 15.
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = [11, 12]
+        .iter()
+        .filter_map(|i| fields.get(*i)?.parse::<u64>().ok())
+        .sum();
+    // SAFETY: sysconf has no preconditions.
+    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    ticks / per_second
+}
 
 impl Reaper {
-    fn new(pidfd: OwnedFd) -> std::io::Result<Self> {
+    fn new(pidfd: OwnedFd, pid: i32) -> std::io::Result<Self> {
         // SAFETY: the AsyncFd takes ownership of the OwnedFd, so the
         // descriptor stays open and refers to the same pidfd for the
         // AsyncFd's whole life, and `as_raw_fd` always returns it.
@@ -631,6 +657,7 @@ impl Reaper {
         }?;
         Ok(Self {
             pidfd: Arc::new(registered),
+            pid,
             reaped: false,
         })
     }
@@ -645,11 +672,20 @@ impl Reaper {
             let mut ready = self.pidfd.readable().await?;
             match rustix::process::waitid(
                 rustix::process::WaitId::PidFd(self.pidfd.get_ref().as_fd()),
-                rustix::process::WaitIdOptions::EXITED | rustix::process::WaitIdOptions::NOHANG,
+                rustix::process::WaitIdOptions::EXITED
+                    | rustix::process::WaitIdOptions::NOHANG
+                    | rustix::process::WaitIdOptions::NOWAIT,
             ) {
                 Ok(Some(status)) => {
+                    // Exited, not yet reaped (NOWAIT): read its CPU time,
+                    // then reap it.
+                    let cpu = cpu_seconds_used(self.pid);
+                    let _ = rustix::process::waitid(
+                        rustix::process::WaitId::PidFd(self.pidfd.get_ref().as_fd()),
+                        rustix::process::WaitIdOptions::EXITED,
+                    );
                     self.reaped = true;
-                    return Ok((status.exit_status(), status.terminating_signal()));
+                    return Ok((status.exit_status(), status.terminating_signal(), cpu));
                 }
                 Ok(None) => ready.clear_ready(),
                 Err(rustix::io::Errno::INTR) => {}
@@ -770,7 +806,7 @@ fn rlimits(limits: &Limits) -> Vec<(Resource, Rlimit)> {
 }
 
 fn classify(status: WaitStatus, stopped: bool, out_of_memory: bool, limits: &Limits) -> Exit {
-    let (code, signal) = match status {
+    let (code, signal, cpu_used) = match status {
         Ok(status) => status,
         Err(error) => return Exit::Crashed(format!("waitid: {error}")),
     };
@@ -778,7 +814,11 @@ fn classify(status: WaitStatus, stopped: bool, out_of_memory: bool, limits: &Lim
         return Exit::Code(code);
     }
     let signal = signal.unwrap_or(0);
-    if signal == Signal::XCPU.as_raw() {
+    // The server is PID 1 of its namespace, which ignores SIGXCPU: the CPU
+    // limit then shows as SIGKILL at the hard limit, with the time used.
+    if signal == Signal::XCPU.as_raw()
+        || (signal == Signal::KILL.as_raw() && !stopped && cpu_used >= limits.cpu_seconds)
+    {
         return Exit::Limit(LimitHit::CpuSeconds {
             cpu_seconds: limits.cpu_seconds,
         });
