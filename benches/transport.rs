@@ -2,6 +2,10 @@
 //! wasm and native (the same guest built both ways), side by side with an in-process rmcp baseline (client and server over an
 //! in-memory duplex) in the same run.
 //!
+//! Native start-up is measured twice: through Moat (measured, in its own
+//! namespaces, Landlock, seccomp, no capabilities) and as a bare child of
+//! the same binary, so the cost of containment is read off one run.
+//!
 //! Each group runs on a current-thread and on a multi-thread tokio runtime.
 //!
 //! `cargo bench --bench transport`
@@ -86,6 +90,27 @@ async fn in_process_session() -> rmcp::service::RunningService<rmcp::RoleClient,
         .serve(client_io)
         .await
         .expect("in-process client")
+}
+
+/// The native guest spawned plainly, with rmcp's client on its stdio.
+async fn bare_child_session() -> (
+    rmcp::service::RunningService<rmcp::RoleClient, BenchClient>,
+    tokio::process::Child,
+) {
+    let mut child = tokio::process::Command::new(guests::EVERYTHING_NATIVE)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn");
+    let stdout = child.stdout.take().unwrap();
+    let stdin = child.stdin.take().unwrap();
+    let client = BenchClient
+        .serve((stdout, stdin))
+        .await
+        .expect("bare child client");
+    (client, child)
 }
 
 /// Times `connect` alone; closing happens outside the measurement.
@@ -187,6 +212,22 @@ fn start_to_initialized(c: &mut Criterion) {
         group.bench_function("native_measured_spawn", |b| {
             b.to_async(&runtime)
                 .iter_custom(|iters| time_connects_to(&warm, &native, iters))
+        });
+        // The same binary as a bare child (no measurement, namespaces,
+        // Landlock, seccomp or capability drop) with rmcp's client on its
+        // pipes: what Moat's containment costs is the difference.
+        group.bench_function("native_bare_spawn", |b| {
+            b.to_async(&runtime).iter_custom(|iters| async move {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    let started = Instant::now();
+                    let (client, mut child) = bare_child_session().await;
+                    total += started.elapsed();
+                    client.cancel().await.unwrap();
+                    child.kill().await.unwrap();
+                }
+                total
+            })
         });
         group.bench_function("in_process_rmcp", |b| {
             b.to_async(&runtime).iter_custom(|iters| async move {

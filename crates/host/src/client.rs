@@ -79,6 +79,16 @@ pub enum ClientError {
         operation: String,
         detail: String,
     },
+    #[error(
+        "handshake on server `{server}` failed: {fault}. The native sandbox may be the cause: the server may read only what `moat inspect {server}` lists{denied}. Run `moat learn {server}` to see the files and addresses it uses, and grant them with `dirs` and `net`"
+    )]
+    Sandboxed {
+        server: String,
+        fault: Fault,
+        /// Paths the server's stderr names beside a denial, as ": it was
+        /// denied A, B".
+        denied: String,
+    },
     #[error(transparent)]
     Lock(#[from] crate::lock::LockError),
     #[error("server `{server}` is not in {lock}: run `moat lock` to approve it")]
@@ -475,6 +485,67 @@ struct PinState {
     reports: tokio::sync::Mutex<Vec<ToolReport>>,
 }
 
+/// Whether the server ran under the native filesystem sandbox.
+fn sandboxed(shared: &Shared) -> bool {
+    shared.identity().is_some_and(|identity| {
+        identity
+            .sandbox
+            .iter()
+            .any(|line| line.starts_with("enforced: filesystem (Landlock"))
+    })
+}
+
+/// A server that died during the handshake under the sandbox: the error
+/// says the sandbox may be why, with the paths its stderr names beside a
+/// denial (`Permission denied`, `EACCES`, `Operation not permitted`, a
+/// missing module).
+fn sandbox_hint(server: String, fault: Fault) -> ClientError {
+    let (Fault::Exited { stderr_tail, .. } | Fault::Crashed { stderr_tail, .. }) = &fault else {
+        return ClientError::Fault {
+            server,
+            operation: "handshake".into(),
+            fault,
+        };
+    };
+    let denied = denied_paths(stderr_tail);
+    ClientError::Sandboxed {
+        server,
+        denied: if denied.is_empty() {
+            String::new()
+        } else {
+            format!("; its stderr names {} beside a denial", denied.join(", "))
+        },
+        fault,
+    }
+}
+
+/// Absolute paths on stderr lines that report a denial, at most eight.
+fn denied_paths(stderr: &str) -> Vec<String> {
+    const DENIALS: [&str; 7] = [
+        "Permission denied",
+        "permission denied",
+        "EACCES",
+        "Operation not permitted",
+        "EPERM",
+        "No module named",
+        "Cannot find module",
+    ];
+    let mut paths: Vec<String> = Vec::new();
+    for line in stderr
+        .lines()
+        .filter(|l| DENIALS.iter().any(|d| l.contains(d)))
+    {
+        for word in line.split(|c: char| c.is_whitespace() || "'\"`,;()[]".contains(c)) {
+            let path = word.trim_end_matches([':', '.']);
+            if path.starts_with('/') && path.len() > 1 && !paths.iter().any(|p| p == path) {
+                paths.push(path.to_owned());
+            }
+        }
+    }
+    paths.truncate(8);
+    paths
+}
+
 impl Session {
     /// Connects `transport` (launching the server) and performs `handshake`.
     /// If this future is dropped part-way, the server is stopped and every
@@ -501,6 +572,7 @@ impl Session {
                 pins: None,
             }),
             Err(error) => Err(match shared.fault() {
+                Some(fault) if sandboxed(&shared) => sandbox_hint(server, fault),
                 Some(fault) => ClientError::Fault {
                     server,
                     operation: "handshake".into(),

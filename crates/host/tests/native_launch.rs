@@ -264,3 +264,36 @@ async fn a_real_mcp_server_from_npm_runs_under_node() {
     assert!(text(&echoed).contains("through moat"), "{}", text(&echoed));
     session.close().await.unwrap();
 }
+
+/// A server that dies during the handshake because the sandbox hides what
+/// it needs (here node's own script, its package directory not granted) is
+/// told that the sandbox may be why, with the path its stderr names and the
+/// command that finds what to grant.
+#[tokio::test]
+async fn a_server_that_dies_under_the_sandbox_is_told_the_sandbox_may_be_why() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let script = root
+        .join("target/npm/node_modules/@modelcontextprotocol/server-everything/dist/index.js")
+        .canonicalize()
+        .expect("run `bash tests/setup.sh`");
+    let mut spec = ServerSpec::native("everything-js", "node");
+    spec.allow_unmeasured = true;
+    spec.args = vec![script.display().to_string(), "stdio".into()];
+    let error = match host().connect(&spec).await {
+        Err(error) => error,
+        Ok(_) => panic!("node cannot read an ungranted script under the sandbox"),
+    };
+    let message = error.to_string();
+    let moat_host::ClientError::Sandboxed { denied, .. } = &error else {
+        panic!("expected a sandbox hint, got {message}");
+    };
+    assert!(
+        denied.contains(&script.display().to_string()),
+        "the hint names the script: {message}"
+    );
+    assert!(
+        message.contains("The native sandbox may be the cause")
+            && message.contains("moat learn everything-js"),
+        "{message}"
+    );
+}
