@@ -107,6 +107,20 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Run a native server once without its file and network rules, record
+    /// the files it opens and the addresses it connects to, and print the
+    /// `dirs` and `net` entries that would let it run under the sandbox.
+    Learn {
+        /// The config file.
+        #[arg(long, short, env = "MOAT_CONFIG", default_value = "moat.toml")]
+        config: PathBuf,
+        /// Consent without asking: the server runs once without its file
+        /// and network rules.
+        #[arg(long)]
+        yes: bool,
+        /// The server, as named in the config.
+        server: String,
+    },
     /// Work with audit logs.
     Audit {
         #[command(subcommand)]
@@ -273,6 +287,11 @@ async fn run(command: Command) -> Result<ExitCode> {
             ..
         } => serve(&config, locked, audit.as_deref()).await,
         Command::Inspect { config, json } => inspect(&config, json).await,
+        Command::Learn {
+            config,
+            yes,
+            server,
+        } => learn(&config, &server, yes).await,
         Command::Import { file } => {
             let imported = moat_host::importer::import(&file, std::env::var_os("PATH").as_deref())?;
             print!("{}", imported.toml);
@@ -792,4 +811,88 @@ async fn serve(config_path: &Path, locked: bool, audit: Option<&Path>) -> Result
         let _ = waiting.await;
     }
     Ok(close_status(&failures))
+}
+
+/// `moat learn`: asks for consent (unless `--yes`), runs the server once
+/// unconfined by file and network rules, and prints the grants as TOML.
+async fn learn(config: &Path, server: &str, yes: bool) -> Result<ExitCode> {
+    let loaded = Config::load(config)?;
+    let spec = loaded.server(server)?;
+    if !yes {
+        eprint!(
+            "moat learn runs `{}` once WITHOUT its file and network rules (namespaces, capabilities and seccomp stay), and records what it opens and connects to. Continue? [y/N] ",
+            printable(server)
+        );
+        let mut answer = String::new();
+        std::io::stdin().read_line(&mut answer)?;
+        if !matches!(answer.trim(), "y" | "Y" | "yes") {
+            eprintln!("moat learn: not run");
+            return Ok(ExitCode::from(2));
+        }
+    }
+    let host = Host::new(Host::default_cache_dir())?;
+    let (proposal, outcome) = host.learn(spec).await?;
+    if let Err(error) = &outcome {
+        eprintln!(
+            "moat learn: `{}` failed even without file and network rules: {error}",
+            printable(server)
+        );
+    }
+    let name = toml_key(server);
+    println!(
+        "# `moat learn {}`: what the server used beyond its grants. Append to {}:",
+        printable(server),
+        printable(&config.display().to_string())
+    );
+    if proposal.dirs.is_empty() && proposal.net.is_empty() {
+        println!("# nothing: its grants already cover what it used");
+    }
+    for (dir, write) in &proposal.dirs {
+        println!(
+            "[[servers.{name}.dirs]]\nhost = {}\nmode = \"{}\"",
+            moat_host::importer::toml_string(&dir.display().to_string()),
+            if *write { "rw" } else { "ro" }
+        );
+    }
+    if !proposal.net.is_empty() {
+        let entries: Vec<String> = proposal
+            .net
+            .iter()
+            .map(|n| moat_host::importer::toml_string(n))
+            .collect();
+        println!(
+            "# and in [servers.{name}] (a native server's net rules are by port: see README):\n# net = [{}]",
+            entries.join(", ")
+        );
+    }
+    for probe in &proposal.probes {
+        println!(
+            "# it also read {} (a runtime's probe; grant it only if the server needs it)",
+            printable(&probe.display().to_string())
+        );
+    }
+    for socket in &proposal.unix {
+        println!(
+            "# it tried the Unix socket {}, which no grant opens",
+            printable(&socket.display().to_string())
+        );
+    }
+    Ok(if outcome.is_ok() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// `name` as a TOML key: bare when it can be, quoted otherwise.
+fn toml_key(name: &str) -> String {
+    if !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+    {
+        name.to_owned()
+    } else {
+        moat_host::importer::toml_string(name)
+    }
 }

@@ -267,6 +267,7 @@ impl Host {
                     dirs: spec.dirs.clone(),
                     net: spec.net.clone(),
                     sandbox: spec.sandbox,
+                    learn: None,
                 };
                 Ok(ServerTransport::new(
                     spec.name.clone(),
@@ -296,6 +297,90 @@ impl Host {
                 ))
             }
         }
+    }
+
+    /// `moat learn`: runs the native server `spec` once without its file and
+    /// network rules, completes the handshake and lists its tools (and its
+    /// prompts and resources, where it has them), closes it, and proposes
+    /// the grants that would let it do the same under the sandbox. The run's
+    /// own outcome comes back beside the proposal: a server that fails even
+    /// unconfined still shows what it tried to use.
+    #[cfg(unix)]
+    pub async fn learn(
+        &self,
+        spec: &ServerSpec,
+    ) -> Result<(crate::native::learn::Proposal, Result<(), ClientError>), ClientError> {
+        let ServerKind::Native {
+            command,
+            base_dir,
+            cwd,
+            measure,
+        } = &spec.kind
+        else {
+            return Err(ClientError::Protocol {
+                server: spec.name.clone(),
+                operation: "learn".into(),
+                detail: "moat learn runs native servers only (wasm and remote servers have no files or sockets of the host to learn)".into(),
+            });
+        };
+        let expected = spec.expectation().ok_or_else(|| LaunchError::Unmeasured {
+            server: spec.name.clone(),
+        })?;
+        let path_var = std::env::var_os("PATH");
+        let resolved = crate::command::resolve(command, base_dir, path_var.as_deref())
+            .map_err(|e| LaunchError::from(crate::native::NativeError::from(e)))?;
+        let observed = Arc::new(std::sync::Mutex::new(
+            crate::native::learn::Observed::default(),
+        ));
+        let executable = resolved.target.clone();
+        let launch = crate::native::NativeLaunch {
+            name: spec.name.clone(),
+            resolved,
+            args: spec.args.clone(),
+            env: spec.environment(),
+            cwd: cwd.clone(),
+            measure: measure.clone(),
+            expected,
+            limits: spec.limits.clone(),
+            dirs: spec.dirs.clone(),
+            net: spec.net.clone(),
+            sandbox: spec.sandbox,
+            learn: Some(observed.clone()),
+        };
+        let transport =
+            ServerTransport::new(spec.name.clone(), spec.limits.clone(), move |tracker| {
+                crate::native::launch(launch, tracker)
+            });
+        let outcome = async {
+            let session = Session::connect(transport, Handshake::Auto).await?;
+            let listed = session.live_tools().await.map(drop);
+            let closed = session.close().await;
+            listed.and(closed)
+        }
+        .await;
+        let observed = observed.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let package_paths = spec
+            .environment()
+            .iter()
+            .filter(|(name, _)| name == "PYTHONPATH" || name == "NODE_PATH")
+            .flat_map(|(_, value)| {
+                value
+                    .split(':')
+                    .filter(|p| !p.is_empty())
+                    .filter_map(|p| std::fs::canonicalize(cwd.join(p)).ok())
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        let proposal = crate::native::learn::propose(
+            &observed,
+            &crate::native::learn::Granted {
+                executable: &executable,
+                measure,
+                dirs: &spec.dirs,
+                package_paths,
+            },
+        );
+        Ok((proposal, outcome))
     }
 
     /// Launches `spec` and completes the handshake.

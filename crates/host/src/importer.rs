@@ -80,7 +80,8 @@ pub fn server_name(name: &str) -> String {
     }
 }
 
-fn toml_string(value: &str) -> String {
+/// `value` as a TOML basic string, escaped.
+pub fn toml_string(value: &str) -> String {
     toml::Value::String(value.to_owned()).to_string()
 }
 

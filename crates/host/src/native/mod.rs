@@ -34,6 +34,7 @@ use crate::identity::{Digest, DigestMismatch, Evidence, Expectation};
 use crate::limits::{LimitHit, Limits};
 use crate::transport::{Exit, Launched, Metrics, Tracker};
 
+pub mod learn;
 mod spawn;
 
 /// Errors of the native launcher, naming the operation and the path.
@@ -97,6 +98,9 @@ pub struct NativeLaunch {
     pub net: Vec<crate::config::NetGrant>,
     /// Whether a rule the kernel cannot enforce refuses the launch.
     pub sandbox: crate::config::Sandbox,
+    /// A learn run (`moat learn`): no file or network rules, and every file
+    /// and address the server names is recorded here.
+    pub learn: Option<Arc<std::sync::Mutex<learn::Observed>>>,
 }
 
 /// The executable, opened without following links, with its digest when
@@ -350,18 +354,34 @@ fn spawn(
         rlimits: rlimits(&launch.limits),
         namespaces: isolation.namespaces,
         landlock: crate::sandbox::ruleset_fd(&sandbox)
+            .filter(|_| launch.learn.is_none())
             .map(|ruleset| (ruleset, sandbox.proc_self_access, sandbox.tmp_access)),
         drop_bounding: isolation.drop_bounding,
         seccomp: isolation.seccomp,
     };
-    let child = spawn::spawn(&plan).map_err(|failure| NativeError::Spawn {
+    let spawn_error = |failure: spawn::SpawnFailure| NativeError::Spawn {
         path: path.clone(),
         source: std::io::Error::other(failure.to_string()),
-    })?;
-    drop(plan);
+    };
+    let (child, learn_exit) = match &launch.learn {
+        Some(observed) => {
+            let (child, exit) = learn::start(plan, observed.clone()).map_err(spawn_error)?;
+            (child, Some(exit))
+        }
+        None => {
+            let child = spawn::spawn(&plan).map_err(spawn_error)?;
+            drop(plan);
+            (child, None)
+        }
+    };
     drop(executable.fd);
-    let mut sandbox_lines: Vec<String> = sandbox
-        .enforced
+    // A learn run applies no Landlock ruleset: its lines would be untrue.
+    let landlock_lines: &[String] = if launch.learn.is_some() {
+        &[]
+    } else {
+        &sandbox.enforced
+    };
+    let mut sandbox_lines: Vec<String> = landlock_lines
         .iter()
         .chain(&isolation.enforced)
         .map(|l| format!("enforced: {l}"))
@@ -395,7 +415,11 @@ fn spawn(
         .map_err(io("registering the stdout pipe"))?;
     let stderr = tokio::net::unix::pipe::Receiver::from_owned_fd(stderr)
         .map_err(io("registering the stderr pipe"))?;
-    let reaper = Reaper::new(pidfd, pid).map_err(io("registering the pidfd"))?;
+    let mut reaper = Reaper::new(pidfd, pid).map_err(io("registering the pidfd"))?;
+    if learn_exit.is_some() {
+        // The tracer thread waits for the server and reaps it.
+        reaper.reaped = true;
+    }
     let pid = Pid::from_raw(pid).ok_or_else(|| NativeError::Spawn {
         path: path.clone(),
         source: std::io::Error::other("clone returned no pid"),
@@ -413,7 +437,12 @@ fn spawn(
         let out_of_memory = out_of_memory.clone();
         async move {
             let _guard = guard;
-            let status = reaper.wait().await;
+            let status = match learn_exit {
+                Some(exit) => exit
+                    .await
+                    .unwrap_or_else(|_| Err(std::io::Error::other("the tracer thread ended"))),
+                None => reaper.wait().await,
+            };
             // With a PID namespace the kernel has already killed and reaped
             // every other process of the server's namespace. Without one,
             // anything the server left in its group goes too, and is
@@ -517,7 +546,8 @@ fn isolation(launch: &NativeLaunch) -> Result<Isolation, NativeError> {
             )),
             None => not_enforced.push("a private /tmp (the host has no /tmp)".to_owned()),
         }
-        let net = launch.net.is_empty();
+        // A learn run keeps the host's network, to see where it connects.
+        let net = launch.net.is_empty() && launch.learn.is_none();
         if net {
             enforced.push(
                 "network namespace: no network at all (TCP, UDP, raw sockets and abstract Unix sockets reach nothing outside the server)"
@@ -585,6 +615,19 @@ fn isolation(launch: &NativeLaunch) -> Result<Isolation, NativeError> {
         })
     })?;
     enforced.push(filters.summary);
+    let mut seccomp = filters.programs;
+    if launch.learn.is_some() {
+        seccomp.push(learn::watch_filter().map_err(|detail| {
+            NativeError::Sandbox(SandboxError::Ruleset {
+                operation: "seccomp (learn)",
+                detail,
+            })
+        })?);
+        not_enforced.push(
+            "filesystem and network rules: this is a `moat learn` run, which records what the server uses instead"
+                .to_owned(),
+        );
+    }
     let drop_bounding = support.available && support.user || root;
     enforced.push(if drop_bounding {
         "capabilities: none (bounding, permitted, effective, inheritable and ambient sets empty, securebits locked), no_new_privs".to_owned()
@@ -598,7 +641,7 @@ fn isolation(launch: &NativeLaunch) -> Result<Isolation, NativeError> {
     Ok(Isolation {
         namespaces,
         drop_bounding,
-        seccomp: filters.programs,
+        seccomp,
         enforced,
         not_enforced,
     })

@@ -318,6 +318,49 @@ fn pipe() -> Result<(OwnedFd, OwnedFd), SpawnFailure> {
 
 /// Starts the child described by `plan`, in namespaces when it has them.
 pub fn spawn(plan: &ChildPlan) -> Result<Child, SpawnFailure> {
+    let (child, pending) = spawn_inner(plan, None::<fn(i32) -> std::io::Result<()>>)?;
+    match pending {
+        Some(pending) => pending.finish().map(|()| child),
+        None => Ok(child),
+    }
+}
+
+/// Like [`spawn`], but the child waits, once contained and just before its
+/// seccomp filters and exec, until `before_exec` has run on its pid (the
+/// learn run attaches its tracer there). The launch's outcome is read with
+/// [`Pending::finish`], on another thread than a tracer's, which must be
+/// free to let the child reach its exec.
+pub fn spawn_gated(
+    plan: &ChildPlan,
+    before_exec: impl FnOnce(i32) -> std::io::Result<()>,
+) -> Result<(Child, Pending), SpawnFailure> {
+    let (child, pending) = spawn_inner(plan, Some(before_exec))?;
+    let pending = pending
+        .ok_or_else(|| SpawnFailure::Parent("spawn", std::io::Error::other("no launch pipe")))?;
+    Ok((child, pending))
+}
+
+/// A gated launch whose outcome is yet to be read.
+pub struct Pending {
+    report: OwnedFd,
+    life: OwnedFd,
+}
+
+impl Pending {
+    /// Blocks until the child has exec'd (`Ok`) or failed a step.
+    pub fn finish(self) -> Result<(), SpawnFailure> {
+        let report = read_report(&self.report);
+        drop(self.life);
+        report.map_or(Ok(()), Err)
+    }
+}
+
+fn spawn_inner(
+    plan: &ChildPlan,
+    before_exec: Option<impl FnOnce(i32) -> std::io::Result<()>>,
+) -> Result<(Child, Option<Pending>), SpawnFailure> {
+    let gated = before_exec.is_some();
+    let gate = gated.then(pipe).transpose()?;
     let (stdin_read, stdin_write) = pipe()?;
     let (stdout_read, stdout_write) = pipe()?;
     let (stderr_read, stderr_write) = pipe()?;
@@ -354,6 +397,8 @@ pub fn spawn(plan: &ChildPlan) -> Result<Child, SpawnFailure> {
         report: report_write.as_raw_fd(),
         life: life_read.as_raw_fd(),
         life_write: life_write.as_raw_fd(),
+        gate: gate.as_ref().map(|(read, _)| read.as_raw_fd()),
+        gate_write: gate.as_ref().map(|(_, write)| write.as_raw_fd()),
     };
     let mut pidfd: libc::c_int = -1;
     // SAFETY: a fork-like clone: no CLONE_VM and no new stack, so the child
@@ -390,23 +435,46 @@ pub fn spawn(plan: &ChildPlan) -> Result<Child, SpawnFailure> {
         report_write,
         life_read,
     ));
-    let report = read_report(&report_read);
-    drop(life_write);
-    if let Some(failure) = report {
-        // The child has left with `_exit`; reap it.
-        let _ = rustix::process::waitid(
-            rustix::process::WaitId::PidFd(pidfd.as_fd()),
-            rustix::process::WaitIdOptions::EXITED,
-        );
-        return Err(failure);
+    if let (Some(before_exec), Some((gate_read, gate_write))) = (before_exec, gate) {
+        drop(gate_read);
+        let opened = before_exec(pid as i32);
+        // The child goes on when the gate opens (a byte) or closes (Moat
+        // failed: the child then stops, reporting a lost parent).
+        if let Err(error) = opened {
+            drop(gate_write);
+            drop(life_write);
+            let _ = rustix::process::waitid(
+                rustix::process::WaitId::PidFd(pidfd.as_fd()),
+                rustix::process::WaitIdOptions::EXITED,
+            );
+            return Err(SpawnFailure::Parent("attaching to the child", error));
+        }
+        let _ = rustix::io::write(&gate_write, b"g");
     }
-    Ok(Child {
+    let child = Child {
         pidfd,
         pid: pid as i32,
         stdin: stdin_write,
         stdout: stdout_read,
         stderr: stderr_read,
-    })
+    };
+    let pending = Pending {
+        report: report_read,
+        life: life_write,
+    };
+    if gated {
+        // A tracer reaps the child; the caller reads the outcome.
+        return Ok((child, Some(pending)));
+    }
+    if let Err(failure) = pending.finish() {
+        // The child has left with `_exit`; reap it.
+        let _ = rustix::process::waitid(
+            rustix::process::WaitId::PidFd(child.pidfd.as_fd()),
+            rustix::process::WaitIdOptions::EXITED,
+        );
+        return Err(failure);
+    }
+    Ok((child, None))
 }
 
 /// Reads the child's report: nothing (EOF at exec) or (step, errno).
@@ -444,6 +512,8 @@ struct ChildFds {
     report: RawFd,
     life: RawFd,
     life_write: RawFd,
+    gate: Option<RawFd>,
+    gate_write: Option<RawFd>,
 }
 
 /// Reports `step` failing with the current errno, and leaves.
@@ -525,6 +595,9 @@ unsafe fn child(
             check(libc::dup2(from, to) == to, Step::Stdio);
         }
         libc::close(fds.life_write);
+        if let Some(gate_write) = fds.gate_write {
+            libc::close(gate_write);
+        }
         check(
             libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) == 0,
             Step::DeathSignal,
@@ -639,10 +712,14 @@ unsafe fn child(
         );
         // Nothing but 0, 1, 2 and the measured executable survives exec (the
         // report pipe is close-on-exec and goes at exec).
-        let mut keep = [plan.executable as u32, report as u32];
+        let mut keep = [
+            plan.executable as u32,
+            report as u32,
+            fds.gate.map_or(u32::MAX, |g| g as u32),
+        ];
         keep.sort_unstable();
         let mut from = 3u32;
-        for fd in keep {
+        for fd in keep.into_iter().filter(|fd| *fd != u32::MAX) {
             check(
                 close_range(from, fd.saturating_sub(1)),
                 Step::CloseDescriptors,
@@ -708,6 +785,15 @@ unsafe fn child(
             libc::syscall(libc::SYS_capset, &header as *const CapHeader, data.as_ptr()) == 0,
             Step::Capset,
         );
+        if let Some(gate) = fds.gate {
+            // Wait for Moat (the learn run's tracer) before going on. The
+            // gate was kept through the descriptor sweep above: close it now.
+            let mut byte = 0u8;
+            if libc::read(gate, (&mut byte as *mut u8).cast(), 1) != 1 {
+                fail(report, Step::ParentGone, libc::ESRCH);
+            }
+            libc::close(gate);
+        }
         for program in &plan.seccomp {
             if let Err(error) = crate::sandbox::seccomp::install(program) {
                 fail(report, Step::Seccomp, error.raw_os_error().unwrap_or(0));

@@ -144,6 +144,26 @@ pub fn install_root(executable: &Path) -> Option<PathBuf> {
         .then(|| root.to_owned())
 }
 
+/// Whether `path` is readable by every native server without a grant: what
+/// starting needs (the system directories, /etc less its secrets, the
+/// devices, the executable and its installation root).
+pub fn granted_to_start(path: &Path, executable: &Path) -> bool {
+    if SYSTEM_DIRS.iter().any(|dir| path.starts_with(dir))
+        || DEVICES_RO.iter().any(|dev| path == Path::new(dev))
+        || path == Path::new("/dev/null")
+        || path == executable
+        || install_root(executable).is_some_and(|root| path.starts_with(root))
+    {
+        return true;
+    }
+    match path.strip_prefix("/etc") {
+        Ok(relative) => !ETC_SECRETS
+            .iter()
+            .any(|secret| relative.starts_with(secret)),
+        Err(_) => false,
+    }
+}
+
 /// What a native launch grants.
 pub struct Grants<'a> {
     /// The measured executable's descriptor: the rule follows the bytes that
