@@ -244,12 +244,11 @@ fn python_executable() -> std::path::PathBuf {
     std::path::PathBuf::from(String::from_utf8(output.stdout).unwrap().trim())
 }
 
-/// The reference servers (mcp-server-time under this machine's Python,
-/// wherever it is installed, and server-everything under node) run under the
-/// required sandbox through `moat serve`, driven by the official Python SDK,
-/// with nothing granted by hand beyond their package directories.
-#[test]
-fn the_reference_servers_run_under_the_required_sandbox() {
+/// A config with the reference servers under `sandbox = "required"`:
+/// mcp-server-time under this machine's Python, wherever it is installed,
+/// and server-everything under node, each granted its package directory
+/// and nothing else by hand.
+fn reference_config(dir: &Path) -> std::path::PathBuf {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let site = root.join("target/py");
     let modules = root.join("target/npm/node_modules");
@@ -257,8 +256,7 @@ fn the_reference_servers_run_under_the_required_sandbox() {
         site.join("mcp_server_time").exists() && modules.join("@modelcontextprotocol").exists(),
         "run `bash tests/setup.sh` (the README's test command does)"
     );
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("moat.toml");
+    let config = dir.join("moat.toml");
     let everything = modules.join("@modelcontextprotocol/server-everything/dist/index.js");
     std::fs::write(
         &config,
@@ -286,21 +284,15 @@ mode = "ro"
         ),
     )
     .unwrap();
-    let output = Command::new("python3")
-        .arg(root.join("tests/clients/py_reference.py"))
-        .arg(env!("CARGO_BIN_EXE_moat"))
-        .arg(&config)
-        .env("PYTHONPATH", &site)
-        .env(
-            "MOAT_CACHE_DIR",
-            Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-cache"),
-        )
-        .output()
-        .expect("running python3");
+    config
+}
+
+/// What either SDK's reference agent reports, checked the same way.
+fn check_reference_report(output: &std::process::Output, agent: &str) {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
         output.status.success(),
-        "the Python agent failed:\n{stderr}"
+        "the {agent} agent failed:\n{stderr}"
     );
     let report: serde_json::Value = serde_json::from_slice(&output.stdout)
         .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&output.stdout)));
@@ -321,4 +313,46 @@ mode = "ro"
         report["echo"].as_str().unwrap().contains("through moat"),
         "{report}"
     );
+}
+
+/// The reference servers run under the required sandbox through `moat
+/// serve`, driven by the official Python SDK.
+#[test]
+fn the_python_sdk_drives_the_reference_servers_under_the_required_sandbox() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = tempfile::tempdir().unwrap();
+    let config = reference_config(dir.path());
+    let output = Command::new("python3")
+        .arg(root.join("tests/clients/py_reference.py"))
+        .arg(env!("CARGO_BIN_EXE_moat"))
+        .arg(&config)
+        .env("PYTHONPATH", root.join("target/py"))
+        .env(
+            "MOAT_CACHE_DIR",
+            Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-cache"),
+        )
+        .output()
+        .expect("running python3");
+    check_reference_report(&output, "Python");
+}
+
+/// The same, driven by the official TypeScript SDK.
+#[test]
+fn the_typescript_sdk_drives_the_reference_servers_under_the_required_sandbox() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let sdk = root.join("target/npm/node_modules/@modelcontextprotocol/sdk");
+    let dir = tempfile::tempdir().unwrap();
+    let config = reference_config(dir.path());
+    let output = Command::new("node")
+        .arg(root.join("tests/clients/ts_reference.mjs"))
+        .arg(&sdk)
+        .arg(env!("CARGO_BIN_EXE_moat"))
+        .arg(&config)
+        .env(
+            "MOAT_CACHE_DIR",
+            Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-cache"),
+        )
+        .output()
+        .expect("running node");
+    check_reference_report(&output, "TypeScript");
 }
