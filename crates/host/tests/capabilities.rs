@@ -36,9 +36,10 @@ struct Tree {
 
 impl Tree {
     fn new() -> Self {
-        // Outside /tmp: a native server has a private /tmp of its own, where
-        // a way out of the grant would find nothing to deny.
-        let root = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+        // Outside /tmp (where a checkout may live too): a native server has
+        // a private /tmp of its own, where a way out of the grant would find
+        // nothing to deny.
+        let root = tempfile::tempdir_in("/var/tmp").unwrap();
         let data = root.path().join("data");
         std::fs::create_dir(&data).unwrap();
         std::fs::write(data.join("hello.txt"), "hello from data").unwrap();

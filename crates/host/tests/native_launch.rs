@@ -135,6 +135,7 @@ async fn replacing_the_file_after_the_check_still_runs_the_measured_bytes() {
         dirs: Vec::new(),
         net: Vec::new(),
         sandbox: Default::default(),
+        learn: None,
     };
     let session = Session::connect(native::transport(launch, executable), Handshake::Auto)
         .await

@@ -383,7 +383,9 @@ pub struct Granted<'a> {
 pub fn propose(observed: &Observed, granted: &Granted<'_>) -> Proposal {
     let covered = |path: &Path, write: bool| {
         crate::sandbox::granted_to_start(path, granted.executable) && !write
-            || path.starts_with("/tmp")
+            // What it writes under /tmp lands in its private /tmp; what it
+            // reads there of the host's must be granted.
+            || (path.starts_with("/tmp") && write)
             || path.starts_with("/proc")
             || granted
                 .measure

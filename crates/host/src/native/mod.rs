@@ -527,7 +527,9 @@ fn isolation(launch: &NativeLaunch) -> Result<Isolation, NativeError> {
                 format!("{gid} {gid} 1\n").into_bytes(),
             )
         });
-        let tmp = Path::new("/tmp").is_dir().then(|| {
+        // A learn run sees the host's /tmp: what it reads there is to be
+        // learned, and what it writes there a private /tmp would take.
+        let tmp = (Path::new("/tmp").is_dir() && launch.learn.is_none()).then(|| {
             std::ffi::CString::new(format!("size={},mode=1777", launch.limits.tmp_bytes))
                 .unwrap_or_default()
         });
@@ -558,29 +560,41 @@ fn isolation(launch: &NativeLaunch) -> Result<Isolation, NativeError> {
         // the private /tmp.
         let mut binds = Vec::new();
         if tmp.is_some() {
-            let granted = launch
+            // Everything the server is granted or runs from (the
+            // executable, its installation root, dirs, measure paths) keeps
+            // its place; a path inside another is bound with it.
+            let mut granted: Vec<PathBuf> = launch
                 .dirs
                 .iter()
-                .map(|d| d.host.as_path())
-                .chain(launch.measure.iter().map(PathBuf::as_path));
-            for path in granted {
-                if path.starts_with("/tmp") && path != Path::new("/tmp") {
-                    if binds.len() == spawn::MAX_BINDS {
-                        return Err(NativeError::Io {
-                            syscall: "binding granted paths into the private /tmp",
-                            path: path.to_owned(),
-                            source: std::io::Error::other(format!(
-                                "more than {} granted paths under /tmp",
-                                spawn::MAX_BINDS
-                            )),
-                        });
-                    }
-                    binds.push(spawn::Bind::new(path).map_err(|source| NativeError::Io {
-                        syscall: "stat of a granted path under /tmp",
-                        path: path.to_owned(),
-                        source,
-                    })?);
+                .map(|d| d.host.clone())
+                .chain(launch.measure.iter().cloned())
+                .chain([launch.resolved.target.clone()])
+                .chain(crate::sandbox::install_root(&launch.resolved.target))
+                .filter(|p| p.starts_with("/tmp") && p != Path::new("/tmp"))
+                .collect();
+            granted.sort();
+            granted.dedup();
+            let outer: Vec<PathBuf> = granted
+                .iter()
+                .filter(|p| !granted.iter().any(|q| q != *p && p.starts_with(q)))
+                .cloned()
+                .collect();
+            for path in &outer {
+                if binds.len() == spawn::MAX_BINDS {
+                    return Err(NativeError::Io {
+                        syscall: "binding granted paths into the private /tmp",
+                        path: path.clone(),
+                        source: std::io::Error::other(format!(
+                            "more than {} granted paths under /tmp",
+                            spawn::MAX_BINDS
+                        )),
+                    });
                 }
+                binds.push(spawn::Bind::new(path).map_err(|source| NativeError::Io {
+                    syscall: "stat of a granted path under /tmp",
+                    path: path.clone(),
+                    source,
+                })?);
             }
         }
         Some(spawn::Namespaces {
