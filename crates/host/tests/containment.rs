@@ -287,9 +287,17 @@ async fn each_server_writes_to_a_private_tmp_that_goes_with_it() {
         "the host's /tmp has entries the server must not see"
     );
     let report = attack(&server, json!({"op": "tmp"})).await;
+    // Nothing of the host's /tmp but what the server runs from, when that
+    // lies under /tmp (a checkout there): it is bound in at its place.
+    let mut entries = vec!["breakout-tmp".to_owned()];
+    if let Ok(inside) = std::path::Path::new(guests::BREAKOUT_NATIVE).strip_prefix("/tmp") {
+        let first = inside.components().next().unwrap();
+        entries.push(first.as_os_str().to_string_lossy().into_owned());
+        entries.sort();
+    }
     assert_eq!(
         report,
-        json!({"ok": true, "data": {"dir": "/tmp", "entries": ["breakout-tmp"]}})
+        json!({"ok": true, "data": {"dir": "/tmp", "entries": entries}})
     );
     assert!(
         !std::path::Path::new("/tmp/breakout-tmp").exists(),
