@@ -725,19 +725,18 @@ impl rmcp::transport::Transport<RoleClient> for Connected {
                     &notification.notification
                     && let Some(id) = &cancelled.params.request_id
                 {
-                    let was_pending = shared
-                        .pending
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .remove(id)
-                        .is_some();
-                    if was_pending {
+                    // The pending lock is held until the id is remembered as
+                    // cancelled: the stdout reader, which checks both under
+                    // the same lock, never sees it in neither.
+                    let mut pending = shared.pending.lock().unwrap_or_else(|e| e.into_inner());
+                    if pending.remove(id).is_some() {
                         let mut recent = shared.cancelled.lock().unwrap_or_else(|e| e.into_inner());
                         if recent.len() == CANCELLED_REMEMBERED {
                             recent.pop_front();
                         }
                         recent.push_back(id.clone());
                     }
+                    drop(pending);
                 }
             }
             _ => {}
@@ -902,20 +901,26 @@ async fn read_stdout(
                     });
                 }
                 if let Some(id) = response_id(&message) {
-                    let answered = shared
-                        .pending
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .remove(&id)
-                        .is_some();
-                    if !answered {
+                    // Pending and cancelled are read under the pending lock,
+                    // which a cancellation holds while it moves an id from
+                    // one to the other.
+                    let mut pending = shared.pending.lock().unwrap_or_else(|e| e.into_inner());
+                    let answered = pending.remove(&id).is_some();
+                    let late = !answered && {
                         let mut recent = shared.cancelled.lock().unwrap_or_else(|e| e.into_inner());
-                        if let Some(at) = recent.iter().position(|c| *c == id) {
-                            // A late answer to a cancelled request: dropped.
-                            recent.remove(at);
-                            line.clear();
-                            continue;
-                        }
+                        recent
+                            .iter()
+                            .position(|c| *c == id)
+                            .map(|at| recent.remove(at))
+                            .is_some()
+                    };
+                    drop(pending);
+                    if late {
+                        // A late answer to a cancelled request: dropped.
+                        line.clear();
+                        continue;
+                    }
+                    if !answered {
                         // An answer to nothing, or a second answer: the
                         // stream can no longer be trusted.
                         break Some(Fault::UnknownResponse {
