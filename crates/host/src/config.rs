@@ -334,7 +334,7 @@ impl Config {
                 return Err(invalid(
                     Some(name_span),
                     format!(
-                        "server name `{name}` must be 1-32 characters of A-Z, a-z, 0-9, `-` or `_`, without `__`"
+                        "server name `{name}` must be 1-32 characters of A-Z, a-z, 0-9, `-` or `_`, without `__` and not beginning or ending with `_` (exposed names are `server__tool` and must split one way only)"
                     ),
                 ));
             }
@@ -583,9 +583,14 @@ fn is_variable_name(name: &str) -> bool {
     !name.is_empty() && !name.contains(['=', '\0'])
 }
 
+/// A server name: 1-32 of `[A-Za-z0-9_-]`, without `__` and not beginning
+/// or ending with `_`, so that `server__tool` splits one way only (`a_` with
+/// tool `x` and `a` with tool `_x` would both expose `a___x`).
 fn valid_server_name(name: &str) -> bool {
     (1..=32).contains(&name.len())
         && !name.contains("__")
+        && !name.starts_with('_')
+        && !name.ends_with('_')
         && name
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
@@ -754,6 +759,16 @@ request_timeout_ms = 100
         );
         let (_, _, message) = invalid_at("[servers.\"a__b\"]\nwasm = \"a.wasm\"\n");
         assert!(message.contains("server name `a__b`"));
+        // `a_` (tool `x`) and `a` (tool `_x`) would both expose `a___x`.
+        for name in ["a_", "_a"] {
+            let (_, _, message) = invalid_at(&format!("[servers.{name}]\nwasm = \"a.wasm\"\n"));
+            assert!(
+                message.contains(&format!("server name `{name}`"))
+                    && message.contains("not beginning or ending with `_`"),
+                "{message}"
+            );
+        }
+        assert!(valid_server_name("a_b") && valid_server_name("a-"));
     }
 
     #[test]

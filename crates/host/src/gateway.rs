@@ -59,6 +59,47 @@ pub enum GatewayError {
         tool: String,
         exposed: String,
     },
+    #[error(
+        "server `{server}` lists two {what}s named `{name}`: the exposed name `{exposed}` would be ambiguous, so the gateway refuses to start"
+    )]
+    DuplicateName {
+        server: String,
+        /// `tool` or `prompt`.
+        what: &'static str,
+        name: String,
+        exposed: String,
+    },
+}
+
+/// Checks the exposed names of one server's tools or prompts: each valid,
+/// none twice. (Different servers cannot collide: a server name has no
+/// `__` and does not end with `_`, so `server__name` splits one way only.)
+fn check_exposed<'a>(
+    server: &str,
+    what: &'static str,
+    names: impl IntoIterator<Item = &'a str>,
+) -> Result<(), GatewayError> {
+    let mut seen = std::collections::BTreeSet::new();
+    for name in names {
+        let exposed = format!("{server}{SEPARATOR}{name}");
+        if !valid_exposed_name(&exposed) {
+            return Err(GatewayError::InvalidName {
+                server: server.to_owned(),
+                what,
+                tool: name.to_owned(),
+                exposed,
+            });
+        }
+        if !seen.insert(name) {
+            return Err(GatewayError::DuplicateName {
+                server: server.to_owned(),
+                what,
+                name: name.to_owned(),
+                exposed,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Checks, before serving, that every pinned tool of `lock` gets a valid
@@ -66,17 +107,7 @@ pub enum GatewayError {
 /// run; an invalid one is then hidden and logged.)
 pub fn check_lock_names(lock: &crate::lock::Lock) -> Result<(), GatewayError> {
     for (server, locked) in &lock.servers {
-        for tool in &locked.tools {
-            let exposed = format!("{server}{SEPARATOR}{}", tool.name);
-            if !valid_exposed_name(&exposed) {
-                return Err(GatewayError::InvalidName {
-                    server: server.clone(),
-                    what: "tool",
-                    tool: tool.name.clone(),
-                    exposed,
-                });
-            }
-        }
+        check_exposed(server, "tool", locked.tools.iter().map(|t| t.name.as_str()))?;
     }
     Ok(())
 }
@@ -119,21 +150,8 @@ impl Gateway {
                     continue;
                 }
             };
-            let names = tools
-                .iter()
-                .map(|t| ("tool", t.name.to_string()))
-                .chain(prompts.iter().map(|p| ("prompt", p.name.clone())));
-            for (what, name) in names {
-                let exposed = format!("{server}{SEPARATOR}{name}");
-                if !valid_exposed_name(&exposed) {
-                    return Err(GatewayError::InvalidName {
-                        server: server.clone(),
-                        what,
-                        tool: name,
-                        exposed,
-                    });
-                }
-            }
+            check_exposed(server, "tool", tools.iter().map(|t| t.name.as_ref()))?;
+            check_exposed(server, "prompt", prompts.iter().map(|p| p.name.as_str()))?;
         }
         Ok(())
     }
@@ -914,5 +932,15 @@ mod tests {
         }
         assert!(valid_exposed_name(&"a".repeat(64)));
         assert!(!valid_exposed_name(&"a".repeat(65)));
+        lock.servers.remove("web");
+        lock.servers
+            .insert("twice".into(), server(vec![tool("get"), tool("get")]));
+        match check_lock_names(&lock) {
+            Err(error @ GatewayError::DuplicateName { .. }) => assert_eq!(
+                error.to_string(),
+                "server `twice` lists two tools named `get`: the exposed name `twice__get` would be ambiguous, so the gateway refuses to start"
+            ),
+            other => panic!("{other:?}"),
+        }
     }
 }
