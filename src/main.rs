@@ -210,17 +210,11 @@ fn main() -> ExitCode {
     // report, not in a warning per case.
     let quiet = matches!(cli.command, Command::Fuzz(_));
     init_logging(cli.verbose, quiet);
-    #[cfg(unix)]
-    if !matches!(cli.command, Command::Serve { .. }) {
-        // A report piped into `head` ends quietly, as other tools do, rather
-        // than panicking in `println!`. `serve` keeps SIGPIPE ignored: a gone
-        // agent is an error it handles and audits.
-        // SAFETY: called before any other thread exists (the runtime is built
-        // below); restoring a signal's default disposition has no other effect.
-        unsafe {
-            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-        }
-    }
+    // A report piped into `head` ends quietly, as other tools do, rather than
+    // with a panic message. SIGPIPE itself stays ignored: restoring its
+    // default would let a server that exits before reading its stdin kill
+    // Moat (status 141) when Moat writes to it, instead of Moat reporting it.
+    quiet_on_closed_stdout();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -561,7 +555,7 @@ async fn inspect(config_path: &Path, json: bool) -> Result<ExitCode> {
             "dirs": spec.dirs.iter().map(|d| format!("{} -> {} ({:?})", d.host.display(), d.guest, d.mode)).collect::<Vec<_>>(),
             "net": spec.net.iter().map(ToString::to_string).collect::<Vec<_>>(),
             "env": spec.env.keys().chain(spec.env_passthrough.iter()).collect::<Vec<_>>(),
-            "sandbox": format!("{:?}", spec.sandbox),
+            "sandbox": spec.sandbox.to_string(),
         });
         match host.connect(spec).await {
             Ok(session) => {
@@ -610,11 +604,13 @@ async fn inspect(config_path: &Path, json: bool) -> Result<ExitCode> {
                     );
                 }
             }
-            println!(
-                "  {:9} {}",
-                "limits",
-                report["limits"].as_str().unwrap_or_default()
-            );
+            let limits: Vec<String> = report["limits"]
+                .as_object()
+                .into_iter()
+                .flatten()
+                .map(|(name, value)| format!("{name}={value}"))
+                .collect();
+            println!("  {:9} {}", "limits", limits.join(", "));
             for tool in report["tools"].as_array().into_iter().flatten() {
                 println!(
                     "  tool      {:8} {}",
@@ -895,4 +891,30 @@ fn toml_key(name: &str) -> String {
     } else {
         moat_host::importer::toml_string(name)
     }
+}
+
+/// Ends quietly, by SIGPIPE as other tools do, when printing to stdout fails
+/// because the reader went away (`moat tools | head`); every other panic is
+/// reported as usual.
+fn quiet_on_closed_stdout() {
+    let report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let message = info
+            .payload()
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| info.payload().downcast_ref::<&str>().copied())
+            .unwrap_or_default();
+        if message.starts_with("failed printing to stdout") && message.contains("Broken pipe") {
+            // End as other tools do when their reader goes: by SIGPIPE.
+            // SAFETY: restoring a signal's default and raising it in this
+            // thread; nothing else depends on its disposition any more.
+            unsafe {
+                libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+                libc::raise(libc::SIGPIPE);
+            }
+            std::process::exit(141);
+        }
+        report(info);
+    }));
 }

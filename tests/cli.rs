@@ -401,3 +401,82 @@ fn serve_refuses_at_start_a_tool_name_it_cannot_expose() {
         stderr(&output)
     );
 }
+
+/// A config holding one native server run as `command args...`, unmeasured.
+fn native_config(dir: &Path, command: &str, args: &[&str]) -> std::path::PathBuf {
+    let config = dir.join("moat.toml");
+    let args: Vec<String> = args.iter().map(|a| format!("{a:?}")).collect();
+    std::fs::write(
+        &config,
+        format!(
+            "[servers.s]\ncommand = {command:?}\nargs = [{}]\nallow_unmeasured = true\n",
+            args.join(", ")
+        ),
+    )
+    .unwrap();
+    config
+}
+
+/// A server that exits before reading its stdin is an error Moat reports,
+/// never a SIGPIPE that kills it silently (status 141). The race is the
+/// server's: ten runs give it every chance.
+#[test]
+fn a_server_that_exits_before_reading_is_reported_not_a_sigpipe() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = native_config(dir.path(), "true", &[]);
+    for _ in 0..10 {
+        let output = moat(&["call", "--config", config.to_str().unwrap(), "s", "x"]);
+        assert_eq!(
+            output.status.code(),
+            Some(1),
+            "moat ended with {:?}: {}",
+            output.status,
+            stderr(&output)
+        );
+        assert!(
+            stderr(&output).contains("server `s`"),
+            "{}",
+            stderr(&output)
+        );
+    }
+}
+
+/// The fault of a server that writes to stderr and exits carries that
+/// stderr: the fault waits for the stderr reader.
+#[test]
+fn an_exit_fault_carries_the_whole_stderr_tail() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = native_config(
+        dir.path(),
+        "sh",
+        &["-c", "echo the-last-words-of-the-server >&2; exit 3"],
+    );
+    for _ in 0..10 {
+        let output = moat(&["call", "--config", config.to_str().unwrap(), "s", "x"]);
+        let text = stderr(&output);
+        assert!(
+            text.contains("exited with code 3") && text.contains("the-last-words-of-the-server"),
+            "{text}"
+        );
+    }
+}
+
+/// `moat inspect` prints the sandbox mode as configured and every limit.
+#[test]
+fn inspect_prints_the_sandbox_mode_and_the_limits() {
+    let output = moat(&["inspect", "--config", "examples/moat.toml"]);
+    assert!(output.status.success(), "stderr: {}", stderr(&output));
+    let text = stdout(&output);
+    assert!(text.contains("\n  sandbox   required\n"), "{text}");
+    let limits: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("  limits    "))
+        .collect();
+    assert_eq!(limits.len(), 2, "{text}");
+    assert!(limits[1].contains("cpu_seconds=60"), "{}", limits[1]);
+    assert!(
+        limits[0].contains("request_timeout_ms=30000"),
+        "{}",
+        limits[0]
+    );
+}

@@ -570,6 +570,10 @@ struct PinState {
     reports: tokio::sync::Mutex<Vec<ToolReport>>,
 }
 
+/// How long a failed handshake waits for the transport to learn why (a
+/// server that exited is known a moment after the send that failed).
+const HANDSHAKE_SETTLE: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// Whether the server ran under the native filesystem sandbox.
 fn sandboxed(shared: &Shared) -> bool {
     shared.identity().is_some_and(|identity| {
@@ -656,7 +660,7 @@ impl Session {
                 progress: Some(progress),
                 pins: None,
             }),
-            Err(error) => Err(match shared.fault() {
+            Err(error) => Err(match shared.settled_fault(HANDSHAKE_SETTLE).await {
                 Some(fault) if sandboxed(&shared) => sandbox_hint(server, fault),
                 Some(fault) => ClientError::Fault {
                     server,

@@ -145,6 +145,16 @@ pub enum Sandbox {
     BestEffort,
 }
 
+impl std::fmt::Display for Sandbox {
+    /// As written in `moat.toml`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Sandbox::Required => "required",
+            Sandbox::BestEffort => "best-effort",
+        })
+    }
+}
+
 /// What kind of server a spec describes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ServerKind {

@@ -282,6 +282,10 @@ impl StderrBuffer {
 /// Bytes of stderr carried in a fault.
 const FAULT_TAIL_BYTES: usize = 2048;
 
+/// How long a fault for an exit waits for the stderr reader to finish: its
+/// pipe closes with the server, unless something the server started holds it.
+const STDERR_SETTLE: Duration = Duration::from_millis(250);
+
 /// Strips ANSI escape sequences and control characters (keeping newlines and
 /// tabs), trims, and keeps at most the last `max` bytes on a char boundary.
 pub fn sanitize_tail(bytes: &[u8], max: usize) -> String {
@@ -337,6 +341,8 @@ pub struct Shared {
     tools_changed: AtomicBool,
     tools_changed_events: watch::Sender<u64>,
     progress_routes: Mutex<HashMap<rmcp::model::ProgressToken, ProgressSender>>,
+    /// Set once the stderr reader has read everything (or given up).
+    stderr_drained: watch::Sender<bool>,
 }
 
 /// How many cancelled request ids a transport remembers, so that a late
@@ -371,6 +377,7 @@ impl Shared {
             tools_changed: AtomicBool::new(false),
             tools_changed_events: watch::Sender::new(0),
             progress_routes: Mutex::new(HashMap::new()),
+            stderr_drained: watch::Sender::new(false),
         }
     }
 
@@ -422,6 +429,14 @@ impl Shared {
         self.metrics.get().cloned().unwrap_or_default()
     }
 
+    /// The fault that ended the session, once every task of the transport
+    /// has ended (waiting at most `bound`): a send that failed because the
+    /// server exited can come before the exit is known.
+    pub async fn settled_fault(&self, bound: Duration) -> Option<Fault> {
+        let _ = tokio::time::timeout(bound, self.tracker.wait_idle()).await;
+        self.fault()
+    }
+
     /// The fault that ended the session, if one did.
     pub fn fault(&self) -> Option<Fault> {
         self.fault.lock().unwrap_or_else(|e| e.into_inner()).clone()
@@ -452,6 +467,17 @@ impl Shared {
 
     fn is_closing(&self) -> bool {
         self.closing.load(Ordering::SeqCst)
+    }
+
+    /// The fault an exit amounts to, built once the stderr reader has read
+    /// what the server wrote before it went (at most [`STDERR_SETTLE`]
+    /// later), so the fault's stderr tail is whole.
+    async fn exit_fault(&self, exit: &Exit) -> Option<Fault> {
+        if matches!(exit, Exit::Code(_) | Exit::Crashed(_)) {
+            let mut drained = self.stderr_drained.subscribe();
+            let _ = tokio::time::timeout(STDERR_SETTLE, drained.wait_for(|d| *d)).await;
+        }
+        self.fault_for_exit(exit)
     }
 
     fn fault_for_exit(&self, exit: &Exit) -> Option<Fault> {
@@ -543,6 +569,8 @@ pub struct Connected {
     stop: Arc<dyn Fn() + Send + Sync>,
     server_task: Option<JoinHandle<()>>,
     tasks: Vec<JoinHandle<()>>,
+    /// The server's exit, for a drop that must still learn why it ended.
+    exit: watch::Receiver<Option<Exit>>,
     grace: Duration,
     request_timeout: Duration,
 }
@@ -575,6 +603,8 @@ impl Connected {
         let (incoming_tx, incoming) = mpsc::channel(64);
         let max_line = usize::try_from(limits.max_line_bytes).unwrap_or(usize::MAX);
         let tracker = shared.tracker.clone();
+        let exit_for_drop = exit.clone();
+        // In this order: Drop relies on it.
         let tasks = vec![
             spawn_tracked(
                 &tracker,
@@ -607,6 +637,7 @@ impl Connected {
             stop,
             server_task: Some(server_task),
             tasks,
+            exit: exit_for_drop,
             grace: limits.close_grace(),
             request_timeout: limits.request_timeout(),
         }
@@ -669,14 +700,54 @@ impl Connected {
 
 impl Drop for Connected {
     fn drop(&mut self) {
-        // Dropped without close (e.g. a cancelled handshake): stop everything.
-        if let Some(task) = self.server_task.take() {
-            (self.stop)();
+        // Dropped without close (a cancelled or failed handshake): stop the
+        // server at once, then, off this thread, learn how it ended (a
+        // server that exited on its own gets its fault, with its stderr,
+        // for whoever reports the failure), bounded by the grace period.
+        let Some(server_task) = self.server_task.take() else {
+            return;
+        };
+        (self.stop)();
+        let mut tasks = std::mem::take(&mut self.tasks).into_iter();
+        let (stdout_reader, stderr_drain, others) = (tasks.next(), tasks.next(), tasks);
+        if let Some(task) = &stdout_reader {
             task.abort();
         }
-        for task in &self.tasks {
+        for task in others {
             task.abort();
         }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            server_task.abort();
+            if let Some(task) = stderr_drain {
+                task.abort();
+            }
+            return;
+        };
+        let shared = self.shared.clone();
+        let mut exit = self.exit.clone();
+        let grace = self.grace;
+        let guard = shared.tracker.enter();
+        runtime.spawn(async move {
+            let _guard = guard;
+            let status = tokio::time::timeout(grace, exit.wait_for(Option::is_some))
+                .await
+                .ok()
+                .and_then(|s| s.ok().and_then(|s| s.clone()));
+            if let Some(status) = &status
+                && let Some(fault) = shared.exit_fault(status).await
+            {
+                shared.set_fault(fault);
+            }
+            let mut server_task = server_task;
+            if tokio::time::timeout(grace, &mut server_task).await.is_err() {
+                server_task.abort();
+            }
+            if let Some(mut task) = stderr_drain
+                && tokio::time::timeout(grace, &mut task).await.is_err()
+            {
+                task.abort();
+            }
+        });
     }
 }
 
@@ -814,6 +885,7 @@ async fn drain_stderr(shared: Arc<Shared>, stderr: Box<dyn AsyncRead + Send + Un
     if !partial.is_empty() {
         tracing::debug!(server = %shared.server, line = %sanitize_tail(&partial, LOG_LINE_BYTES), "stderr");
     }
+    shared.stderr_drained.send_replace(true);
 }
 
 /// Reads newline-delimited JSON-RPC from stdout. A line longer than
@@ -956,7 +1028,9 @@ async fn read_stdout(
                 .await
                 .ok()
                 .and_then(|s| s.clone());
-            if let Some(fault) = status.as_ref().and_then(|s| shared.fault_for_exit(s)) {
+            if let Some(status) = &status
+                && let Some(fault) = shared.exit_fault(status).await
+            {
                 shared.set_fault(fault);
             }
         }
@@ -987,7 +1061,7 @@ async fn watchdog(
     mut exit: watch::Receiver<Option<Exit>>,
     stop: Arc<dyn Fn() + Send + Sync>,
 ) {
-    loop {
+    let status = loop {
         let next = {
             let pending = shared.pending.lock().unwrap_or_else(|e| e.into_inner());
             pending.values().map(|(_, deadline)| *deadline).min()
@@ -1017,15 +1091,14 @@ async fn watchdog(
             }
             _ = changed => {}
             result = exit.wait_for(Option::is_some) => {
-                if let Ok(status) = result {
-                    let status = status.clone();
-                    if let Some(fault) = status.as_ref().and_then(|s| shared.fault_for_exit(s)) {
-                        shared.set_fault(fault);
-                    }
-                }
-                return;
+                break result.ok().and_then(|s| s.clone());
             }
         }
+    };
+    if let Some(status) = &status
+        && let Some(fault) = shared.exit_fault(status).await
+    {
+        shared.set_fault(fault);
     }
 }
 
