@@ -246,29 +246,8 @@ impl Host {
                 ))
             }
             #[cfg(unix)]
-            ServerKind::Native {
-                command,
-                base_dir,
-                cwd,
-                measure,
-            } => {
-                let path_var = std::env::var_os("PATH");
-                let resolved = crate::command::resolve(command, base_dir, path_var.as_deref())
-                    .map_err(crate::native::NativeError::from)?;
-                let launch = crate::native::NativeLaunch {
-                    name: spec.name.clone(),
-                    resolved,
-                    args: spec.args.clone(),
-                    env: spec.environment(),
-                    cwd: cwd.clone(),
-                    measure: measure.clone(),
-                    expected,
-                    limits: spec.limits.clone(),
-                    dirs: spec.dirs.clone(),
-                    net: spec.net.clone(),
-                    sandbox: spec.sandbox,
-                    learn: None,
-                };
+            ServerKind::Native { .. } => {
+                let launch = native_launch(spec, expected, None)?;
                 Ok(ServerTransport::new(
                     spec.name.clone(),
                     spec.limits.clone(),
@@ -310,13 +289,7 @@ impl Host {
         &self,
         spec: &ServerSpec,
     ) -> Result<(crate::native::learn::Proposal, Result<(), ClientError>), ClientError> {
-        let ServerKind::Native {
-            command,
-            base_dir,
-            cwd,
-            measure,
-        } = &spec.kind
-        else {
+        let ServerKind::Native { cwd, measure, .. } = &spec.kind else {
             return Err(ClientError::Protocol {
                 server: spec.name.clone(),
                 operation: "learn".into(),
@@ -326,27 +299,11 @@ impl Host {
         let expected = spec.expectation().ok_or_else(|| LaunchError::Unmeasured {
             server: spec.name.clone(),
         })?;
-        let path_var = std::env::var_os("PATH");
-        let resolved = crate::command::resolve(command, base_dir, path_var.as_deref())
-            .map_err(|e| LaunchError::from(crate::native::NativeError::from(e)))?;
         let observed = Arc::new(std::sync::Mutex::new(
             crate::native::learn::Observed::default(),
         ));
-        let executable = resolved.target.clone();
-        let launch = crate::native::NativeLaunch {
-            name: spec.name.clone(),
-            resolved,
-            args: spec.args.clone(),
-            env: spec.environment(),
-            cwd: cwd.clone(),
-            measure: measure.clone(),
-            expected,
-            limits: spec.limits.clone(),
-            dirs: spec.dirs.clone(),
-            net: spec.net.clone(),
-            sandbox: spec.sandbox,
-            learn: Some(observed.clone()),
-        };
+        let launch = native_launch(spec, expected, Some(observed.clone()))?;
+        let executable = launch.resolved.target.clone();
         let transport =
             ServerTransport::new(spec.name.clone(), spec.limits.clone(), move |tracker| {
                 crate::native::launch(launch, tracker)
@@ -568,6 +525,44 @@ pub struct Session {
 struct PinState {
     pins: Pins,
     reports: tokio::sync::Mutex<Vec<ToolReport>>,
+}
+
+/// The native launch `spec` describes: its command resolved on PATH, and,
+/// for `moat learn`, where the watched run records what it sees.
+#[cfg(unix)]
+fn native_launch(
+    spec: &ServerSpec,
+    expected: Expectation,
+    learn: Option<Arc<std::sync::Mutex<crate::native::learn::Observed>>>,
+) -> Result<crate::native::NativeLaunch, LaunchError> {
+    let ServerKind::Native {
+        command,
+        base_dir,
+        cwd,
+        measure,
+    } = &spec.kind
+    else {
+        return Err(LaunchError::Unsupported {
+            server: spec.name.clone(),
+        });
+    };
+    let path_var = std::env::var_os("PATH");
+    let resolved = crate::command::resolve(command, base_dir, path_var.as_deref())
+        .map_err(crate::native::NativeError::from)?;
+    Ok(crate::native::NativeLaunch {
+        name: spec.name.clone(),
+        resolved,
+        args: spec.args.clone(),
+        env: spec.environment(),
+        cwd: cwd.clone(),
+        measure: measure.clone(),
+        expected,
+        limits: spec.limits.clone(),
+        dirs: spec.dirs.clone(),
+        net: spec.net.clone(),
+        sandbox: spec.sandbox,
+        learn,
+    })
 }
 
 /// How long a failed handshake waits for the transport to learn why (a

@@ -10,7 +10,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{args, host, text};
+use common::{args, host, running, text};
 use moat_host::{ServerSpec, Session};
 use moat_test_guests as guests;
 use serde_json::{Value, json};
@@ -62,18 +62,6 @@ async fn attack(session: &Session, arguments: Value) -> Value {
 fn refused(report: &Value, errno: i32, what: &str) {
     assert_eq!(report["ok"], json!(false), "{what} succeeded: {report}");
     assert_eq!(report["errno"], json!(errno), "{what}: {report}");
-}
-
-fn running(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Err(_) => false,
-        Ok(stat) => {
-            let state = stat
-                .rsplit_once(')')
-                .and_then(|(_, rest)| rest.trim_start().chars().next());
-            state != Some('Z') && state != Some('X')
-        }
-    }
 }
 
 /// Host pids of live processes whose argv holds `token`.

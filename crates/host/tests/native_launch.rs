@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::text;
+use common::{running, text};
 
 use std::path::{Path, PathBuf};
 
@@ -160,17 +160,6 @@ async fn replacing_the_file_after_the_check_still_runs_the_measured_bytes() {
 
 /// A process is gone when /proc no longer has it, or it is a zombie
 /// waiting for its reaper.
-fn running(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Err(_) => false,
-        Ok(stat) => {
-            let state = stat
-                .rsplit_once(')')
-                .and_then(|(_, rest)| rest.trim_start().chars().next());
-            state != Some('Z') && state != Some('X')
-        }
-    }
-}
 
 #[tokio::test]
 async fn children_and_grandchildren_are_gone_after_close() {

@@ -340,6 +340,9 @@ fn spawn(
         .iter()
         .map(|(k, v)| cstring("an environment variable", &format!("{k}={v}")))
         .collect::<Result<Vec<_>, _>>()?;
+    // With a PID namespace, the kernel empties it before the server can be
+    // reaped: there is no group to scan for after it.
+    let namespaced = isolation.namespaces.is_some();
     let plan = spawn::ChildPlan {
         path: cstring("the executable path", &format!("/proc/self/fd/{fd}"))?,
         argv,
@@ -447,7 +450,9 @@ fn spawn(
             // every other process of the server's namespace. Without one,
             // anything the server left in its group goes too, and is
             // waited for, so "closed" means nothing is left running.
-            kill_group_and_wait(pid, limits.close_grace()).await;
+            if !namespaced {
+                kill_group_and_wait(pid, limits.close_grace()).await;
+            }
             let exit = classify(
                 status,
                 stopped.load(Ordering::SeqCst),
@@ -622,14 +627,20 @@ fn isolation(launch: &NativeLaunch) -> Result<Isolation, NativeError> {
     // Pathname Unix sockets are reached through the filesystem, where
     // neither the network namespace nor Landlock (before ABI 9) applies:
     // socket(AF_UNIX) is refused instead.
-    let filters = crate::sandbox::seccomp::filters(true).map_err(|error| {
-        NativeError::Sandbox(SandboxError::Ruleset {
-            operation: "seccomp",
-            detail: error.to_string(),
-        })
-    })?;
-    enforced.push(filters.summary);
-    let mut seccomp = filters.programs;
+    // The same for every launch: compiled once per process.
+    static FILTERS: std::sync::OnceLock<Result<crate::sandbox::seccomp::Filters, String>> =
+        std::sync::OnceLock::new();
+    let filters = FILTERS
+        .get_or_init(|| crate::sandbox::seccomp::filters(true).map_err(|e| e.to_string()))
+        .as_ref()
+        .map_err(|detail| {
+            NativeError::Sandbox(SandboxError::Ruleset {
+                operation: "seccomp",
+                detail: detail.clone(),
+            })
+        })?;
+    enforced.push(filters.summary.clone());
+    let mut seccomp = filters.programs.clone();
     if launch.learn.is_some() {
         seccomp.push(learn::watch_filter().map_err(|detail| {
             NativeError::Sandbox(SandboxError::Ruleset {
@@ -684,17 +695,23 @@ impl Signaller {
 /// Exit code, terminating signal, and the CPU seconds it had used.
 type WaitStatus = Result<(Option<i32>, Option<i32>, u64), std::io::Error>;
 
+/// The fields of /proc/PID/stat after the command's closing parenthesis
+/// (state, ppid, pgrp, ...), from `stat`'s text.
+fn stat_fields(stat: &str) -> Option<Vec<&str>> {
+    let (_, rest) = stat.rsplit_once(')')?;
+    Some(rest.split_whitespace().collect())
+}
+
 /// CPU seconds (user and system) a process has used, read from
 /// /proc/PID/stat; a zombie keeps them until it is reaped.
 fn cpu_seconds_used(pid: i32) -> u64 {
     let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
         return 0;
     };
-    let Some((_, rest)) = stat.rsplit_once(')') else {
+    let Some(fields) = stat_fields(&stat) else {
         return 0;
     };
-    // Fields after the command: state is field 3; utime 14, stime 15.
-    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the whole line.
     let ticks: u64 = [11, 12]
         .iter()
         .filter_map(|i| fields.get(*i)?.parse::<u64>().ok())
@@ -785,11 +802,9 @@ fn group_members(pgid: Pid) -> Vec<Pid> {
             let entry = entry.ok()?;
             let pid: i32 = entry.file_name().to_str()?.parse().ok()?;
             let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
-            // Fields after the command's closing parenthesis: state ppid pgrp ...
-            let (_, rest) = stat.rsplit_once(')')?;
-            let mut fields = rest.split_whitespace();
-            let state = fields.next()?;
-            let pgrp: i32 = fields.nth(1)?.parse().ok()?;
+            let fields = stat_fields(&stat)?;
+            let state = *fields.first()?;
+            let pgrp: i32 = fields.get(2)?.parse().ok()?;
             (pgrp == pgid.as_raw_nonzero().get() && state != "Z" && state != "X")
                 .then(|| Pid::from_raw(pid))
                 .flatten()

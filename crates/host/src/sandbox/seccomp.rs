@@ -89,6 +89,7 @@ const NAMESPACE_FLAGS: &[u64] = &[
 ];
 
 /// The filters to install, in order, and the lines that describe them.
+#[derive(Clone, Debug)]
 pub struct Filters {
     /// BPF programs, installed one after the other.
     pub programs: Vec<BpfProgram>,

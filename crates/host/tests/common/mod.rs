@@ -107,3 +107,16 @@ pub fn peak_rss_bytes() -> u64 {
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
         .map_or(0, |kb| kb * 1024)
 }
+
+/// Whether process `pid` (a host pid) is alive: it exists and is not a zombie.
+pub fn running(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => false,
+        Ok(stat) => {
+            let state = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.trim_start().chars().next());
+            state != Some('Z') && state != Some('X')
+        }
+    }
+}
