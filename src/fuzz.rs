@@ -10,7 +10,7 @@ use anyhow::{Context, Result, bail};
 use moat_host::fuzz::report::{self, CaseFile};
 use moat_host::fuzz::{self as engine, Budget, Event, Options, Runner, Summary};
 use moat_host::lock::{Lock, printable};
-use moat_host::{Config, Host, ServerSpec};
+use moat_host::{Config, ServerSpec};
 
 use crate::FuzzArgs;
 
@@ -58,7 +58,7 @@ pub async fn run(args: FuzzArgs) -> Result<ExitCode> {
             .map(usize::from)
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get().min(8))),
     };
-    let host = Host::new(Host::default_cache_dir())?;
+    let host = crate::new_host(&args.config)?;
     let runner = Runner::start(host, spec, options.fresh, options.case_timeout).await?;
     eprintln!(
         "moat fuzz: server `{server}` ({}), seed {seed}, {budget}, {} job(s), corpus {}",
@@ -154,7 +154,7 @@ async fn replay(
         ),
     };
     let spec = spec_for(&args.config, config, server)?;
-    let host = Host::new(Host::default_cache_dir())?;
+    let host = crate::new_host(&args.config)?;
     let mut runner = Runner::start(host, spec, true, Some(case_timeout)).await?;
     let outcome = runner.run_fresh(&file.case).await;
     runner.close().await;

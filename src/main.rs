@@ -309,7 +309,7 @@ async fn run(command: Command) -> Result<ExitCode> {
         }
         Command::Lock { config } => {
             let loaded = Config::load(&config)?;
-            let host = Host::new(Host::default_cache_dir())?;
+            let host = new_host(&config)?;
             let mut lock = Lock {
                 version: LOCK_VERSION,
                 ..Lock::default()
@@ -513,7 +513,7 @@ fn parse_arguments(arguments: Option<&str>) -> Result<Option<JsonObject>> {
 /// A host for `config_path`, enforcing moat.lock when it exists beside the
 /// config (and requiring it with `--locked`).
 fn host_for(config_path: &Path, locked: bool) -> Result<Host> {
-    let mut host = Host::new(Host::default_cache_dir())?;
+    let mut host = new_host(config_path)?;
     let lock_path = Lock::path_for(config_path);
     match Lock::load(&lock_path)? {
         Some(lock) => {
@@ -527,6 +527,14 @@ fn host_for(config_path: &Path, locked: bool) -> Result<Host> {
         None => {}
     }
     Ok(host)
+}
+
+/// A host with the default cache that refuses grants overlapping the
+/// cache, `config_path` or the lock beside it.
+pub(crate) fn new_host(config_path: &Path) -> Result<Host> {
+    Ok(Host::new(Host::default_cache_dir())?
+        .protect("config", config_path.to_owned())
+        .protect("lock", Lock::path_for(config_path)))
 }
 
 /// Connects to `server` (see [`host_for`]).
@@ -743,7 +751,10 @@ async fn gateway_for(
     audit: Option<&Path>,
 ) -> Result<moat_host::gateway::Gateway> {
     let config = Config::load(config_path)?;
-    let host = host_for(config_path, locked)?;
+    let mut host = host_for(config_path, locked)?;
+    if let Some(audit) = audit {
+        host = host.protect("audit log", audit.to_owned());
+    }
     let pinned = host.is_locked();
     let gateway = moat_host::gateway::Gateway::new(host, config, open_audit(audit)?);
     if !pinned {
@@ -826,7 +837,7 @@ async fn learn(config: &Path, server: &str, yes: bool) -> Result<ExitCode> {
             return Ok(ExitCode::from(2));
         }
     }
-    let host = Host::new(Host::default_cache_dir())?;
+    let host = new_host(config)?;
     let (proposal, outcome) = host.learn(spec).await?;
     if let Err(error) = &outcome {
         eprintln!(
@@ -865,6 +876,13 @@ async fn learn(config: &Path, server: &str, yes: bool) -> Result<ExitCode> {
         println!(
             "# it also read {} (a runtime's probe; grant it only if the server needs it)",
             printable(&probe.display().to_string())
+        );
+    }
+    for (path, kept) in &proposal.withheld {
+        println!(
+            "# it also used {}, which would overlap Moat's own {} (not proposed: such a grant is refused; keep the config and lock apart from the server's files if it needs them)",
+            printable(&path.display().to_string()),
+            printable(&kept.display().to_string())
         );
     }
     for socket in &proposal.unix {

@@ -189,6 +189,7 @@ pub fn arguments(data: &[u8]) {
         sha256: String::new(),
         identity: identity.to_string(),
         measured: Default::default(),
+        grants: Default::default(),
         tools: vec![LockedTool {
             name: "t".into(),
             sha256: tool_pin(&identity, &definition).to_string(),

@@ -93,6 +93,14 @@ pub enum ClientError {
     Lock(#[from] crate::lock::LockError),
     #[error("server `{server}` is not in {lock}: run `moat lock` to approve it")]
     NotLocked { server: String, lock: String },
+    #[error(
+        "server `{server}`: grant {path} is not in {lock} (added since `moat lock`, or the lock predates grant pins): run `moat lock` to approve it"
+    )]
+    GrantNotLocked {
+        server: String,
+        path: String,
+        lock: String,
+    },
     #[error("server `{server}`: {lock} is damaged: {detail}")]
     BadLock {
         server: String,
@@ -166,21 +174,42 @@ impl ClientError {
 pub struct Host {
     wasm: WasmEngine,
     lock: Option<(Arc<Lock>, PathBuf)>,
+    /// What no grant may overlap: the cache, the lock, and what the caller
+    /// adds with [`Host::protect`] (the config, the audit log).
+    #[cfg(unix)]
+    protected: Vec<crate::grants::Protected>,
 }
 
 impl Host {
     /// A host caching compiled components in `cache_dir`, when given.
     pub fn new(cache_dir: Option<PathBuf>) -> Result<Self, LaunchError> {
-        Ok(Self {
-            wasm: WasmEngine::new(cache_dir)?,
+        let mut host = Self {
+            wasm: WasmEngine::new(cache_dir.clone())?,
             lock: None,
-        })
+            #[cfg(unix)]
+            protected: Vec::new(),
+        };
+        if let Some(dir) = cache_dir {
+            host = host.protect("compiled-component cache", dir);
+        }
+        Ok(host)
     }
 
     /// Enforces `lock` (read from `path`) on every connect: digests, the
-    /// execution identity and tool pins.
+    /// execution identity, grant inodes and tool pins.
     pub fn with_lock(mut self, lock: Lock, path: PathBuf) -> Self {
+        self = self.protect("lock", path.clone());
         self.lock = Some((Arc::new(lock), path));
+        self
+    }
+
+    /// Refuses, at every launch, a `dirs` grant that overlaps `path` (the
+    /// same path, or one inside the other). `what` names it in the error.
+    pub fn protect(mut self, what: &'static str, path: PathBuf) -> Self {
+        #[cfg(unix)]
+        self.protected.push(crate::grants::Protected { what, path });
+        #[cfg(not(unix))]
+        let _ = (what, path);
         self
     }
 
@@ -234,6 +263,8 @@ impl Host {
         spec: &ServerSpec,
         expected: Expectation,
     ) -> Result<ServerTransport, LaunchError> {
+        #[cfg(unix)]
+        crate::grants::check_protected(&spec.name, &spec.dirs, &self.protected)?;
         match &spec.kind {
             ServerKind::Wasm { path } => {
                 let launch = WasmLaunch::from_spec(spec);
@@ -335,6 +366,7 @@ impl Host {
                 measure,
                 dirs: &spec.dirs,
                 package_paths,
+                protected: self.protected.iter().map(|p| p.path.clone()).collect(),
             },
         );
         Ok((proposal, outcome))
@@ -385,7 +417,12 @@ impl Host {
                     locked: digest.to_string(),
                 });
             }
-            self.transport_expecting(spec, Expectation::Pinned(digest))?
+            let spec = pin_grants(spec, &locked).map_err(|path| ClientError::GrantNotLocked {
+                server: spec.name.clone(),
+                path,
+                lock: lock_name.clone(),
+            })?;
+            self.transport_expecting(&spec, Expectation::Pinned(digest))?
         };
         let mut session = Session::connect(transport, handshake).await?;
         if let Err(error) = session.enforce(spec, &locked).await {
@@ -400,6 +437,17 @@ impl Host {
     /// digest pinned in the config must still match.
     pub async fn measure(&self, spec: &ServerSpec) -> Result<LockedServer, ClientError> {
         let expected = spec.sha256.map_or(Expectation::Record, Expectation::Pinned);
+        // The grants as they are now: recorded, and pinned for this very
+        // launch, so what is recorded is what the server was given.
+        let mut spec = spec.clone();
+        let mut grants = std::collections::BTreeMap::new();
+        #[cfg(unix)]
+        for dir in &mut spec.dirs {
+            let opened = crate::grants::open(&spec.name, dir).map_err(LaunchError::from)?;
+            dir.inode = Some(opened.inode);
+            grants.insert(dir.host.display().to_string(), opened.inode);
+        }
+        let spec = &spec;
         let transport = self.transport_expecting(spec, expected)?;
         let session = Session::connect(transport, Handshake::Auto).await?;
         let tools = session.list_tools().await;
@@ -450,9 +498,23 @@ impl Host {
             sha256: digest,
             identity: execution.to_string(),
             measured: parts.measured,
+            grants,
             tools: locked_tools,
         })
     }
+}
+
+/// `spec` with each grant pinned to the inode the lock recorded for it. A
+/// grant the lock does not list was added since `moat lock`: its path is
+/// the error.
+fn pin_grants(spec: &ServerSpec, locked: &LockedServer) -> Result<ServerSpec, String> {
+    let mut spec = spec.clone();
+    for dir in &mut spec.dirs {
+        let host = dir.host.display().to_string();
+        let inode = locked.grants.get(&host).ok_or_else(|| host.clone())?;
+        dir.inode = Some(*inode);
+    }
+    Ok(spec)
 }
 
 /// The parts of a server's execution identity, from its spec and what the

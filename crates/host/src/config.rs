@@ -78,6 +78,9 @@ pub struct DirGrant {
     pub guest: String,
     /// Read-only or read-write.
     pub mode: DirMode,
+    /// The inode `moat lock` saw at `host`; set from the lock when one is
+    /// enforced, and a grant opened to another inode is refused.
+    pub inode: Option<u64>,
 }
 
 /// Access to a granted directory.
@@ -533,6 +536,7 @@ impl Config {
                     host: base.join(&dir.host),
                     guest,
                     mode: dir.mode,
+                    inode: None,
                 });
             }
             let mut net = Vec::new();
@@ -835,7 +839,8 @@ mode = "ro"
             [DirGrant {
                 host: PathBuf::from("/etc/moat/data"),
                 guest: "/data".into(),
-                mode: DirMode::Ro
+                mode: DirMode::Ro,
+                inode: None,
             }]
         );
         let shown: Vec<String> = server.net.iter().map(|n| n.to_string()).collect();

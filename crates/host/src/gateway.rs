@@ -905,6 +905,7 @@ mod tests {
             sha256: String::new(),
             identity: String::new(),
             measured: Default::default(),
+            grants: Default::default(),
             tools,
         };
         let mut lock = Lock {

@@ -14,6 +14,8 @@ pub mod command;
 pub mod config;
 pub mod fuzz;
 pub mod gateway;
+#[cfg(unix)]
+pub mod grants;
 pub mod identity;
 pub mod importer;
 pub mod limits;
@@ -47,10 +49,20 @@ pub enum LaunchError {
     #[cfg(unix)]
     #[error(transparent)]
     Native(#[from] native::NativeError),
+    #[cfg(unix)]
+    #[error(transparent)]
+    Grant(Box<crate::grants::GrantError>),
     #[error("server `{server}`: native servers are not supported on this platform yet")]
     Unsupported { server: String },
     #[error(transparent)]
     Remote(#[from] remote::RemoteError),
     #[error(transparent)]
     Transport(#[from] TransportError),
+}
+
+#[cfg(unix)]
+impl From<crate::grants::GrantError> for LaunchError {
+    fn from(error: crate::grants::GrantError) -> Self {
+        Self::Grant(Box::new(error))
+    }
 }

@@ -68,6 +68,11 @@ pub struct LockedServer {
     /// Extra measured files or directories and their digests.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub measured: BTreeMap<String, String>,
+    /// Every `dirs` grant, by host path, with the inode `moat lock` opened
+    /// there: under the lock a grant that now opens another inode (the
+    /// directory was replaced, or swapped for a link) is refused.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub grants: BTreeMap<String, u64>,
     /// Every tool the server listed, by name.
     #[serde(default)]
     pub tools: Vec<LockedTool>,
@@ -348,6 +353,7 @@ mod tests {
                 sha256: Digest::of(b"x").to_string(),
                 identity: Digest::of(b"y").to_string(),
                 measured: BTreeMap::new(),
+                grants: BTreeMap::from([("/srv/data".into(), 42)]),
                 tools: vec![LockedTool {
                     name: "t".into(),
                     sha256: Digest::of(b"z").to_string(),

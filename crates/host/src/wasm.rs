@@ -4,8 +4,13 @@
 //!
 //! The sha256 is computed over the very bytes that are compiled. Precompiled
 //! components are cached on disk keyed by that digest and the engine's
-//! compatibility hash; each cache file carries the sha256 of its own payload
-//! and is recompiled, never loaded, when that does not match.
+//! compatibility hash. A compiled file is native code that Moat runs outside
+//! every sandbox, so each one carries an HMAC-SHA256, under a per-user key
+//! kept in the cache directory (mode 0600, created by Moat), over the
+//! component's digest, the engine's hash and the payload: a file that Moat
+//! did not write for this component and this engine is recompiled, never
+//! loaded. Servers cannot reach the key: a grant that overlaps the cache is
+//! refused at launch (see `Host::check_grants`).
 
 use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
@@ -14,6 +19,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use sha2::Sha256;
 use tokio::sync::watch;
 use wasmtime::component::{Component, Linker, ResourceTable};
 use wasmtime::{CallHook, Config, Engine, ResourceLimiter, Store, Trap};
@@ -32,11 +38,18 @@ use crate::transport::{Exit, Launched, Metrics, Tracker};
 /// Bytes buffered in each in-memory stdio pipe.
 const PIPE_BYTES: usize = 64 * 1024;
 /// First bytes of every cache file Moat writes.
-const CACHE_MAGIC: &[u8; 12] = b"MOAT-CWASM1\n";
+const CACHE_MAGIC: &[u8; 12] = b"MOAT-CWASM2\n";
+/// The cache key's file name, inside the cache directory.
+const CACHE_KEY_FILE: &str = "cache.key";
+/// Bytes in the cache key, and in the MAC.
+const MAC_BYTES: usize = 32;
 
 /// Errors of the wasm launcher, naming the operation and its subject.
 #[derive(Debug, thiserror::Error)]
 pub enum WasmError {
+    #[cfg(unix)]
+    #[error(transparent)]
+    Grant(Box<crate::grants::GrantError>),
     #[error("configuring the wasm engine: {0}")]
     Engine(String),
     #[error("reading component {path}: {source}")]
@@ -89,6 +102,8 @@ pub struct WasmEngine {
     engine: Engine,
     linker: Arc<Linker<HostState>>,
     cache_dir: Option<PathBuf>,
+    /// The cache MAC key, read or made at the first cache access.
+    cache_key: Arc<std::sync::OnceLock<Option<[u8; MAC_BYTES]>>>,
     prepared: Arc<Mutex<HashMap<Digest, PreparedComponent>>>,
 }
 
@@ -107,6 +122,7 @@ impl WasmEngine {
             engine,
             linker: Arc::new(linker),
             cache_dir,
+            cache_key: Arc::default(),
             prepared: Arc::default(),
         })
     }
@@ -119,6 +135,26 @@ impl WasmEngine {
             .precompile_compatibility_hash()
             .hash(&mut hasher);
         format!("{:016x}", hasher.finish())
+    }
+
+    /// The cache directory, when one is configured.
+    pub fn cache_dir(&self) -> Option<&Path> {
+        self.cache_dir.as_deref()
+    }
+
+    /// The cache key: read from the cache directory, or made there once.
+    /// `None` (and no caching) when neither works.
+    fn key(&self) -> Option<[u8; MAC_BYTES]> {
+        *self.cache_key.get_or_init(|| {
+            let dir = self.cache_dir.as_ref()?;
+            match cache_key(dir) {
+                Ok(key) => Some(key),
+                Err(error) => {
+                    tracing::warn!(dir = %dir.display(), %error, "no cache key; compiled components are not cached");
+                    None
+                }
+            }
+        })
     }
 
     /// The cache file for a component with this digest.
@@ -201,21 +237,29 @@ impl WasmEngine {
         let Some(cache_path) = self.cache_path(digest) else {
             return Ok((self.compile(path, bytes)?, CacheOutcome::Compiled));
         };
-        let outcome = match std::fs::read(&cache_path) {
+        let Some(key) = self.key() else {
+            return Ok((self.compile(path, bytes)?, CacheOutcome::Compiled));
+        };
+        let context = MacContext {
+            key: &key,
+            digest,
+            engine: self.compatibility_hash(),
+        };
+        let outcome = match read_private(&cache_path) {
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => CacheOutcome::Compiled,
             Err(error) => {
                 tracing::warn!(path = %cache_path.display(), %error, "unreadable cache file; recompiling");
                 CacheOutcome::Recompiled
             }
-            Ok(file) => match verified_payload(&file) {
+            Ok(file) => match context.verified_payload(&file) {
                 Some(payload) => {
                     // SAFETY: `Component::deserialize` runs the payload as
-                    // native code. The payload is only used when its sha256
-                    // matches the digest recorded beside it by
-                    // `write_cache`, in a file named by the component's own
-                    // digest and this engine's compatibility hash, inside
-                    // Moat's private cache directory; wasmtime additionally
-                    // checks the header for engine compatibility.
+                    // native code. The payload is only used when its MAC,
+                    // under the per-user key that only Moat reads, matches
+                    // this component's digest, this engine's compatibility
+                    // hash and the payload: Moat wrote it for exactly this
+                    // component and engine. Wasmtime additionally checks the
+                    // header for engine compatibility.
                     match unsafe { Component::deserialize(&self.engine, payload) } {
                         Ok(component) => return Ok((component, CacheOutcome::Hit)),
                         Err(error) => {
@@ -225,13 +269,13 @@ impl WasmEngine {
                     }
                 }
                 None => {
-                    tracing::warn!(path = %cache_path.display(), "corrupt cache file; recompiling");
+                    tracing::warn!(path = %cache_path.display(), "cache file not written by Moat for this component and engine; recompiling");
                     CacheOutcome::Recompiled
                 }
             },
         };
         let component = self.compile(path, bytes)?;
-        if let Err(error) = write_cache(&cache_path, &component) {
+        if let Err(error) = write_cache(&cache_path, &context, &component) {
             tracing::warn!(path = %cache_path.display(), %error, "could not write cache file");
         }
         Ok((component, outcome))
@@ -246,33 +290,141 @@ impl WasmEngine {
     }
 }
 
-/// The payload of a cache file if its recorded sha256 matches it.
-fn verified_payload(file: &[u8]) -> Option<&[u8]> {
-    let rest = file.strip_prefix(CACHE_MAGIC.as_slice())?;
-    if rest.len() < 32 {
-        return None;
-    }
-    let (recorded, payload) = rest.split_at(32);
-    (Digest::of(payload).as_bytes().as_slice() == recorded).then_some(payload)
+/// What a cache file's MAC binds: the key, the component and the engine.
+struct MacContext<'a> {
+    key: &'a [u8; MAC_BYTES],
+    digest: Digest,
+    engine: String,
 }
 
-fn write_cache(cache_path: &Path, component: &Component) -> std::io::Result<()> {
-    let payload = component
-        .serialize()
-        .map_err(|e| std::io::Error::other(e.to_string()))?;
-    let dir = cache_path.parent().unwrap_or(Path::new("."));
+impl MacContext<'_> {
+    fn mac(&self, payload: &[u8]) -> hmac::Hmac<Sha256> {
+        use hmac::Mac;
+        let mut mac = <hmac::Hmac<Sha256> as Mac>::new_from_slice(self.key)
+            .expect("HMAC takes a key of any length");
+        mac.update(CACHE_MAGIC);
+        mac.update(self.digest.as_bytes());
+        mac.update(self.engine.as_bytes());
+        mac.update(payload);
+        mac
+    }
+
+    /// The payload of a cache file if its MAC is right, compared in
+    /// constant time.
+    fn verified_payload<'f>(&self, file: &'f [u8]) -> Option<&'f [u8]> {
+        use hmac::Mac;
+        let rest = file.strip_prefix(CACHE_MAGIC.as_slice())?;
+        if rest.len() < MAC_BYTES {
+            return None;
+        }
+        let (recorded, payload) = rest.split_at(MAC_BYTES);
+        self.mac(payload).verify_slice(recorded).ok()?;
+        Some(payload)
+    }
+}
+
+/// Opens `path` without following a link and reads it whole, refusing a
+/// file that is not regular or that another user owns.
+fn read_private(path: &Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut options = std::fs::OpenOptions::new();
+    options.read(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+        options.custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32);
+        let mut file = options.open(path)?;
+        let meta = file.metadata()?;
+        if !meta.is_file() || meta.uid() != rustix::process::geteuid().as_raw() {
+            return Err(std::io::Error::other(
+                "not a regular file owned by this user",
+            ));
+        }
+        let mut bytes = Vec::with_capacity(meta.len() as usize);
+        file.read_to_end(&mut bytes)?;
+        Ok(bytes)
+    }
+    #[cfg(not(unix))]
+    {
+        let mut bytes = Vec::new();
+        options.open(path)?.read_to_end(&mut bytes)?;
+        Ok(bytes)
+    }
+}
+
+/// Makes the cache directory (mode 0700) and reads its key, making one of
+/// fresh random bytes (mode 0600, created exclusively) when there is none.
+fn cache_key(dir: &Path) -> std::io::Result<[u8; MAC_BYTES]> {
     std::fs::create_dir_all(dir)?;
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
     }
-    let mut file = Vec::with_capacity(CACHE_MAGIC.len() + 32 + payload.len());
+    let path = dir.join(CACHE_KEY_FILE);
+    loop {
+        match read_private(&path) {
+            Ok(bytes) => {
+                return <[u8; MAC_BYTES]>::try_from(bytes.as_slice()).map_err(|_| {
+                    std::io::Error::other(format!(
+                        "{} is not a {MAC_BYTES}-byte key; delete it to make a new one",
+                        path.display()
+                    ))
+                });
+            }
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+            Err(error) => return Err(error),
+        }
+        let mut key = [0u8; MAC_BYTES];
+        getrandom::fill(&mut key).map_err(|e| std::io::Error::other(e.to_string()))?;
+        let mut options = std::fs::OpenOptions::new();
+        options.write(true).create_new(true);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::OpenOptionsExt;
+            options.mode(0o600);
+        }
+        match options.open(&path) {
+            Ok(mut file) => {
+                use std::io::Write;
+                file.write_all(&key)?;
+                file.sync_all()?;
+                return Ok(key);
+            }
+            // Another Moat made it first: read theirs.
+            Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(error) => return Err(error),
+        }
+    }
+}
+
+fn write_cache(
+    cache_path: &Path,
+    context: &MacContext<'_>,
+    component: &Component,
+) -> std::io::Result<()> {
+    use hmac::Mac;
+    let payload = component
+        .serialize()
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
+    let mut file = Vec::with_capacity(CACHE_MAGIC.len() + MAC_BYTES + payload.len());
     file.extend_from_slice(CACHE_MAGIC);
-    file.extend_from_slice(Digest::of(&payload).as_bytes());
+    file.extend_from_slice(&context.mac(&payload).finalize().into_bytes());
     file.extend_from_slice(&payload);
     let tmp = cache_path.with_extension(format!("tmp{}", std::process::id()));
-    std::fs::write(&tmp, &file)?;
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options
+            .mode(0o600)
+            .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32);
+    }
+    {
+        use std::io::Write;
+        options.open(&tmp)?.write_all(&file)?;
+    }
     std::fs::rename(&tmp, cache_path)
 }
 
@@ -393,13 +545,28 @@ impl PreparedComponent {
             .envs(&launch.env)
             .max_random_size(limits.max_random_bytes)
             .allow_udp(false);
-        for dir in &launch.dirs {
+        // Each grant is opened once without following links; the preopen
+        // reopens that very inode through its descriptor.
+        #[cfg(unix)]
+        let opened = crate::grants::open_all(&launch.name, &launch.dirs)?;
+        #[cfg(unix)]
+        let preopens = opened.iter().map(|o| (&o.grant, o.fd_path()));
+        #[cfg(not(unix))]
+        let preopens = launch.dirs.iter().map(|d| (d, d.host.clone()));
+        for (dir, host_path) in preopens {
+            if !host_path.is_dir() {
+                return Err(WasmError::Preopen {
+                    path: dir.host.clone(),
+                    guest: dir.guest.clone(),
+                    detail: "not a directory (a wasm guest is granted directories only)".into(),
+                });
+            }
             let perms = match dir.mode {
                 DirMode::Ro => FsPerms::ReadOnly,
                 DirMode::Rw => FsPerms::ReadWrite,
             };
             builder
-                .preopened_dir(&dir.host, &dir.guest, perms)
+                .preopened_dir(&host_path, &dir.guest, perms)
                 .map_err(|e| WasmError::Preopen {
                     path: dir.host.clone(),
                     guest: dir.guest.clone(),
@@ -701,4 +868,11 @@ pub(crate) async fn launch(
     let prepared = engine.prepare(&path, expected).await?;
     let allowed = launch.resolve_net().await?;
     Ok(prepared.launch(&launch, allowed, &tracker)?)
+}
+
+#[cfg(unix)]
+impl From<crate::grants::GrantError> for WasmError {
+    fn from(error: crate::grants::GrantError) -> Self {
+        Self::Grant(Box::new(error))
+    }
 }

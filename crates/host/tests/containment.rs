@@ -316,6 +316,7 @@ async fn a_grant_under_the_hosts_tmp_reaches_through_the_private_tmp() {
         host: granted.clone(),
         guest: granted.display().to_string(),
         mode: DirMode::Rw,
+        inode: None,
     }];
     let server = host().connect(&spec).await.unwrap();
     let probe = |arguments: Value| {

@@ -391,6 +391,7 @@ async fn servers_on_one_binary_with_other_tokens_and_grants_never_share_a_child(
             host: data.clone(),
             guest: data.display().to_string(),
             mode: DirMode::Ro,
+            inode: None,
         }];
         spec
     };

@@ -216,6 +216,7 @@ async fn opening_files_without_end_meets_a_limit(launcher: Launcher) {
         host: dir.path().to_owned(),
         guest: "/data".into(),
         mode: moat_host::config::DirMode::Ro,
+        inode: None,
     });
     if launcher == Launcher::Native {
         opener.env.insert(

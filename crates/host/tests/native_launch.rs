@@ -227,6 +227,7 @@ async fn a_real_mcp_server_from_npm_runs_under_node() {
         host: root.join("target/npm/node_modules"),
         guest: String::new(),
         mode: moat_host::config::DirMode::Ro,
+        inode: None,
     }];
     let session = host().connect(&spec).await.unwrap();
     let identity = session.shared().identity().unwrap();

@@ -5,6 +5,7 @@ mod common;
 
 use common::{args, text};
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use moat_host::wasm::{CacheOutcome, WasmError};
@@ -64,13 +65,17 @@ async fn a_corrupt_or_foreign_cache_file_is_recompiled_not_loaded() {
     let path = Path::new(guests::NON_JSON_WASM);
     let digest = Digest::of(&std::fs::read(path).unwrap());
     let fresh = || Host::new(Some(cache.path().to_owned())).unwrap();
+    // How a fresh host (nothing in memory) gets the component.
+    let fresh_outcome = || async {
+        fresh()
+            .wasm()
+            .prepare(path, Expectation::Unpinned)
+            .await
+            .unwrap()
+            .cache_outcome()
+    };
 
-    let first = fresh()
-        .wasm()
-        .prepare(path, Expectation::Unpinned)
-        .await
-        .unwrap();
-    assert_eq!(first.cache_outcome(), CacheOutcome::Compiled);
+    assert_eq!(fresh_outcome().await, CacheOutcome::Compiled);
     let engine = fresh();
     let cache_file = engine.wasm().cache_path(digest).unwrap();
     let second = engine
@@ -91,36 +96,45 @@ async fn a_corrupt_or_foreign_cache_file_is_recompiled_not_loaded() {
     let middle = file.len() / 2;
     file[middle] ^= 0xff;
     std::fs::write(&cache_file, &file).unwrap();
-    let third = fresh()
-        .wasm()
-        .prepare(path, Expectation::Unpinned)
-        .await
-        .unwrap();
-    assert_eq!(third.cache_outcome(), CacheOutcome::Recompiled);
+    assert_eq!(fresh_outcome().await, CacheOutcome::Recompiled);
     assert_eq!(
-        fresh()
-            .wasm()
-            .prepare(path, Expectation::Unpinned)
-            .await
-            .unwrap()
-            .cache_outcome(),
+        fresh_outcome().await,
         CacheOutcome::Hit,
         "the corrupt file was rewritten"
     );
 
-    // A file whose recorded digest matches its payload, but the payload is
-    // not wasmtime's: refused by the engine, recompiled.
-    let garbage = b"not a compiled component".to_vec();
-    let mut foreign = b"MOAT-CWASM1\n".to_vec();
-    foreign.extend_from_slice(Digest::of(&garbage).as_bytes());
-    foreign.extend_from_slice(&garbage);
-    std::fs::write(&cache_file, &foreign).unwrap();
-    let fourth = fresh()
-        .wasm()
-        .prepare(path, Expectation::Unpinned)
+    // The attack of issue 12: another component's compiled file, valid and
+    // written by Moat, copied over this component's cache name. Loading it
+    // would list the other component's tools under this one's digest.
+    let other = Path::new(guests::EVERYTHING_WASM);
+    let other_digest = Digest::of(&std::fs::read(other).unwrap());
+    let host = fresh();
+    host.wasm()
+        .prepare(other, Expectation::Unpinned)
         .await
         .unwrap();
-    assert_eq!(fourth.cache_outcome(), CacheOutcome::Recompiled);
+    let other_file = host.wasm().cache_path(other_digest).unwrap();
+    std::fs::copy(&other_file, &cache_file).unwrap();
+    assert_eq!(fresh_outcome().await, CacheOutcome::Recompiled);
+
+    // A file made without the key: its MAC recomputed as a plain sha256,
+    // the way the first cache format recorded it.
+    let payload = std::fs::read(&other_file).unwrap()[12 + 32..].to_vec();
+    let mut forged = b"MOAT-CWASM2\n".to_vec();
+    forged.extend_from_slice(Digest::of(&payload).as_bytes());
+    forged.extend_from_slice(&payload);
+    std::fs::write(&cache_file, &forged).unwrap();
+    assert_eq!(fresh_outcome().await, CacheOutcome::Recompiled);
+
+    // The key is private to the user, and a cache from another key (a key
+    // replaced, as after copying a cache between users) is not trusted.
+    let key = cache.path().join("cache.key");
+    assert_eq!(
+        std::fs::metadata(&key).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    std::fs::remove_file(&key).unwrap();
+    assert_eq!(fresh_outcome().await, CacheOutcome::Recompiled);
 
     // And the recompiled component runs.
     let mut spec = ServerSpec::wasm("non-json", path);

@@ -368,6 +368,10 @@ pub struct Proposal {
     /// What it read under /sys (runtimes probe cgroup limits and CPU
     /// topology there and carry on without them): not proposed, only shown.
     pub probes: Vec<PathBuf>,
+    /// Paths it used that would overlap what Moat keeps from servers (its
+    /// config, lock, cache or audit log), with what they would overlap: not
+    /// proposed, since such a grant is refused.
+    pub withheld: Vec<(PathBuf, PathBuf)>,
 }
 
 /// What the server a launch describes already has without asking.
@@ -377,6 +381,8 @@ pub struct Granted<'a> {
     pub dirs: &'a [crate::config::DirGrant],
     /// Package roots named in its environment (`PYTHONPATH`, `NODE_PATH`).
     pub package_paths: Vec<PathBuf>,
+    /// What no grant may overlap.
+    pub protected: Vec<PathBuf>,
 }
 
 /// Turns what a watched run saw into grants (see the module's docs).
@@ -445,8 +451,23 @@ pub fn propose(observed: &Observed, granted: &Granted<'_>) -> Proposal {
     for (path, write) in &mut dirs {
         *write = anchors.get(path).copied().unwrap_or(*write);
     }
+    let mut withheld = Vec::new();
+    dirs.retain(|(path, _)| {
+        match granted
+            .protected
+            .iter()
+            .find(|kept| path.starts_with(kept) || kept.starts_with(path))
+        {
+            Some(kept) => {
+                withheld.push((path.clone(), kept.clone()));
+                false
+            }
+            None => true,
+        }
+    });
     Proposal {
         dirs,
+        withheld,
         net: observed.connects.iter().cloned().collect(),
         unix: observed.unix.iter().cloned().collect(),
         probes,
@@ -485,6 +506,7 @@ mod tests {
                 executable: Path::new("/usr/bin/node"),
                 measure: &[],
                 dirs: &[],
+                protected: Vec::new(),
                 package_paths: vec![site.clone()],
             },
         );

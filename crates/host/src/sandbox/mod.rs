@@ -23,7 +23,7 @@ use landlock::{
 
 pub mod seccomp;
 
-use crate::config::{DirGrant, DirMode, NetGrant, Sandbox};
+use crate::config::{DirMode, NetGrant, Sandbox};
 
 /// Why a required sandbox could not be set up.
 #[derive(Debug, thiserror::Error)]
@@ -171,7 +171,7 @@ pub struct Grants<'a> {
     pub executable: BorrowedFd<'a>,
     pub executable_path: &'a Path,
     pub measure: &'a [PathBuf],
-    pub dirs: &'a [DirGrant],
+    pub dirs: &'a [crate::grants::OpenedGrant],
     pub net: &'a [NetGrant],
     pub sandbox: Sandbox,
 }
@@ -186,6 +186,11 @@ fn unsupported(sandbox: Sandbox, feature: &str, plan: &mut Plan) -> Result<(), S
             Ok(())
         }
     }
+}
+
+/// The rights that apply to a file (directory-only rights do not).
+fn file_only() -> BitFlags<AccessFs> {
+    AccessFs::ReadFile | AccessFs::Execute | AccessFs::WriteFile | AccessFs::Truncate
 }
 
 /// Builds the Landlock ruleset for `grants` on this kernel.
@@ -293,12 +298,30 @@ pub fn plan_for_abi(grants: &Grants<'_>, version: i32) -> Result<Plan, SandboxEr
     if let Some(root) = install_root(grants.executable_path) {
         rules.push((root, read, true, true));
     }
+    // Grants: the descriptors opened once, without following links, by
+    // `grants::open_all`; the rule is bound to the inode that was checked.
     for dir in grants.dirs {
-        let access = match dir.mode {
+        let access = match dir.grant.mode {
             DirMode::Ro => read,
             DirMode::Rw => all,
         };
-        rules.push((dir.host.clone(), access, false, false));
+        let access = if dir.dir {
+            access
+        } else {
+            access & file_only()
+        };
+        let fd = dir.fd.try_clone().map_err(|error| SandboxError::Rule {
+            operation: "dup",
+            path: dir.grant.host.clone(),
+            detail: error.to_string(),
+        })?;
+        created = created
+            .add_rule(PathBeneath::new(fd, access))
+            .map_err(|error| SandboxError::Rule {
+                operation: "add rule for",
+                path: dir.grant.host.clone(),
+                detail: error.to_string(),
+            })?;
     }
     for (path, access, optional, shown) in rules {
         let fd = match PathFd::new(&path) {
@@ -316,11 +339,7 @@ pub fn plan_for_abi(grants: &Grants<'_>, version: i32) -> Result<Plan, SandboxEr
         let access = if path.is_dir() {
             access
         } else {
-            access
-                & (AccessFs::ReadFile
-                    | AccessFs::Execute
-                    | AccessFs::WriteFile
-                    | AccessFs::Truncate)
+            access & file_only()
         };
         created = created
             .add_rule(PathBeneath::new(fd, access))
@@ -369,8 +388,12 @@ pub fn plan_for_abi(grants: &Grants<'_>, version: i32) -> Result<Plan, SandboxEr
     for dir in grants.dirs {
         plan.enforced.push(format!(
             "dir {} ({})",
-            dir.host.display(),
-            if dir.mode == DirMode::Ro { "ro" } else { "rw" }
+            dir.grant.host.display(),
+            if dir.grant.mode == DirMode::Ro {
+                "ro"
+            } else {
+                "rw"
+            }
         ));
     }
     if net_rules {

@@ -1,7 +1,8 @@
 //! Tries what it is told to and reports what happened, so tests can check
 //! that a grant works and a denial fails. `attack` arguments:
-//! `{"op": "read" | "write" | "list" | "connect" | "env", "path": "...",
-//! "addr": "host:port", "name": "VAR"}`. The answer is JSON text:
+//! `{"op": "read" | "write" | "list" | "connect" | "env" | "swap", "path":
+//! "...", "addr": "host:port", "name": "VAR", "target": "..."}`. `swap`
+//! moves `path` aside and puts a link to `target` in its place (unix only). The answer is JSON text:
 //! `{"ok": true, "data": "..."}` or `{"ok": false, "error": "..."}`.
 use std::io::{Read, Write};
 
@@ -33,6 +34,14 @@ fn run(arguments: &Value) -> Result<String, String> {
             Ok(String::from_utf8_lossy(&reply[..n]).into_owned())
         }
         "env" => std::env::var(text("name")).map_err(|e| e.to_string()),
+        #[cfg(unix)]
+        "swap" => {
+            let path = text("path");
+            std::fs::rename(&path, format!("{path}.old")).map_err(|e| e.to_string())?;
+            std::os::unix::fs::symlink(text("target"), &path)
+                .map(|()| "swapped".to_owned())
+                .map_err(|e| e.to_string())
+        }
         other => Err(format!("unknown op {other:?}")),
     }
 }
