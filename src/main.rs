@@ -12,6 +12,7 @@ use moat_host::rmcp::model::JsonObject;
 use moat_host::{Config, Digest, Host, Session};
 
 mod fuzz;
+mod stdio;
 
 /// Run MCP servers isolated, measured and bounded.
 #[derive(Parser)]
@@ -793,7 +794,7 @@ async fn serve(config_path: &Path, locked: bool, audit: Option<&Path>) -> Result
     let session = gateway.session();
     let service = session
         .clone()
-        .serve(rmcp::transport::stdio())
+        .serve(stdio::dedicated())
         .await
         .context("starting the MCP session on stdio")?;
     let cancel = service.cancellation_token();

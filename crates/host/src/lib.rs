@@ -20,6 +20,7 @@ pub mod identity;
 pub mod importer;
 pub mod limits;
 pub mod lock;
+pub mod lookup;
 #[cfg(unix)]
 pub mod native;
 pub mod policy;

@@ -118,6 +118,7 @@ impl WasmEngine {
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker)
             .map_err(|e| WasmError::Engine(e.to_string()))?;
+        crate::lookup::add_to_linker(&mut linker).map_err(|e| WasmError::Engine(e.to_string()))?;
         Ok(Self {
             engine,
             linker: Arc::new(linker),
@@ -468,21 +469,53 @@ impl WasmLaunch {
         }
     }
 
-    /// The socket addresses `net` allows: IP literals as they are, names
-    /// resolved now.
-    pub async fn resolve_net(&self) -> Result<HashSet<SocketAddr>, WasmError> {
+    /// The socket addresses `net` allows, and the names the guest may look
+    /// up: IP literals as they are, names resolved now, each within
+    /// [`LOOKUP_TIMEOUT`]. These are the only lookups a wasm server causes:
+    /// its own are answered from this list (see [`crate::lookup`]).
+    pub async fn resolve_net(&self) -> Result<ResolvedNet, WasmError> {
         let mut allowed = HashSet::new();
+        let mut names = Vec::new();
         for grant in &self.net {
-            let found = tokio::net::lookup_host((grant.host.as_str(), grant.port))
-                .await
-                .map_err(|source| WasmError::Resolve {
-                    grant: grant.to_string(),
-                    source,
-                })?;
+            let found = tokio::time::timeout(
+                LOOKUP_TIMEOUT,
+                tokio::net::lookup_host((grant.host.as_str(), grant.port)),
+            )
+            .await
+            .unwrap_or_else(|_| {
+                Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("no answer within {LOOKUP_TIMEOUT:?}"),
+                ))
+            })
+            .map_err(|source| WasmError::Resolve {
+                grant: grant.to_string(),
+                source,
+            })?
+            .collect::<Vec<_>>();
+            names.push((
+                grant.host.clone(),
+                found.iter().map(|a| a.ip().to_canonical()).collect(),
+            ));
             allowed.extend(found);
         }
-        Ok(allowed)
+        Ok(ResolvedNet {
+            allowed,
+            names: crate::lookup::Names::new(names),
+        })
     }
+}
+
+/// How long a launch waits for one `net` name to resolve.
+pub const LOOKUP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// What a launch resolved of `net`.
+#[derive(Clone, Debug, Default)]
+pub struct ResolvedNet {
+    /// The socket addresses a guest may connect to.
+    pub allowed: HashSet<SocketAddr>,
+    /// The names it may look up, with their addresses.
+    pub names: crate::lookup::Names,
 }
 
 /// Whether a socket operation is allowed: connects (and listens) only to
@@ -506,8 +539,8 @@ impl PreparedComponent {
             launch.name.clone(),
             launch.limits.clone(),
             move |tracker| async move {
-                let allowed = launch.resolve_net().await?;
-                Ok(prepared.launch(&launch, allowed, &tracker)?)
+                let net = launch.resolve_net().await?;
+                Ok(prepared.launch(&launch, net, &tracker)?)
             },
         )
     }
@@ -527,9 +560,10 @@ impl PreparedComponent {
     pub fn launch(
         &self,
         launch: &WasmLaunch,
-        allowed: HashSet<SocketAddr>,
+        net: ResolvedNet,
         tracker: &Arc<Tracker>,
     ) -> Result<Launched, WasmError> {
+        let ResolvedNet { allowed, names } = net;
         let limits = &launch.limits;
         let (stdin_host, stdin_guest) = tokio::io::duplex(PIPE_BYTES);
         let (stdout_guest, stdout_host) = tokio::io::duplex(PIPE_BYTES);
@@ -637,6 +671,7 @@ impl PreparedComponent {
             fuel_per_request: limits.fuel_per_request,
             fuel_at_last_hook: limits.fuel_per_request,
             metrics: metrics.clone(),
+            names,
         };
         let (exit_tx, exit) = watch::channel(None);
         let engine = self.engine.clone();
@@ -776,6 +811,18 @@ pub struct HostState {
     fuel_per_request: u64,
     fuel_at_last_hook: u64,
     metrics: Arc<Metrics>,
+    /// The names the guest may look up.
+    names: crate::lookup::Names,
+}
+
+impl HostState {
+    pub(crate) fn table(&mut self) -> &mut ResourceTable {
+        &mut self.table
+    }
+
+    pub(crate) fn names(&self) -> &crate::lookup::Names {
+        &self.names
+    }
 }
 
 impl WasiView for HostState {
@@ -866,8 +913,8 @@ pub(crate) async fn launch(
     tracker: Arc<Tracker>,
 ) -> Result<Launched, LaunchError> {
     let prepared = engine.prepare(&path, expected).await?;
-    let allowed = launch.resolve_net().await?;
-    Ok(prepared.launch(&launch, allowed, &tracker)?)
+    let net = launch.resolve_net().await?;
+    Ok(prepared.launch(&launch, net, &tracker)?)
 }
 
 #[cfg(unix)]

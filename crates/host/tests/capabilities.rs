@@ -457,3 +457,59 @@ async fn a_grant_over_what_moat_keeps_is_refused(launcher: Launcher) {
         .await
         .unwrap();
 }
+
+/// Issue 12, item 4: a wasm guest looks up only the names its `net` lists,
+/// answered from the launch-time resolution: nothing else reaches a
+/// resolver (DNS is no channel out), and a flood of lookups costs the host
+/// nothing on its blocking pool.
+#[tokio::test]
+async fn a_wasm_guest_looks_up_only_the_names_net_lists() {
+    let (port, server) = pong_server();
+    let mut spec = spec(Launcher::Wasm, guests::PROBE);
+    spec.net = vec![NetGrant {
+        host: "localhost".into(),
+        port,
+    }];
+    let session = connect(&spec).await;
+    let listed = attempt(
+        &session,
+        json!({"op": "resolve", "addr": format!("localhost:{port}")}),
+    )
+    .await
+    .unwrap();
+    assert!(listed.split(',').any(|a| a == "127.0.0.1"), "{listed}");
+    let connected = attempt(
+        &session,
+        json!({"op": "connect", "addr": format!("LocalHost.:{port}")}),
+    )
+    .await;
+    assert_eq!(connected.as_deref(), Ok("pong"));
+    session.close().await.unwrap();
+
+    // Granted by address only: the name that /etc/hosts maps to that very
+    // address is still not looked up.
+    spec.net = vec![NetGrant {
+        host: "127.0.0.1".into(),
+        port,
+    }];
+    let session = connect(&spec).await;
+    let neighbour = connect(&common::spec(Launcher::Wasm, guests::EVERYTHING)).await;
+    let (flood, echoed) = tokio::join!(
+        attempt(
+            &session,
+            json!({"op": "resolve", "addr": format!("localhost:{port}"), "count": 10_000}),
+        ),
+        neighbour.call_tool("echo", args(json!({"message": "still here"})))
+    );
+    assert_eq!(flood.unwrap_err(), "Permission denied (os error 2)");
+    assert_eq!(text(&echoed.unwrap()), "still here");
+    let literal = attempt(
+        &session,
+        json!({"op": "connect", "addr": format!("127.0.0.1:{port}")}),
+    )
+    .await;
+    assert_eq!(literal.as_deref(), Ok("pong"));
+    session.close().await.unwrap();
+    neighbour.close().await.unwrap();
+    stop(port, server);
+}

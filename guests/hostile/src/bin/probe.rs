@@ -1,8 +1,9 @@
 //! Tries what it is told to and reports what happened, so tests can check
 //! that a grant works and a denial fails. `attack` arguments:
-//! `{"op": "read" | "write" | "list" | "connect" | "env" | "swap", "path":
+//! `{"op": "read" | "write" | "list" | "connect" | "env" | "swap" | "resolve", "path":
 //! "...", "addr": "host:port", "name": "VAR", "target": "..."}`. `swap`
-//! moves `path` aside and puts a link to `target` in its place (unix only). The answer is JSON text:
+//! moves `path` aside and puts a link to `target` in its place (unix only);
+//! `resolve` looks `addr` up `count` times. The answer is JSON text:
 //! `{"ok": true, "data": "..."}` or `{"ok": false, "error": "..."}`.
 use std::io::{Read, Write};
 
@@ -34,6 +35,24 @@ fn run(arguments: &Value) -> Result<String, String> {
             Ok(String::from_utf8_lossy(&reply[..n]).into_owned())
         }
         "env" => std::env::var(text("name")).map_err(|e| e.to_string()),
+        "resolve" => {
+            // `count` lookups of `addr`; the answer of the last one.
+            use std::net::ToSocketAddrs;
+            let count = arguments["count"].as_u64().unwrap_or(1).max(1);
+            let mut last = Err(String::new());
+            for _ in 0..count {
+                last = text("addr")
+                    .to_socket_addrs()
+                    .map(|found| {
+                        found
+                            .map(|a| a.ip().to_string())
+                            .collect::<Vec<_>>()
+                            .join(",")
+                    })
+                    .map_err(|e| e.to_string());
+            }
+            last
+        }
         #[cfg(unix)]
         "swap" => {
             let path = text("path");
