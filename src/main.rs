@@ -298,8 +298,20 @@ async fn run(command: Command) -> Result<ExitCode> {
         Command::Audit {
             command: AuditCommand::Verify { file },
         } => {
-            let lines = moat_host::audit::verify(&file)?;
-            println!("{}: {lines} lines, chain intact", file.display());
+            let key = moat_host::audit::key_in(&audit_key_dir()?, false)?;
+            let verified = moat_host::audit::verify(&file, &key)?;
+            println!(
+                "{}: {} lines, every MAC and the chain intact, anchored{}",
+                printable(&file.display().to_string()),
+                verified.lines,
+                match verified.unanchored {
+                    0 => String::new(),
+                    n => format!(
+                        " up to line {} (the last {n} written by Moat, which stopped before anchoring them)",
+                        verified.lines - n
+                    ),
+                }
+            );
             Ok(ExitCode::SUCCESS)
         }
         Command::Digest { path } => {
@@ -637,10 +649,19 @@ async fn inspect(config_path: &Path, json: bool) -> Result<ExitCode> {
 }
 
 fn open_audit(audit: Option<&Path>) -> Result<Option<std::sync::Arc<moat_host::audit::AuditLog>>> {
-    Ok(audit
-        .map(moat_host::audit::AuditLog::open)
-        .transpose()?
-        .map(std::sync::Arc::new))
+    let Some(path) = audit else {
+        return Ok(None);
+    };
+    let key = moat_host::audit::key_in(&audit_key_dir()?, true)?;
+    Ok(Some(std::sync::Arc::new(moat_host::audit::AuditLog::open(
+        path, key,
+    )?)))
+}
+
+/// Where the audit key lives (see `moat_host::audit::default_key_dir`).
+fn audit_key_dir() -> Result<PathBuf> {
+    moat_host::audit::default_key_dir()
+        .context("no directory for the audit key: set MOAT_STATE_DIR (or XDG_STATE_HOME, or HOME)")
 }
 
 /// `moat serve --http ADDR`: streamable HTTP at /mcp, one agent session per
@@ -754,7 +775,10 @@ async fn gateway_for(
     let config = Config::load(config_path)?;
     let mut host = host_for(config_path, locked)?;
     if let Some(audit) = audit {
-        host = host.protect("audit log", audit.to_owned());
+        host = host
+            .protect("audit log", audit.to_owned())
+            .protect("audit anchor", moat_host::audit::anchor_path(audit))
+            .protect("audit key", audit_key_dir()?);
     }
     let pinned = host.is_locked();
     let gateway = moat_host::gateway::Gateway::new(host, config, open_audit(audit)?);

@@ -54,7 +54,7 @@ fn check_report(report: &serde_json::Value) {
 
 /// Moat cancelled the long call on the server, and says so in the audit log.
 fn check_cancel_audited(audit: &Path) {
-    moat_host::audit::verify(audit).unwrap();
+    moat_host::audit::verify(audit, &common::audit_key()).unwrap();
     let log = std::fs::read_to_string(audit).unwrap();
     let sleep = log
         .lines()
@@ -88,6 +88,7 @@ fn the_python_sdk_drives_moat_serve_over_stdio() {
             "MOAT_CACHE_DIR",
             Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-cache"),
         )
+        .env("MOAT_STATE_DIR", common::state_dir())
         .output()
         .expect("running python3");
     let stderr = String::from_utf8_lossy(&output.stderr);
@@ -123,6 +124,7 @@ fn the_typescript_sdk_drives_moat_serve_over_stdio() {
             "MOAT_CACHE_DIR",
             Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-cache"),
         )
+        .env("MOAT_STATE_DIR", common::state_dir())
         .output()
         .expect("running node");
     let stderr = String::from_utf8_lossy(&output.stderr);
@@ -331,6 +333,7 @@ fn the_python_sdk_drives_the_reference_servers_under_the_required_sandbox() {
             "MOAT_CACHE_DIR",
             Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-cache"),
         )
+        .env("MOAT_STATE_DIR", common::state_dir())
         .output()
         .expect("running python3");
     check_reference_report(&output, "Python");
@@ -352,6 +355,7 @@ fn the_typescript_sdk_drives_the_reference_servers_under_the_required_sandbox() 
             "MOAT_CACHE_DIR",
             Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-cache"),
         )
+        .env("MOAT_STATE_DIR", common::state_dir())
         .output()
         .expect("running node");
     check_reference_report(&output, "TypeScript");

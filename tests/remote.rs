@@ -68,6 +68,7 @@ fn moat(args: &[&str], token: Option<&str>) -> Output {
     command
         .args(args)
         .env("MOAT_CACHE_DIR", cache())
+        .env("MOAT_STATE_DIR", common::state_dir())
         .env("RUST_LOG", "trace")
         .env_remove("UP_TOKEN");
     if let Some(token) = token {
@@ -87,6 +88,7 @@ async fn a_remote_server_is_served_beside_a_local_one_and_its_token_is_never_log
         .args(["serve", "--config", config.to_str().unwrap(), "--audit"])
         .arg(&audit)
         .env("MOAT_CACHE_DIR", cache())
+        .env("MOAT_STATE_DIR", common::state_dir())
         .env("UP_TOKEN", TOKEN)
         .env("RUST_LOG", "trace")
         .stdin(Stdio::piped())
@@ -123,7 +125,7 @@ async fn a_remote_server_is_served_beside_a_local_one_and_its_token_is_never_log
     assert!(child.wait().await.unwrap().success());
 
     let audit_text = std::fs::read_to_string(&audit).unwrap();
-    moat_host::audit::verify(&audit).unwrap();
+    moat_host::audit::verify(&audit, &common::audit_key()).unwrap();
     let launches: Vec<serde_json::Value> = audit_text
         .lines()
         .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())

@@ -2,6 +2,8 @@
 //! one wasm and one native server behind one MCP server, namespaced tools,
 //! routed calls, and a verified audit chain that holds no arguments.
 
+mod common;
+
 use std::path::Path;
 use std::process::Stdio;
 
@@ -34,6 +36,7 @@ async fn one_server_in_front_of_a_wasm_and_a_native_server() {
             "MOAT_CACHE_DIR",
             Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-cache"),
         )
+        .env("MOAT_STATE_DIR", common::state_dir())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -115,7 +118,12 @@ async fn one_server_in_front_of_a_wasm_and_a_native_server() {
     let status = child.wait().await.unwrap();
     assert!(status.success(), "moat serve exited with {status}");
 
-    assert_eq!(moat_host::audit::verify(&audit).unwrap(), 8);
+    assert_eq!(
+        moat_host::audit::verify(&audit, &common::audit_key())
+            .unwrap()
+            .lines,
+        8
+    );
     let log = std::fs::read_to_string(&audit).unwrap();
     let events: Vec<serde_json::Value> = log
         .lines()
@@ -164,18 +172,36 @@ async fn one_server_in_front_of_a_wasm_and_a_native_server() {
     assert_eq!(of("server_launch", "identity")[0].len(), 64);
 
     // `moat audit verify` on this real log; then one byte of line 4 (the
-    // first tool call's duration) is changed, and the break is named.
+    // first tool call's duration) is changed, and the line is named; then
+    // the log is cut after line 6, and the missing lines are named.
     let verify = |path: &Path| {
         std::process::Command::new(env!("CARGO_BIN_EXE_moat"))
             .args(["audit", "verify"])
             .arg(path)
+            .env("MOAT_STATE_DIR", common::state_dir())
             .output()
             .unwrap()
     };
     let intact = verify(&audit);
     assert!(intact.status.success());
-    assert!(String::from_utf8_lossy(&intact.stdout).contains("8 lines, chain intact"));
-    let mut lines: Vec<String> = log.lines().map(str::to_owned).collect();
+    assert!(
+        String::from_utf8_lossy(&intact.stdout)
+            .contains("8 lines, every MAC and the chain intact, anchored"),
+        "{}",
+        String::from_utf8_lossy(&intact.stdout)
+    );
+    let original: Vec<String> = log.lines().map(str::to_owned).collect();
+    std::fs::write(&audit, original[..6].join("\n") + "\n").unwrap();
+    let cut = verify(&audit);
+    assert!(!cut.status.success());
+    let stderr = String::from_utf8_lossy(&cut.stderr);
+    assert!(
+        stderr.contains(
+            "truncated: its anchor records 8 lines but the log has 6; lines 7 to 8 are missing"
+        ),
+        "{stderr}"
+    );
+    let mut lines = original.clone();
     let at = lines[3].find("\"duration_ms\":").unwrap() + "\"duration_ms\":".len();
     let digit = lines[3].as_bytes()[at];
     let other = if digit == b'9' {
@@ -189,7 +215,7 @@ async fn one_server_in_front_of_a_wasm_and_a_native_server() {
     assert!(!broken.status.success());
     let stderr = String::from_utf8_lossy(&broken.stderr);
     assert!(
-        stderr.contains("the chain breaks at line 5: its prev is"),
+        stderr.contains("line 4 was altered: its MAC does not match"),
         "{stderr}"
     );
 }
@@ -300,6 +326,7 @@ fn agents_on_2025_06_18_and_2025_11_25_are_served_in_their_revision() {
                 "MOAT_CACHE_DIR",
                 Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-cache"),
             )
+            .env("MOAT_STATE_DIR", common::state_dir())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()

@@ -22,7 +22,11 @@ async def main(moat, config):
     params = StdioServerParameters(
         command=moat,
         args=["serve", "--config", config],
-        env={"PATH": os.environ["PATH"], "MOAT_CACHE_DIR": os.environ.get("MOAT_CACHE_DIR", "")},
+        env={
+            "PATH": os.environ["PATH"],
+            "MOAT_CACHE_DIR": os.environ.get("MOAT_CACHE_DIR", ""),
+            "MOAT_STATE_DIR": os.environ.get("MOAT_STATE_DIR", ""),
+        },
     )
     report = {}
     async with stdio_client(params) as (read, write):

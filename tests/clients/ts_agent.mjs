@@ -15,7 +15,11 @@ const { StdioClientTransport } = await load("client/stdio.js");
 const transport = new StdioClientTransport({
   command: moat,
   args: ["serve", "--config", config, ...(process.env.MOAT_AUDIT ? ["--audit", process.env.MOAT_AUDIT] : [])],
-  env: { PATH: process.env.PATH, MOAT_CACHE_DIR: process.env.MOAT_CACHE_DIR ?? "" },
+  env: {
+    PATH: process.env.PATH,
+    MOAT_CACHE_DIR: process.env.MOAT_CACHE_DIR ?? "",
+    MOAT_STATE_DIR: process.env.MOAT_STATE_DIR ?? "",
+  },
   stderr: "inherit",
 });
 const client = new Client({ name: "ts-agent", version: "1.0.0" });

@@ -26,6 +26,7 @@ pub fn serve_http(config: &Path, token: &str, audit: &Path) -> (std::process::Ch
             "MOAT_CACHE_DIR",
             Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-cache"),
         )
+        .env("MOAT_STATE_DIR", state_dir())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("moat serve --http");
@@ -39,4 +40,14 @@ pub fn serve_http(config: &Path, token: &str, audit: &Path) -> (std::process::Ch
     // Keep draining stderr so the server never blocks on it.
     std::thread::spawn(move || for _ in lines {});
     (child, url)
+}
+
+/// The state directory (audit key) the CLI tests give `moat`.
+pub fn state_dir() -> std::path::PathBuf {
+    Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-state")
+}
+
+/// The audit key `moat` writes with under [`state_dir`].
+pub fn audit_key() -> moat_host::keys::Key {
+    moat_host::audit::key_in(&state_dir(), true).unwrap()
 }

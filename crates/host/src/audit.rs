@@ -1,8 +1,22 @@
 //! Audit: a tamper-evident log. One JSON line per event, each carrying the
-//! sha256 of the line before it (`prev`), so any edit, removal or reordering
-//! breaks the chain at the next line. Records hold identities, digests,
-//! sizes, durations, fuel and outcomes: never arguments, results, stderr
-//! text or secrets.
+//! sha256 of the line before it (`prev`) and an HMAC-SHA256 of itself
+//! (`mac`) under a per-user key that servers cannot reach (see
+//! [`crate::keys`]). After every line an anchor beside the log
+//! (`LOG.anchor`: the line count and the last line's digest, under the same
+//! key) is replaced. `verify` then tells apart:
+//! - an edited line: its MAC fails, and the line is named, even when the
+//!   chain after it was recomputed (that needs the key);
+//! - a line removed, inserted or reordered: the chain breaks at the next one;
+//! - lines cut from the end: fewer lines than the anchor records, named.
+//!
+//! Records hold identities, digests, sizes, durations, fuel and outcomes:
+//! never arguments, results, stderr text or secrets. What a server wrote that
+//! explains a fault (its stderr tail, a line that was not JSON-RPC) is kept as
+//! a digest and a length.
+//!
+//! What it cannot detect: someone holding the key, or one who saved an old
+//! anchor and puts it back together with the log cut to match (a rollback);
+//! an anchor kept off the machine closes that.
 
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
@@ -11,9 +25,12 @@ use std::sync::Mutex;
 use serde::Serialize;
 
 use crate::identity::Digest;
+use crate::keys::Key;
 
 /// The `prev` of the first line.
 pub const GENESIS: &str = "0000000000000000000000000000000000000000000000000000000000000000";
+/// The audit key's file name in the state directory.
+pub const KEY_FILE: &str = "audit.key";
 
 /// Errors writing or verifying an audit log.
 #[derive(Debug, thiserror::Error)]
@@ -25,7 +42,7 @@ pub enum AuditError {
         #[source]
         source: std::io::Error,
     },
-    #[error("audit log {path}: line {line} is not a JSON object with a `prev` digest: {detail}")]
+    #[error("audit log {path}: line {line} is not a JSON object with `prev` and `mac`: {detail}")]
     Malformed {
         path: PathBuf,
         line: usize,
@@ -40,6 +57,73 @@ pub enum AuditError {
         expected: String,
         found: String,
     },
+    #[error(
+        "audit log {path}: line {line} was altered: its MAC does not match its content (edited, or written without Moat's audit key)"
+    )]
+    Altered { path: PathBuf, line: usize },
+    #[error(
+        "audit log {path}: truncated: its anchor records {anchored} lines but the log has {found}; lines {first_missing} to {anchored} are missing"
+    )]
+    Truncated {
+        path: PathBuf,
+        anchored: usize,
+        found: usize,
+        first_missing: usize,
+    },
+    #[error(
+        "audit log {path}: line {line} is not the line the anchor records (its digest differs): the log was rewritten from there"
+    )]
+    HeadMismatch { path: PathBuf, line: usize },
+    #[error("audit log {path}: anchor {anchor}: {detail}")]
+    Anchor {
+        path: PathBuf,
+        anchor: PathBuf,
+        detail: String,
+    },
+}
+
+/// What `verify` found in an intact log.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Verified {
+    /// Lines in the log.
+    pub lines: usize,
+    /// Lines after the last anchor: written by Moat (their MACs hold), but
+    /// Moat stopped before it could anchor them.
+    pub unanchored: usize,
+}
+
+/// The anchor's path for the log at `path`: `LOG.anchor`.
+pub fn anchor_path(path: &Path) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(".anchor");
+    PathBuf::from(name)
+}
+
+/// The default directory of the audit key: `$MOAT_STATE_DIR`, else
+/// `$XDG_STATE_HOME/moat`, else `$HOME/.local/state/moat`.
+pub fn default_key_dir() -> Option<PathBuf> {
+    let set = |name| std::env::var_os(name).filter(|v| !v.is_empty());
+    if let Some(dir) = set("MOAT_STATE_DIR") {
+        return Some(PathBuf::from(dir));
+    }
+    if let Some(dir) = set("XDG_STATE_HOME") {
+        return Some(PathBuf::from(dir).join("moat"));
+    }
+    set("HOME").map(|home| PathBuf::from(home).join(".local/state/moat"))
+}
+
+/// The audit key in `dir`, made there when `create` and there is none.
+pub fn key_in(dir: &Path, create: bool) -> Result<Key, AuditError> {
+    let key = if create {
+        crate::keys::user_key(dir, KEY_FILE)
+    } else {
+        crate::keys::existing_key(dir, KEY_FILE)
+    };
+    key.map_err(|source| AuditError::Io {
+        path: dir.join(KEY_FILE),
+        operation: "reading the audit key",
+        source,
+    })
 }
 
 /// One audited event. Field names are stable: tools read them.
@@ -67,7 +151,8 @@ pub enum Event {
         identity: String,
         /// Its evidence class.
         evidence: String,
-        outcome: String,
+        #[serde(flatten)]
+        outcome: Outcome,
     },
     ToolCall {
         session: String,
@@ -79,62 +164,172 @@ pub enum Event {
         result_bytes: usize,
         duration_ms: u64,
         fuel: u64,
-        outcome: String,
+        #[serde(flatten)]
+        outcome: Outcome,
     },
+}
+
+/// How something ended, in Moat's words only. Text the server chose (its
+/// stderr tail, a line that was not JSON-RPC, an error message) may carry
+/// anything, secrets included: only its digest and length are kept.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Outcome {
+    pub outcome: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server_text_sha256: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server_text_bytes: Option<usize>,
+}
+
+impl Outcome {
+    /// An outcome with no text of the server's.
+    pub fn plain(outcome: impl Into<String>) -> Self {
+        Self {
+            outcome: outcome.into(),
+            server_text_sha256: None,
+            server_text_bytes: None,
+        }
+    }
+
+    /// `outcome`, with the digest and length of `server_text` when there is
+    /// any.
+    pub fn with_server_text(outcome: impl Into<String>, server_text: Option<&str>) -> Self {
+        let server_text = server_text.filter(|t| !t.is_empty());
+        Self {
+            outcome: outcome.into(),
+            server_text_sha256: server_text.map(|t| Digest::of(t.as_bytes()).to_string()),
+            server_text_bytes: server_text.map(str::len),
+        }
+    }
+
+    /// A fault: what Moat saw, and the digest of what the server wrote.
+    pub fn of_fault(fault: &crate::Fault) -> Self {
+        Self::with_server_text(format!("fault: {}", fault.summary()), fault.server_text())
+    }
 }
 
 /// An append-only audit log.
 pub struct AuditLog {
     path: PathBuf,
-    state: Mutex<(std::fs::File, String)>,
+    anchor: PathBuf,
+    key: Key,
+    /// The file, the last line's digest and the number of lines.
+    state: Mutex<(std::fs::File, String, usize)>,
+}
+
+/// The anchor file: how many lines the log had and the digest of the last.
+#[derive(serde::Deserialize, Serialize)]
+struct Anchor {
+    lines: usize,
+    head: String,
+    mac: String,
+}
+
+impl Anchor {
+    fn signed(key: &Key, lines: usize, head: &str) -> Self {
+        Self {
+            lines,
+            head: head.to_owned(),
+            mac: key.mac_hex(&[
+                b"moat-audit-anchor\n",
+                lines.to_string().as_bytes(),
+                b"\n",
+                head.as_bytes(),
+            ]),
+        }
+    }
+
+    fn holds(&self, key: &Key) -> bool {
+        key.verify_hex(
+            &[
+                b"moat-audit-anchor\n",
+                self.lines.to_string().as_bytes(),
+                b"\n",
+                self.head.as_bytes(),
+            ],
+            &self.mac,
+        )
+    }
 }
 
 impl AuditLog {
-    /// Opens (or creates) the log at `path`, continuing its chain.
-    pub fn open(path: &Path) -> Result<Self, AuditError> {
-        let io = |operation| {
-            move |source| AuditError::Io {
-                path: path.to_owned(),
-                operation,
-                source,
-            }
-        };
-        let prev = match std::fs::File::open(path) {
-            Ok(file) => {
-                let mut last = None;
-                for line in std::io::BufReader::new(file).lines() {
-                    last = Some(line.map_err(io("read"))?);
-                }
-                last.map_or_else(
-                    || GENESIS.to_owned(),
-                    |l| Digest::of(l.as_bytes()).to_string(),
+    /// Opens (or creates) the log at `path`, continuing its chain, with
+    /// `key` for the line MACs and the anchor. The log must verify first:
+    /// appending to a damaged log would hide the damage.
+    pub fn open(path: &Path, key: Key) -> Result<Self, AuditError> {
+        let (lines, prev) = match std::fs::metadata(path) {
+            Ok(_) => {
+                let verified = verify(path, &key)?;
+                let last =
+                    std::io::BufReader::new(std::fs::File::open(path).map_err(|source| {
+                        AuditError::Io {
+                            path: path.to_owned(),
+                            operation: "open",
+                            source,
+                        }
+                    })?)
+                    .lines()
+                    .last()
+                    .transpose()
+                    .map_err(|source| AuditError::Io {
+                        path: path.to_owned(),
+                        operation: "read",
+                        source,
+                    })?;
+                (
+                    verified.lines,
+                    last.map_or_else(
+                        || GENESIS.to_owned(),
+                        |l| Digest::of(l.as_bytes()).to_string(),
+                    ),
                 )
             }
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => GENESIS.to_owned(),
-            Err(error) => return Err(io("open")(error)),
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => (0, GENESIS.to_owned()),
+            Err(source) => {
+                return Err(AuditError::Io {
+                    path: path.to_owned(),
+                    operation: "stat",
+                    source,
+                });
+            }
         };
         let file = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(path)
-            .map_err(io("open for append"))?;
-        Ok(Self {
+            .map_err(|source| AuditError::Io {
+                path: path.to_owned(),
+                operation: "open for append",
+                source,
+            })?;
+        let log = Self {
             path: path.to_owned(),
-            state: Mutex::new((file, prev)),
-        })
+            anchor: anchor_path(path),
+            key,
+            state: Mutex::new((file, prev.clone(), lines)),
+        };
+        log.write_anchor(lines, &prev)?;
+        Ok(log)
     }
 
-    /// Appends `event`, chained to the line before it, and flushes it.
+    /// Appends `event`, chained to the line before it and MACed, flushes
+    /// it, then moves the anchor to it.
     pub fn record(&self, event: &Event) -> Result<(), AuditError> {
         let mut value = serde_json::to_value(event).unwrap_or_default();
         let unix_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
         let mut guard = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let (file, prev) = &mut *guard;
+        let (file, prev, lines) = &mut *guard;
+        let Some(object) = value.as_object_mut() else {
+            return Ok(());
+        };
+        object.insert("prev".into(), prev.clone().into());
+        object.insert("unix_ms".into(), unix_ms.into());
+        let unsigned = crate::lock::canonical_json(&value);
+        let mac = self.key.mac_hex(&[unsigned.as_bytes()]);
         if let Some(object) = value.as_object_mut() {
-            object.insert("prev".into(), prev.clone().into());
-            object.insert("unix_ms".into(), unix_ms.into());
+            object.insert("mac".into(), mac.into());
         }
         let line = crate::lock::canonical_json(&value);
         file.write_all(format!("{line}\n").as_bytes())
@@ -145,20 +340,42 @@ impl AuditLog {
                 source,
             })?;
         *prev = Digest::of(line.as_bytes()).to_string();
-        Ok(())
+        *lines += 1;
+        self.write_anchor(*lines, prev)
+    }
+
+    fn write_anchor(&self, lines: usize, head: &str) -> Result<(), AuditError> {
+        let anchor = Anchor::signed(&self.key, lines, head);
+        let text = serde_json::to_string(&anchor).unwrap_or_default();
+        let mut tmp = self.anchor.as_os_str().to_owned();
+        tmp.push(".tmp");
+        let tmp = PathBuf::from(tmp);
+        std::fs::write(&tmp, text)
+            .and_then(|()| std::fs::rename(&tmp, &self.anchor))
+            .map_err(|source| AuditError::Io {
+                path: self.anchor.clone(),
+                operation: "writing the anchor",
+                source,
+            })
     }
 }
 
-/// Checks the chain of the log at `path`; returns the number of lines, or
-/// the first line where the chain breaks.
-pub fn verify(path: &Path) -> Result<usize, AuditError> {
+/// Checks the log at `path` with `key`: every line's MAC, the chain, and
+/// the anchor. Names the first line that fails, or what is missing.
+pub fn verify(path: &Path, key: &Key) -> Result<Verified, AuditError> {
     let file = std::fs::File::open(path).map_err(|source| AuditError::Io {
         path: path.to_owned(),
         operation: "open",
         source,
     })?;
+    let malformed = |line, detail: &str| AuditError::Malformed {
+        path: path.to_owned(),
+        line,
+        detail: detail.to_owned(),
+    };
     let mut expected = GENESIS.to_owned();
-    let mut count = 0;
+    // The digest after each line, to compare with the anchor's head.
+    let mut heads = Vec::new();
     for (index, line) in std::io::BufReader::new(file).lines().enumerate() {
         let line = line.map_err(|source| AuditError::Io {
             path: path.to_owned(),
@@ -166,33 +383,78 @@ pub fn verify(path: &Path) -> Result<usize, AuditError> {
             source,
         })?;
         let number = index + 1;
-        let value: serde_json::Value =
-            serde_json::from_str(&line).map_err(|e| AuditError::Malformed {
+        let mut value: serde_json::Value =
+            serde_json::from_str(&line).map_err(|e| malformed(number, &e.to_string()))?;
+        let object = value
+            .as_object_mut()
+            .ok_or_else(|| malformed(number, "not an object"))?;
+        let mac = match object.remove("mac") {
+            Some(serde_json::Value::String(mac)) => mac,
+            _ => return Err(malformed(number, "no `mac`")),
+        };
+        let found = object
+            .get("prev")
+            .and_then(|p| p.as_str())
+            .ok_or_else(|| malformed(number, "no `prev`"))?
+            .to_owned();
+        if !key.verify_hex(&[crate::lock::canonical_json(&value).as_bytes()], &mac) {
+            return Err(AuditError::Altered {
                 path: path.to_owned(),
                 line: number,
-                detail: e.to_string(),
-            })?;
-        let found =
-            value
-                .get("prev")
-                .and_then(|p| p.as_str())
-                .ok_or_else(|| AuditError::Malformed {
-                    path: path.to_owned(),
-                    line: number,
-                    detail: "no `prev`".into(),
-                })?;
+            });
+        }
         if found != expected {
             return Err(AuditError::Broken {
                 path: path.to_owned(),
                 line: number,
                 expected,
-                found: found.to_owned(),
+                found,
             });
         }
         expected = Digest::of(line.as_bytes()).to_string();
-        count = number;
+        heads.push(expected.clone());
     }
-    Ok(count)
+    let lines = heads.len();
+    let anchor_file = anchor_path(path);
+    let anchor_error = |detail: String| AuditError::Anchor {
+        path: path.to_owned(),
+        anchor: anchor_file.clone(),
+        detail,
+    };
+    let text = std::fs::read_to_string(&anchor_file).map_err(|e| {
+        anchor_error(format!(
+            "{e}: without it, lines cut from the end cannot be told"
+        ))
+    })?;
+    let anchor: Anchor =
+        serde_json::from_str(&text).map_err(|e| anchor_error(format!("not an anchor: {e}")))?;
+    if !anchor.holds(key) {
+        return Err(anchor_error(
+            "its MAC does not match (edited, or written without Moat's audit key)".into(),
+        ));
+    }
+    if anchor.lines > lines {
+        return Err(AuditError::Truncated {
+            path: path.to_owned(),
+            anchored: anchor.lines,
+            found: lines,
+            first_missing: lines + 1,
+        });
+    }
+    let head = match anchor.lines {
+        0 => GENESIS,
+        n => heads[n - 1].as_str(),
+    };
+    if head != anchor.head {
+        return Err(AuditError::HeadMismatch {
+            path: path.to_owned(),
+            line: anchor.lines,
+        });
+    }
+    Ok(Verified {
+        lines,
+        unanchored: lines - anchor.lines,
+    })
 }
 
 #[cfg(test)]
@@ -210,69 +472,199 @@ mod tests {
             result_bytes: 0,
             duration_ms: 1,
             fuel: 0,
-            outcome: "ok".into(),
+            outcome: Outcome::plain("ok"),
         }
+    }
+
+    fn key() -> Key {
+        let dir = tempfile::tempdir().unwrap();
+        key_in(dir.path(), true).unwrap()
+    }
+
+    fn lines_of(path: &Path) -> Vec<String> {
+        std::fs::read_to_string(path)
+            .unwrap()
+            .lines()
+            .map(String::from)
+            .collect()
+    }
+
+    fn write_lines(path: &Path, lines: &[String]) {
+        std::fs::write(
+            path,
+            lines.iter().map(|l| format!("{l}\n")).collect::<String>(),
+        )
+        .unwrap();
+    }
+
+    /// A log of four calls, a to d.
+    fn four(dir: &Path, key: Key) -> PathBuf {
+        let path = dir.join("audit.jsonl");
+        let log = AuditLog::open(&path, key).unwrap();
+        for tool in ["a", "b", "c", "d"] {
+            log.record(&call(tool)).unwrap();
+        }
+        path
     }
 
     #[test]
     fn a_chain_verifies_and_continues_across_reopens() {
         let dir = tempfile::tempdir().unwrap();
+        let key = key();
         let path = dir.path().join("audit.jsonl");
-        let log = AuditLog::open(&path).unwrap();
+        let log = AuditLog::open(&path, key).unwrap();
         log.record(&Event::SessionOpen {
             session: "s1".into(),
         })
         .unwrap();
         log.record(&call("add")).unwrap();
         drop(log);
-        let log = AuditLog::open(&path).unwrap();
+        let log = AuditLog::open(&path, key).unwrap();
         log.record(&call("echo")).unwrap();
-        assert_eq!(verify(&path).unwrap(), 3);
+        assert_eq!(
+            verify(&path, &key).unwrap(),
+            Verified {
+                lines: 3,
+                unanchored: 0
+            }
+        );
         let text = std::fs::read_to_string(&path).unwrap();
         assert!(text.lines().next().unwrap().contains(GENESIS));
         assert!(!text.contains("arguments\""), "no arguments are recorded");
+        // Another user's key (or none of Moat's) verifies nothing.
+        assert!(matches!(
+            verify(&path, &super::tests::key()),
+            Err(AuditError::Altered { line: 1, .. })
+        ));
     }
 
     #[test]
-    fn an_altered_or_removed_line_breaks_the_chain_where_it_shows() {
+    fn an_edited_line_is_named_even_with_the_chain_recomputed() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("audit.jsonl");
-        let log = AuditLog::open(&path).unwrap();
-        for tool in ["a", "b", "c", "d"] {
-            log.record(&call(tool)).unwrap();
+        let key = key();
+        let path = four(dir.path(), key);
+        let mut lines = lines_of(&path);
+        lines[1] = lines[1].replace("\"tool\":\"b\"", "\"tool\":\"x\"");
+        write_lines(&path, &lines);
+        let error = verify(&path, &key).unwrap_err();
+        assert!(
+            matches!(error, AuditError::Altered { line: 2, .. }),
+            "{error}"
+        );
+        assert!(error.to_string().contains("line 2 was altered"), "{error}");
+
+        // The chain after it recomputed, as one would without the key.
+        let mut prev = Digest::of(lines[0].as_bytes()).to_string();
+        for line in lines.iter_mut().skip(1) {
+            let mut value: serde_json::Value = serde_json::from_str(line).unwrap();
+            value["prev"] = prev.clone().into();
+            *line = crate::lock::canonical_json(&value);
+            prev = Digest::of(line.as_bytes()).to_string();
         }
-        let lines: Vec<String> = std::fs::read_to_string(&path)
-            .unwrap()
-            .lines()
-            .map(String::from)
-            .collect();
-        let altered = lines[1].replace("\"tool\":\"b\"", "\"tool\":\"x\"");
-        std::fs::write(
+        write_lines(&path, &lines);
+        assert!(matches!(
+            verify(&path, &key),
+            Err(AuditError::Altered { line: 2, .. })
+        ));
+    }
+
+    #[test]
+    fn a_removed_line_breaks_the_chain_where_it_was() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = key();
+        let path = four(dir.path(), key);
+        let lines = lines_of(&path);
+        write_lines(
             &path,
-            [&lines[0], &altered, &lines[2], &lines[3]]
-                .map(|l| format!("{l}\n"))
-                .concat(),
-        )
-        .unwrap();
-        match verify(&path) {
-            Err(AuditError::Broken { line, .. }) => assert_eq!(line, 3),
-            other => panic!("{other:?}"),
-        }
-        std::fs::write(
-            &path,
-            [&lines[0], &lines[2], &lines[3]]
-                .map(|l| format!("{l}\n"))
-                .concat(),
-        )
-        .unwrap();
-        match verify(&path) {
+            &[lines[0].clone(), lines[2].clone(), lines[3].clone()],
+        );
+        match verify(&path, &key) {
             Err(AuditError::Broken { line, .. }) => assert_eq!(line, 2),
             other => panic!("{other:?}"),
         }
         std::fs::write(&path, "not json\n").unwrap();
         assert!(matches!(
-            verify(&path),
+            verify(&path, &key),
             Err(AuditError::Malformed { line: 1, .. })
         ));
+    }
+
+    #[test]
+    fn lines_cut_from_the_end_are_named_and_an_edited_anchor_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = key();
+        let path = four(dir.path(), key);
+        let lines = lines_of(&path);
+        write_lines(&path, &lines[..2]);
+        let error = verify(&path, &key).unwrap_err();
+        assert!(
+            matches!(
+                error,
+                AuditError::Truncated {
+                    anchored: 4,
+                    found: 2,
+                    first_missing: 3,
+                    ..
+                }
+            ),
+            "{error}"
+        );
+        assert!(
+            error.to_string().contains("lines 3 to 4 are missing"),
+            "{error}"
+        );
+        // Appending to a damaged log would hide the damage.
+        assert!(AuditLog::open(&path, key).is_err());
+
+        // The anchor moved back to match: its MAC fails.
+        let anchor = anchor_path(&path);
+        let mut value: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&anchor).unwrap()).unwrap();
+        value["lines"] = 2.into();
+        value["head"] = Digest::of(lines[1].as_bytes()).to_string().into();
+        std::fs::write(&anchor, value.to_string()).unwrap();
+        assert!(matches!(
+            verify(&path, &key),
+            Err(AuditError::Anchor { .. })
+        ));
+        // No anchor at all: refused, not trusted.
+        std::fs::remove_file(&anchor).unwrap();
+        assert!(matches!(
+            verify(&path, &key),
+            Err(AuditError::Anchor { .. })
+        ));
+    }
+
+    #[test]
+    fn a_fault_is_recorded_without_the_servers_text() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = key();
+        let path = dir.path().join("audit.jsonl");
+        let log = AuditLog::open(&path, key).unwrap();
+        let fault = crate::Fault::Exited {
+            server: "s".into(),
+            code: 1,
+            stderr_tail: "AWS_SECRET_ACCESS_KEY=hunter2".into(),
+        };
+        log.record(&Event::ServerExit {
+            session: "s1".into(),
+            server: "s".into(),
+            identity: String::new(),
+            evidence: "native-measured".into(),
+            outcome: Outcome::of_fault(&fault),
+        })
+        .unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(!text.contains("hunter2"), "{text}");
+        let value: serde_json::Value = serde_json::from_str(text.trim()).unwrap();
+        assert_eq!(
+            value["outcome"],
+            "fault: server `s` exited with code 1 before closing"
+        );
+        assert_eq!(
+            value["server_text_sha256"],
+            Digest::of(b"AWS_SECRET_ACCESS_KEY=hunter2").to_string()
+        );
+        assert_eq!(value["server_text_bytes"], 29);
     }
 }

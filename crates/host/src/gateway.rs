@@ -19,7 +19,7 @@ use rmcp::{RoleServer, ServerHandler};
 use tokio::sync::{Mutex, watch};
 use tokio_util::sync::CancellationToken;
 
-use crate::audit::{AuditLog, Event};
+use crate::audit::{AuditLog, Event, Outcome};
 use crate::client::{ClientError, Host, ProgressSender, Session};
 use crate::config::{Config, ServerSpec};
 use crate::identity::Digest;
@@ -398,7 +398,7 @@ impl AgentSession {
                     server: server.to_owned(),
                     identity: child.identity.to_string(),
                     evidence: evidence_of(&child.session),
-                    outcome: format!("fault: {fault}"),
+                    outcome: Outcome::of_fault(&fault),
                 });
             }
         } else if let Some((key, child)) = self.shareable(&children, spec) {
@@ -570,10 +570,11 @@ impl AgentSession {
         };
         let fuel = child.shared().metrics().fuel_consumed() - fuel_before;
         let (outcome, result_json) = match &result {
-            Ok(result) if result.is_error == Some(true) => {
-                ("tool-error".to_owned(), serde_json::to_vec(result).ok())
-            }
-            Ok(result) => ("ok".to_owned(), serde_json::to_vec(result).ok()),
+            Ok(result) if result.is_error == Some(true) => (
+                Outcome::plain("tool-error"),
+                serde_json::to_vec(result).ok(),
+            ),
+            Ok(result) => (Outcome::plain("ok"), serde_json::to_vec(result).ok()),
             Err(error) => (outcome_of(error), None),
         };
         self.audit(Event::ToolCall {
@@ -707,7 +708,7 @@ impl SessionState {
                 evidence,
                 outcome: outcome
                     .as_ref()
-                    .map_or("closed".to_owned(), |e| e.to_string()),
+                    .map_or_else(|| Outcome::plain("closed"), outcome_of),
             });
             if let Some(error) = outcome {
                 failures.push((server, error));
@@ -736,13 +737,28 @@ fn evidence_of(child: &Session) -> String {
         .unwrap_or_default()
 }
 
-fn outcome_of(error: &ClientError) -> String {
+/// What the audit log says of a failed call or close: Moat's words, and
+/// only the digest of whatever text the server chose.
+fn outcome_of(error: &ClientError) -> Outcome {
     match error {
-        ClientError::InvalidArguments { .. } => "invalid-params".into(),
-        ClientError::ToolUnavailable { .. } => "unavailable".into(),
-        ClientError::Cancelled { .. } => "cancelled".into(),
-        ClientError::Fault { fault, .. } => format!("fault: {fault}"),
-        _ => "error".into(),
+        ClientError::InvalidArguments { .. } => Outcome::plain("invalid-params"),
+        ClientError::ToolUnavailable { .. } => Outcome::plain("unavailable"),
+        ClientError::Cancelled { .. } => Outcome::plain("cancelled"),
+        ClientError::Fault { fault, .. } | ClientError::GaveUp { fault, .. } => {
+            Outcome::of_fault(fault)
+        }
+        ClientError::InvalidOutput { .. } => Outcome::plain("invalid-output"),
+        // Moat's own refusals, in its own words.
+        ClientError::Launch(_)
+        | ClientError::Lock(_)
+        | ClientError::NotLocked { .. }
+        | ClientError::GrantNotLocked { .. }
+        | ClientError::BadLock { .. }
+        | ClientError::LockConflict { .. }
+        | ClientError::IdentityChanged { .. } => Outcome::plain(error.to_string()),
+        // The rest may quote the server (a JSON-RPC error's message, the
+        // paths its stderr named).
+        other => Outcome::with_server_text("error", Some(&other.to_string())),
     }
 }
 

@@ -18,6 +18,7 @@ pub mod gateway;
 pub mod grants;
 pub mod identity;
 pub mod importer;
+pub mod keys;
 pub mod limits;
 pub mod lock;
 pub mod lookup;

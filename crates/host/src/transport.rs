@@ -145,6 +145,36 @@ pub enum Fault {
     RequestFlood { server: String, limit: usize },
 }
 
+impl Fault {
+    /// The fault in Moat's words only: without the stderr tail or the
+    /// excerpt of a bad line, which the server chose (for the audit log).
+    pub fn summary(&self) -> String {
+        match self {
+            Self::Exited { server, code, .. } => {
+                format!("server `{server}` exited with code {code} before closing")
+            }
+            Self::Crashed { server, reason, .. } => format!("server `{server}` crashed: {reason}"),
+            Self::NotJsonRpc { server, detail, .. } => {
+                format!(
+                    "server `{server}` wrote a stdout line that is not a JSON-RPC message ({detail})"
+                )
+            }
+            other => other.to_string(),
+        }
+    }
+
+    /// The text of the server's that explains the fault, if any.
+    pub fn server_text(&self) -> Option<&str> {
+        match self {
+            Self::Exited { stderr_tail, .. } | Self::Crashed { stderr_tail, .. } => {
+                Some(stderr_tail)
+            }
+            Self::NotJsonRpc { excerpt, .. } => Some(excerpt),
+            _ => None,
+        }
+    }
+}
+
 /// Errors of the transport itself (not of the server).
 #[derive(Debug, thiserror::Error)]
 pub enum TransportError {

@@ -41,8 +41,8 @@ const PIPE_BYTES: usize = 64 * 1024;
 const CACHE_MAGIC: &[u8; 12] = b"MOAT-CWASM2\n";
 /// The cache key's file name, inside the cache directory.
 const CACHE_KEY_FILE: &str = "cache.key";
-/// Bytes in the cache key, and in the MAC.
-const MAC_BYTES: usize = 32;
+/// Bytes in the MAC.
+const MAC_BYTES: usize = crate::keys::KEY_BYTES;
 
 /// Errors of the wasm launcher, naming the operation and its subject.
 #[derive(Debug, thiserror::Error)]
@@ -103,7 +103,7 @@ pub struct WasmEngine {
     linker: Arc<Linker<HostState>>,
     cache_dir: Option<PathBuf>,
     /// The cache MAC key, read or made at the first cache access.
-    cache_key: Arc<std::sync::OnceLock<Option<[u8; MAC_BYTES]>>>,
+    cache_key: Arc<std::sync::OnceLock<Option<crate::keys::Key>>>,
     prepared: Arc<Mutex<HashMap<Digest, PreparedComponent>>>,
 }
 
@@ -145,10 +145,10 @@ impl WasmEngine {
 
     /// The cache key: read from the cache directory, or made there once.
     /// `None` (and no caching) when neither works.
-    fn key(&self) -> Option<[u8; MAC_BYTES]> {
+    fn key(&self) -> Option<crate::keys::Key> {
         *self.cache_key.get_or_init(|| {
             let dir = self.cache_dir.as_ref()?;
-            match cache_key(dir) {
+            match crate::keys::user_key(dir, CACHE_KEY_FILE) {
                 Ok(key) => Some(key),
                 Err(error) => {
                     tracing::warn!(dir = %dir.display(), %error, "no cache key; compiled components are not cached");
@@ -246,7 +246,7 @@ impl WasmEngine {
             digest,
             engine: self.compatibility_hash(),
         };
-        let outcome = match read_private(&cache_path) {
+        let outcome = match crate::keys::read_private(&cache_path) {
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => CacheOutcome::Compiled,
             Err(error) => {
                 tracing::warn!(path = %cache_path.display(), %error, "unreadable cache file; recompiling");
@@ -293,7 +293,7 @@ impl WasmEngine {
 
 /// What a cache file's MAC binds: the key, the component and the engine.
 struct MacContext<'a> {
-    key: &'a [u8; MAC_BYTES],
+    key: &'a crate::keys::Key,
     digest: Digest,
     engine: String,
 }
@@ -301,8 +301,7 @@ struct MacContext<'a> {
 impl MacContext<'_> {
     fn mac(&self, payload: &[u8]) -> hmac::Hmac<Sha256> {
         use hmac::Mac;
-        let mut mac = <hmac::Hmac<Sha256> as Mac>::new_from_slice(self.key)
-            .expect("HMAC takes a key of any length");
+        let mut mac = self.key.mac();
         mac.update(CACHE_MAGIC);
         mac.update(self.digest.as_bytes());
         mac.update(self.engine.as_bytes());
@@ -321,81 +320,6 @@ impl MacContext<'_> {
         let (recorded, payload) = rest.split_at(MAC_BYTES);
         self.mac(payload).verify_slice(recorded).ok()?;
         Some(payload)
-    }
-}
-
-/// Opens `path` without following a link and reads it whole, refusing a
-/// file that is not regular or that another user owns.
-fn read_private(path: &Path) -> std::io::Result<Vec<u8>> {
-    use std::io::Read;
-    let mut options = std::fs::OpenOptions::new();
-    options.read(true);
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
-        options.custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32);
-        let mut file = options.open(path)?;
-        let meta = file.metadata()?;
-        if !meta.is_file() || meta.uid() != rustix::process::geteuid().as_raw() {
-            return Err(std::io::Error::other(
-                "not a regular file owned by this user",
-            ));
-        }
-        let mut bytes = Vec::with_capacity(meta.len() as usize);
-        file.read_to_end(&mut bytes)?;
-        Ok(bytes)
-    }
-    #[cfg(not(unix))]
-    {
-        let mut bytes = Vec::new();
-        options.open(path)?.read_to_end(&mut bytes)?;
-        Ok(bytes)
-    }
-}
-
-/// Makes the cache directory (mode 0700) and reads its key, making one of
-/// fresh random bytes (mode 0600, created exclusively) when there is none.
-fn cache_key(dir: &Path) -> std::io::Result<[u8; MAC_BYTES]> {
-    std::fs::create_dir_all(dir)?;
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
-    }
-    let path = dir.join(CACHE_KEY_FILE);
-    loop {
-        match read_private(&path) {
-            Ok(bytes) => {
-                return <[u8; MAC_BYTES]>::try_from(bytes.as_slice()).map_err(|_| {
-                    std::io::Error::other(format!(
-                        "{} is not a {MAC_BYTES}-byte key; delete it to make a new one",
-                        path.display()
-                    ))
-                });
-            }
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
-            Err(error) => return Err(error),
-        }
-        let mut key = [0u8; MAC_BYTES];
-        getrandom::fill(&mut key).map_err(|e| std::io::Error::other(e.to_string()))?;
-        let mut options = std::fs::OpenOptions::new();
-        options.write(true).create_new(true);
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::OpenOptionsExt;
-            options.mode(0o600);
-        }
-        match options.open(&path) {
-            Ok(mut file) => {
-                use std::io::Write;
-                file.write_all(&key)?;
-                file.sync_all()?;
-                return Ok(key);
-            }
-            // Another Moat made it first: read theirs.
-            Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => continue,
-            Err(error) => return Err(error),
-        }
     }
 }
 

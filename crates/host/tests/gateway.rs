@@ -43,14 +43,24 @@ fn gateway_audited(
             .collect(),
         serve: moat_host::config::ServeSettings { drain_timeout_ms },
     };
-    let audit =
-        audit.map(|path| std::sync::Arc::new(moat_host::audit::AuditLog::open(path).unwrap()));
+    let audit = audit.map(|path| {
+        std::sync::Arc::new(moat_host::audit::AuditLog::open(path, audit_key()).unwrap())
+    });
     Gateway::new(host(), config, audit)
+}
+
+/// The audit key these tests write and verify with.
+fn audit_key() -> moat_host::keys::Key {
+    moat_host::audit::key_in(
+        &Path::new(env!("CARGO_TARGET_TMPDIR")).join("audit-key"),
+        true,
+    )
+    .unwrap()
 }
 
 /// The audit log's events as (event, outcome) pairs.
 fn audited(path: &Path) -> Vec<(String, String)> {
-    moat_host::audit::verify(path).unwrap();
+    moat_host::audit::verify(path, &audit_key()).unwrap();
     std::fs::read_to_string(path)
         .unwrap()
         .lines()
