@@ -233,8 +233,9 @@ fn main() -> ExitCode {
     match outcome {
         Ok(code) => code,
         Err(error) => {
-            // One line: the chain of causes, joined.
-            let message = format!("{error:#}").replace('\n', " ");
+            // One line: the chain of causes, joined, with whatever a server
+            // wrote into it (error messages, stderr tails) escaped.
+            let message = printable(&format!("{error:#}").replace('\n', " "));
             eprintln!("moat: error: {message}");
             ExitCode::FAILURE
         }
@@ -291,7 +292,7 @@ async fn run(command: Command) -> Result<ExitCode> {
             let imported = moat_host::importer::import(&file, std::env::var_os("PATH").as_deref())?;
             print!("{}", imported.toml);
             for line in &imported.skipped {
-                eprintln!("moat: import: {line}");
+                eprintln!("moat: import: {}", printable(line));
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -334,22 +335,32 @@ async fn run(command: Command) -> Result<ExitCode> {
                     .await
                     .with_context(|| format!("locking server `{name}`"))?;
                 println!(
-                    "{name}: {} sha256 {} identity {} ({} tools)",
+                    "{name}: {} sha256 {} identity {} ({} tools, {} prompts, {} resources)",
                     locked.evidence,
                     locked.sha256,
                     locked.identity,
-                    locked.tools.len()
+                    locked.tools.len(),
+                    locked.prompts.len(),
+                    locked.resources.len()
                 );
-                for tool in &locked.tools {
-                    if !tool.flags.is_empty() {
+                lock.servers.insert(name.clone(), locked);
+            }
+            moat_host::lock::flag_cross_server_references(&mut lock);
+            for (name, locked) in &lock.servers {
+                let items = [
+                    ("tool", &locked.tools),
+                    ("prompt", &locked.prompts),
+                    ("resource", &locked.resources),
+                ];
+                for (kind, entries) in items {
+                    for entry in entries.iter().filter(|e| !e.flags.is_empty()) {
                         println!(
-                            "  warning: tool `{}` has untrusted metadata: {}",
-                            printable(&tool.name),
-                            tool.flags.join(", ")
+                            "warning: {name}: {kind} `{}` has untrusted metadata: {} (see README, \"Metadata flags\")",
+                            printable(&entry.name),
+                            entry.flags.join(", ")
                         );
                     }
                 }
-                lock.servers.insert(name.clone(), locked);
             }
             let path = Lock::path_for(&config);
             let before = std::fs::read(&path).ok();
@@ -409,10 +420,13 @@ async fn run(command: Command) -> Result<ExitCode> {
                 println!("evidence  {evidence}");
                 println!("sha256    {digest}");
                 for (path, digest) in &measured {
-                    println!("measured  {digest}  {}", path.display());
+                    println!(
+                        "measured  {digest}  {}",
+                        printable(&path.display().to_string())
+                    );
                 }
                 for line in &sandbox {
-                    println!("sandbox   {line}");
+                    println!("sandbox   {}", printable(line));
                 }
                 println!();
                 let width = tools.iter().map(|t| t.name.len()).max().unwrap_or(4).max(4);
@@ -791,7 +805,10 @@ async fn gateway_for(
 /// Reports every server that failed to close; the exit status says whether any did.
 fn close_status(failures: &[(String, moat_host::ClientError)]) -> ExitCode {
     for (server, error) in failures {
-        eprintln!("moat: error: closing server `{server}`: {error}");
+        eprintln!(
+            "moat: error: closing server `{server}`: {}",
+            printable(&error.to_string())
+        );
     }
     if failures.is_empty() {
         ExitCode::SUCCESS

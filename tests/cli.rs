@@ -231,7 +231,7 @@ fn lock_writes_a_byte_identical_lock_and_tools_enforce_it() {
     let text = stdout(&output);
     assert!(text.contains("created"), "{text}");
     assert!(
-        text.contains("warning: tool `attack` has untrusted metadata: ansi-escape, bidi-controls, zero-width-characters"),
+        text.contains("warning: shady: tool `attack` has untrusted metadata: ansi-escape, bidi-controls, instruction-tags, names-other-server:everything, override-phrases, sensitive-paths, zero-width-characters"),
         "{text}"
     );
     assert!(
@@ -265,6 +265,17 @@ fn lock_writes_a_byte_identical_lock_and_tools_enforce_it() {
     );
     assert!(
         stdout(&output).contains("\\u{1b}[8m"),
+        "{}",
+        stdout(&output)
+    );
+    // The description's newlines are shown, not obeyed: no forged line.
+    assert!(
+        !stdout(&output).lines().any(|l| l.starts_with("fake")),
+        "{}",
+        stdout(&output)
+    );
+    assert!(
+        stdout(&output).contains("safe\\u{a}fake"),
         "{}",
         stdout(&output)
     );
@@ -346,6 +357,48 @@ fn inspect_reports_every_server_and_import_converts_client_configs() {
         r#"{"a":2,"b":40}"#,
     ]);
     assert!(output.status.success(), "stderr: {}", stderr(&output));
+}
+
+/// Issue 12, item 6: what a client config holds reaches neither the printed
+/// TOML nor the terminal raw. A command path with newlines cannot add lines
+/// to the TOML through its comment, and names and URLs with escape
+/// sequences are shown escaped.
+#[cfg(unix)]
+#[test]
+fn import_escapes_what_the_client_config_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    let sneaky = dir.path().join("bin\n[servers.evil]\ncommand = \"sh\"\n#");
+    std::fs::create_dir(&sneaky).unwrap();
+    let server = sneaky.join("server");
+    std::fs::copy(guests::EVERYTHING_NATIVE, &server).unwrap();
+    let claude = dir.path().join("claude.json");
+    let config = serde_json::json!({"mcpServers": {
+        "good": {"command": server},
+        "red\u{1b}[31mname": {"command": server},
+        "far": {"url": "https://example.invalid/\u{1b}]0;owned\u{7}"}
+    }});
+    std::fs::write(&claude, config.to_string()).unwrap();
+    let output = moat(&["import", claude.to_str().unwrap()]);
+    assert!(output.status.success(), "stderr: {}", stderr(&output));
+    let text = stdout(&output);
+    let parsed: toml::Table = toml::from_str(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    let servers = parsed["servers"].as_table().unwrap();
+    let mut names: Vec<&String> = servers.keys().collect();
+    names.sort();
+    assert_eq!(names, ["good", "red--31mname"], "{text}");
+    assert!(
+        !text.lines().any(|l| l.starts_with("[servers.evil]")),
+        "{text}"
+    );
+    assert!(text.contains("bin\\u{a}[servers.evil]"), "{text}");
+    assert!(!output.stdout.contains(&0x1b), "raw escape on stdout");
+    assert!(!output.stderr.contains(&0x1b), "raw escape on stderr");
+    assert!(!output.stderr.contains(&0x07), "raw bell on stderr");
+    assert!(
+        stderr(&output).contains("`red\\u{1b}[31mname`: renamed to `red--31mname`"),
+        "{}",
+        stderr(&output)
+    );
 }
 
 #[cfg(unix)]

@@ -196,6 +196,8 @@ pub fn arguments(data: &[u8]) {
             definition,
             flags: Vec::new(),
         }],
+        prompts: Vec::new(),
+        resources: Vec::new(),
     };
     let Ok(pins) = Pins::from_locked(&locked, identity) else {
         return;

@@ -20,8 +20,7 @@ use crate::LaunchError;
 use crate::config::{ServerKind, ServerSpec};
 use crate::identity::{Digest, Expectation};
 use crate::lock::{
-    IdentityParts, Lock, LockedServer, LockedTool, canonical_tool, execution_identity,
-    metadata_flags, tool_pin,
+    IdentityParts, Lock, LockedServer, LockedTool, canonical_tool, execution_identity, tool_pin,
 };
 use crate::policy::{Pins, ToolReport, ToolStatus};
 use crate::transport::{Fault, ServerTransport, Shared};
@@ -132,6 +131,15 @@ pub enum ClientError {
         server: String,
         restarts: u32,
         fault: Fault,
+    },
+    #[error(
+        "{kind} `{name}` on server `{server}` is unavailable: {status} since `moat lock` (run `moat lock` to approve it)"
+    )]
+    NotPinned {
+        server: String,
+        kind: &'static str,
+        name: String,
+        status: &'static str,
     },
     #[error("tool `{tool}` on server `{server}`: the call was cancelled")]
     Cancelled { server: String, tool: String },
@@ -450,10 +458,24 @@ impl Host {
         let spec = &spec;
         let transport = self.transport_expecting(spec, expected)?;
         let session = Session::connect(transport, Handshake::Auto).await?;
-        let tools = session.list_tools().await;
+        let listed = async {
+            let tools = session.list_tools().await?;
+            let prompts = if session.offers_prompts() {
+                session.list_prompts().await?
+            } else {
+                Vec::new()
+            };
+            let resources = if session.offers_resources() {
+                session.list_resources().await?
+            } else {
+                Vec::new()
+            };
+            Ok::<_, ClientError>((tools, prompts, resources))
+        }
+        .await;
         let identity = session.shared().identity();
         session.close().await?;
-        let tools = tools?;
+        let (tools, prompts, resources) = listed?;
         let identity = identity.ok_or_else(|| ClientError::Protocol {
             server: spec.name.clone(),
             operation: "measure".into(),
@@ -473,25 +495,34 @@ impl Host {
         };
         let parts = identity_parts(spec, &identity);
         let execution = execution_identity(&parts);
-        let mut locked_tools: Vec<LockedTool> = tools
-            .iter()
-            .map(|tool| {
-                let definition = canonical_tool(tool);
-                let mut flags = metadata_flags(&tool.name);
-                if let Some(description) = &tool.description {
-                    flags.extend(metadata_flags(description));
-                }
-                flags.sort();
-                flags.dedup();
-                LockedTool {
-                    name: tool.name.to_string(),
-                    sha256: tool_pin(&execution, &definition).to_string(),
-                    definition,
-                    flags,
-                }
-            })
-            .collect();
-        locked_tools.sort_by(|a, b| a.name.cmp(&b.name));
+        let pin = |name: String, definition: String| LockedTool {
+            sha256: tool_pin(&execution, &definition).to_string(),
+            flags: crate::lock::definition_flags(&definition),
+            name,
+            definition,
+        };
+        let sorted = |mut items: Vec<LockedTool>| {
+            items.sort_by(|a, b| a.name.cmp(&b.name));
+            items
+        };
+        let locked_tools = sorted(
+            tools
+                .iter()
+                .map(|tool| pin(tool.name.to_string(), canonical_tool(tool)))
+                .collect(),
+        );
+        let prompts = sorted(
+            prompts
+                .iter()
+                .map(|p| pin(p.name.clone(), crate::lock::canonical_listing(p)))
+                .collect(),
+        );
+        let resources = sorted(
+            resources
+                .iter()
+                .map(|r| pin(r.uri.clone(), crate::lock::canonical_listing(r)))
+                .collect(),
+        );
         Ok(LockedServer {
             kind: parts.kind.to_owned(),
             evidence: identity.evidence.to_string(),
@@ -500,6 +531,8 @@ impl Host {
             measured: parts.measured,
             grants,
             tools: locked_tools,
+            prompts,
+            resources,
         })
     }
 }
@@ -581,12 +614,21 @@ pub struct Session {
     shared: Arc<Shared>,
     progress: Option<mpsc::UnboundedReceiver<ProgressNotificationParam>>,
     pins: Option<PinState>,
+    prompt_pins: Option<ListingState>,
+    resource_pins: Option<ListingState>,
 }
 
 /// Pins being enforced on a session, and the latest check of the live tools.
 struct PinState {
     pins: Pins,
     reports: tokio::sync::Mutex<Vec<ToolReport>>,
+}
+
+/// Prompt or resource pins being enforced, and which of them the latest
+/// listing found as pinned.
+struct ListingState {
+    pins: crate::policy::ListingPins,
+    available: std::sync::Mutex<std::collections::BTreeSet<String>>,
 }
 
 /// The native launch `spec` describes: its command resolved on PATH, and,
@@ -716,6 +758,8 @@ impl Session {
                 shared,
                 progress: Some(progress),
                 pins: None,
+                prompt_pins: None,
+                resource_pins: None,
             }),
             Err(error) => Err(match shared.settled_fault(HANDSHAKE_SETTLE).await {
                 Some(fault) if sandboxed(&shared) => sandbox_hint(server, fault),
@@ -817,7 +861,98 @@ impl Session {
             pins,
             reports: tokio::sync::Mutex::new(reports),
         });
+        self.prompt_pins = Some(ListingState {
+            pins: crate::policy::ListingPins::from_locked("prompt", &locked.prompts, live),
+            available: Default::default(),
+        });
+        self.resource_pins = Some(ListingState {
+            pins: crate::policy::ListingPins::from_locked("resource", &locked.resources, live),
+            available: Default::default(),
+        });
+        // The first check, so a get or read before any listing is judged.
+        if self.offers_prompts() {
+            self.list_prompts().await?;
+        }
+        if self.offers_resources() {
+            self.list_resources().await?;
+        }
         Ok(())
+    }
+
+    /// Whether the server said it has prompts.
+    pub fn offers_prompts(&self) -> bool {
+        self.service
+            .peer_info()
+            .is_some_and(|info| info.capabilities.prompts.is_some())
+    }
+
+    /// Whether the server said it has resources.
+    pub fn offers_resources(&self) -> bool {
+        self.service
+            .peer_info()
+            .is_some_and(|info| info.capabilities.resources.is_some())
+    }
+
+    /// Under a lock, `live` (name, item) pairs judged against `state`: the
+    /// pinned definitions of those as pinned. Without one, `live` as it is.
+    /// A pinned definition that does not parse is named in the error.
+    fn as_pinned<T: serde::Serialize + serde::de::DeserializeOwned>(
+        &self,
+        state: Option<&ListingState>,
+        live: Vec<(String, T)>,
+    ) -> Result<Vec<T>, String> {
+        let Some(state) = state else {
+            return Ok(live.into_iter().map(|(_, item)| item).collect());
+        };
+        let canonical: Vec<(String, String)> = live
+            .iter()
+            .map(|(name, item)| (name.clone(), crate::lock::canonical_listing(item)))
+            .collect();
+        let (served, others) = state.pins.evaluate(&canonical);
+        for report in &others {
+            tracing::warn!(server = %self.server(), kind = state.pins.kind(), name = %report.name, status = report.status.word(), "not as pinned; unavailable");
+        }
+        *state.available.lock().unwrap_or_else(|e| e.into_inner()) =
+            served.iter().map(|(name, _)| name.clone()).collect();
+        served
+            .into_iter()
+            .map(|(name, definition)| {
+                serde_json::from_str(&definition).map_err(|e| {
+                    format!(
+                        "{} `{name}`: the definition does not parse: {e}",
+                        state.pins.kind()
+                    )
+                })
+            })
+            .collect()
+    }
+
+    fn bad_lock(&self, detail: String) -> ClientError {
+        ClientError::BadLock {
+            server: self.server().to_owned(),
+            lock: "the lock".into(),
+            detail,
+        }
+    }
+
+    /// Under a lock, the refusal of `name` unless the latest listing found
+    /// it as pinned.
+    fn unpinned(&self, state: Option<&ListingState>, name: &str) -> Option<ClientError> {
+        let state = state?;
+        if state
+            .available
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(name)
+        {
+            return None;
+        }
+        Some(ClientError::NotPinned {
+            server: self.server().to_owned(),
+            kind: state.pins.kind(),
+            name: name.to_owned(),
+            status: "not listed as pinned",
+        })
     }
 
     async fn live_tools(&self) -> Result<Vec<Tool>, ClientError> {
@@ -1004,24 +1139,41 @@ impl Session {
             .map_err(|e| self.error("ping", e))
     }
 
-    /// Every prompt the server lists.
+    /// Every prompt the server lists; under a lock, the pinned definitions
+    /// of those listed as pinned, and no other.
     pub async fn list_prompts(&self) -> Result<Vec<rmcp::model::Prompt>, ClientError> {
-        self.service
+        let live = self
+            .service
             .list_all_prompts()
             .await
-            .map_err(|e| self.error("prompts/list", e))
+            .map_err(|e| self.error("prompts/list", e))?;
+        self.as_pinned(
+            self.prompt_pins.as_ref(),
+            live.into_iter().map(|p| (p.name.clone(), p)).collect(),
+        )
+        .map_err(|detail| self.bad_lock(detail))
     }
 
-    /// Every resource the server lists.
+    /// Every resource the server lists; under a lock, the pinned definitions
+    /// of those listed as pinned, and no other.
     pub async fn list_resources(&self) -> Result<Vec<Resource>, ClientError> {
-        self.service
+        let live = self
+            .service
             .list_all_resources()
             .await
-            .map_err(|e| self.error("resources/list", e))
+            .map_err(|e| self.error("resources/list", e))?;
+        self.as_pinned(
+            self.resource_pins.as_ref(),
+            live.into_iter().map(|r| (r.uri.clone(), r)).collect(),
+        )
+        .map_err(|detail| self.bad_lock(detail))
     }
 
-    /// Reads resource `uri`.
+    /// Reads resource `uri` (under a lock, only one listed as pinned).
     pub async fn read_resource(&self, uri: &str) -> Result<ReadResourceResult, ClientError> {
+        if let Some(refused) = self.unpinned(self.resource_pins.as_ref(), uri) {
+            return Err(refused);
+        }
         self.service
             .read_resource(ReadResourceRequestParams::new(uri))
             .await
@@ -1034,6 +1186,9 @@ impl Session {
         name: &str,
         arguments: Option<JsonObject>,
     ) -> Result<GetPromptResult, ClientError> {
+        if let Some(refused) = self.unpinned(self.prompt_pins.as_ref(), name) {
+            return Err(refused);
+        }
         let mut params = GetPromptRequestParams::new(name);
         params.arguments = arguments;
         self.service

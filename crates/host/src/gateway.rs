@@ -923,6 +923,8 @@ mod tests {
             measured: Default::default(),
             grants: Default::default(),
             tools,
+            prompts: Default::default(),
+            resources: Default::default(),
         };
         let mut lock = Lock {
             version: LOCK_VERSION,

@@ -80,9 +80,28 @@ pub fn server_name(name: &str) -> String {
     }
 }
 
-/// `value` as a TOML basic string, escaped.
+/// `value` as a one-line TOML basic string: quotes and backslashes escaped,
+/// and every control character as `\uXXXX` (or `\n`, `\t`), so nothing in
+/// it can start a line of its own or reach a terminal raw.
 pub fn toml_string(value: &str) -> String {
-    toml::Value::String(value.to_owned()).to_string()
+    let mut out = String::with_capacity(value.len() + 2);
+    out.push('"');
+    for c in value.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\t' => out.push_str("\\t"),
+            c if c.is_control()
+                || matches!(c, '\u{200B}'..='\u{200F}' | '\u{2060}'..='\u{2064}' | '\u{FEFF}' | '\u{00AD}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}') =>
+            {
+                out.push_str(&format!("\\u{:04X}", c as u32))
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
 }
 
 /// Imports the client config at `path`. Commands are resolved on `path_var`
@@ -140,7 +159,7 @@ pub fn import(path: &Path, path_var: Option<&std::ffi::OsStr>) -> Result<Importe
                         imported.toml,
                         "sha256 = \"{}\"  # {} at import",
                         Digest::of(&bytes),
-                        resolved.target.display()
+                        crate::lock::printable(&resolved.target.display().to_string())
                     );
                     if looks_like_launcher(&command) {
                         imported.skipped.push(format!(
@@ -236,6 +255,21 @@ mod tests {
             skipped.contains("not found") || skipped.contains("does not exist"),
             "{skipped}"
         );
+    }
+
+    #[test]
+    fn toml_strings_are_one_line_and_round_trip() {
+        for text in [
+            "plain",
+            "quote \" and \\ backslash",
+            "line\n[servers.evil]\ncommand = \"sh\"",
+            "esc \u{1b}[31m bell \u{7} tab\t zw\u{200B} rtl\u{202E}",
+        ] {
+            let quoted = toml_string(text);
+            assert!(!quoted.chars().any(|c| c.is_control()), "{quoted}");
+            let parsed: toml::Table = toml::from_str(&format!("v = {quoted}")).unwrap();
+            assert_eq!(parsed["v"].as_str(), Some(text));
+        }
     }
 
     #[test]

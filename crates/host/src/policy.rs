@@ -200,3 +200,75 @@ pub(crate) fn first_violation(
         }
     }
 }
+
+/// The pins of a server's prompts or resources (`kind`): a listed item is
+/// served from its pinned definition when the live one matches it, and is
+/// unavailable otherwise.
+pub struct ListingPins {
+    kind: &'static str,
+    identity: Digest,
+    /// By name (prompts) or URI (resources): the pin and the definition.
+    items: BTreeMap<String, (String, String)>,
+}
+
+impl ListingPins {
+    /// From the lock's entries of `kind` ("prompt" or "resource").
+    pub fn from_locked(
+        kind: &'static str,
+        entries: &[crate::lock::LockedTool],
+        identity: Digest,
+    ) -> Self {
+        Self {
+            kind,
+            identity,
+            items: entries
+                .iter()
+                .map(|e| (e.name.clone(), (e.sha256.clone(), e.definition.clone())))
+                .collect(),
+        }
+    }
+
+    /// What `kind` this pins.
+    pub fn kind(&self) -> &'static str {
+        self.kind
+    }
+
+    /// Of `live` items, as (name, canonical definition): the pinned
+    /// definitions of those as pinned, and a report of every other (drifted,
+    /// new, missing).
+    pub fn evaluate(&self, live: &[(String, String)]) -> (Vec<(String, String)>, Vec<ToolReport>) {
+        let mut served = Vec::new();
+        let mut others = Vec::new();
+        let mut seen = std::collections::BTreeSet::new();
+        for (name, definition) in live {
+            seen.insert(name.clone());
+            let live_pin = tool_pin(&self.identity, definition).to_string();
+            let status = match self.items.get(name) {
+                Some((pinned, definition)) if *pinned == live_pin => {
+                    served.push((name.clone(), definition.clone()));
+                    continue;
+                }
+                Some((pinned, _)) => ToolStatus::Drifted {
+                    locked: pinned.clone(),
+                    live: live_pin,
+                },
+                None => ToolStatus::New { live: live_pin },
+            };
+            others.push(ToolReport {
+                name: name.clone(),
+                status,
+            });
+        }
+        for (name, (pinned, _)) in &self.items {
+            if !seen.contains(name) {
+                others.push(ToolReport {
+                    name: name.clone(),
+                    status: ToolStatus::Missing {
+                        locked: pinned.clone(),
+                    },
+                });
+            }
+        }
+        (served, others)
+    }
+}

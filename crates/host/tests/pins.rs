@@ -23,6 +23,7 @@ both_launchers!(
     structured_output_is_checked_against_the_pinned_schema,
     other_bytes_than_the_locked_ones_are_refused,
     a_changed_identity_is_refused,
+    drifted_prompts_and_resources_are_neither_listed_nor_served,
 );
 
 fn cache() -> PathBuf {
@@ -279,6 +280,77 @@ async fn untrusted_metadata_is_flagged_at_lock_time() {
     let tool = &lock.servers["shady-metadata"].tools[0];
     assert_eq!(
         tool.flags,
-        ["ansi-escape", "bidi-controls", "zero-width-characters"]
+        [
+            "ansi-escape",
+            "bidi-controls",
+            "instruction-tags",
+            "override-phrases",
+            "sensitive-paths",
+            "zero-width-characters"
+        ]
     );
+}
+
+/// Issue 12, item 8: prompts and resources are pinned like tools. Under
+/// the lock the pinned definitions are listed; a drifted prompt or resource
+/// is neither listed nor served.
+async fn drifted_prompts_and_resources_are_neither_listed_nor_served(launcher: Launcher) {
+    let approved = everything(launcher, "0");
+    let lock = lock_of(&[&approved]).await;
+    let locked = &lock.servers[&approved.name];
+    assert_eq!(
+        locked
+            .prompts
+            .iter()
+            .map(|p| p.name.as_str())
+            .collect::<Vec<_>>(),
+        ["greet"]
+    );
+    assert_eq!(
+        locked
+            .resources
+            .iter()
+            .map(|r| r.name.as_str())
+            .collect::<Vec<_>>(),
+        ["moat://everything/readme"]
+    );
+    let host = locked_host(lock);
+
+    let session = host.connect(&approved).await.unwrap();
+    let prompts = session.list_prompts().await.unwrap();
+    assert_eq!(prompts.len(), 1);
+    assert_eq!(
+        prompts[0].description.as_deref(),
+        Some("Greets someone by name")
+    );
+    session
+        .get_prompt("greet", args(json!({"name": "Ada"})))
+        .await
+        .unwrap();
+    assert_eq!(session.list_resources().await.unwrap().len(), 1);
+    session
+        .read_resource("moat://everything/readme")
+        .await
+        .unwrap();
+    session.close().await.unwrap();
+
+    let drifted = everything(launcher, "1");
+    let session = host.connect(&drifted).await.unwrap();
+    let listed = session.list_prompts().await.unwrap();
+    assert!(listed.is_empty(), "{listed:?}");
+    assert!(session.list_resources().await.unwrap().is_empty());
+    match session
+        .get_prompt("greet", args(json!({"name": "Ada"})))
+        .await
+    {
+        Err(ClientError::NotPinned { kind, name, .. }) => {
+            assert_eq!((kind, name.as_str()), ("prompt", "greet"))
+        }
+        other => panic!("{other:?}"),
+    }
+    match session.read_resource("moat://everything/readme").await {
+        Err(ClientError::NotPinned { kind, .. }) => assert_eq!(kind, "resource"),
+        other => panic!("{other:?}"),
+    }
+    session.close().await.unwrap();
 }

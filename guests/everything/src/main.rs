@@ -6,7 +6,8 @@
 //! server has received (so a test can prove a call never arrived);
 //! `EVERYTHING_DRIFT=1` in its environment, or the `drift` tool at run time
 //! (which then sends `notifications/tools/list_changed`), changes `echo`'s
-//! description (so a test can make a pinned tool drift).
+//! description (so a test can make a pinned tool drift); `EVERYTHING_DRIFT=1`
+//! also changes the `greet` prompt's description and the resource's name.
 //!
 //! The same source builds for wasm32-wasip2 and natively; `main` uses
 //! `moat_wit::block_on` and `moat_wit::stdio` so that it runs on both.
@@ -93,7 +94,6 @@ struct GreetArgs {
 #[derive(Clone)]
 struct Everything {
     tool_router: ToolRouter<Self>,
-    #[expect(dead_code, reason = "the prompt_handler macro reads the router")]
     prompt_router: PromptRouter<Self>,
     /// `tools/call` requests received, whether or not their arguments parse.
     calls: Arc<AtomicU64>,
@@ -124,9 +124,14 @@ impl Everything {
                 shape.attr.output_schema = Some(Arc::new(schema));
             }
         }
+        let mut prompt_router = Self::prompt_router();
+        if drift && let Some(greet) = prompt_router.map.get_mut("greet") {
+            // Under EVERYTHING_DRIFT=1 the prompt and the resource drift too.
+            greet.attr.description = Some("Greets someone by name (drifted)".into());
+        }
         Self {
             tool_router,
-            prompt_router: Self::prompt_router(),
+            prompt_router,
             calls: Arc::default(),
             drift: Arc::new(AtomicBool::new(drift)),
         }
@@ -240,7 +245,7 @@ impl Everything {
 }
 
 #[tool_handler(router = self.tool_router)]
-#[prompt_handler]
+#[prompt_handler(router = self.prompt_router)]
 impl ServerHandler for Everything {
     async fn call_tool(
         &self,
@@ -288,8 +293,13 @@ impl ServerHandler for Everything {
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListResourcesResult, ErrorData> {
+        let name = if std::env::var("EVERYTHING_DRIFT").is_ok_and(|v| v == "1") {
+            "readme (drifted)"
+        } else {
+            "readme"
+        };
         Ok(ListResourcesResult::with_all_items(vec![Resource::new(
-            README_URI, "readme",
+            README_URI, name,
         )]))
     }
 
