@@ -12,6 +12,7 @@ use moat_host::rmcp::model::JsonObject;
 use moat_host::{Config, Digest, Host, Session};
 
 mod fuzz;
+mod http;
 mod stdio;
 
 /// Run MCP servers isolated, measured and bounded.
@@ -269,7 +270,7 @@ async fn run(command: Command) -> Result<ExitCode> {
             allow_hosts,
             allow_origins,
         } => {
-            let allowed = Allowed {
+            let allowed = http::Allowed {
                 hosts: allow_hosts,
                 origins: allow_origins,
             };
@@ -680,102 +681,27 @@ fn audit_key_dir() -> Result<PathBuf> {
 
 /// `moat serve --http ADDR`: streamable HTTP at /mcp, one agent session per
 /// MCP session. Loopback by default; Host (and Origin) checked against DNS
-/// rebinding; a bearer token is required when bound beyond loopback.
-/// What `moat serve --http` accepts beyond loopback Host names.
-struct Allowed {
-    hosts: Vec<String>,
-    origins: Vec<String>,
-}
-
+/// rebinding; a bearer token is required when bound beyond loopback. The
+/// limits are in [`http`].
 async fn serve_http(
     config_path: &Path,
     locked: bool,
     audit: Option<&Path>,
     addr: std::net::SocketAddr,
     token: Option<String>,
-    allowed: Allowed,
+    allowed: http::Allowed,
 ) -> Result<ExitCode> {
-    use rmcp::transport::streamable_http_server::{
-        StreamableHttpServerConfig, StreamableHttpService, session::local::LocalSessionManager,
-    };
     if !addr.ip().is_loopback() && token.is_none() {
         bail!(
             "--http {addr} is not a loopback address: set a bearer token with --token or MOAT_HTTP_TOKEN"
         );
     }
     let gateway = gateway_for(config_path, locked, audit).await?;
-    let sessions = gateway.clone();
-    let cancel = tokio_util_token();
-    let mut http_config = StreamableHttpServerConfig::default();
-    http_config.cancellation_token = cancel.clone();
-    http_config.allowed_hosts.extend(allowed.hosts);
-    // DNS rebinding and cross-site requests: a browser's Origin must be one
-    // the operator listed (rmcp leaves Origin unchecked unless told).
-    let mut http_config = http_config
-        .with_allowed_origins(allowed.origins)
-        .enforce_origin_validation();
-    if !addr.ip().is_loopback() {
-        http_config.allowed_hosts.push(addr.ip().to_string());
-        http_config.allowed_hosts.push(addr.to_string());
-    }
-    let service = StreamableHttpService::new(
-        move || Ok(gateway.session()),
-        std::sync::Arc::new(LocalSessionManager::default()),
-        http_config,
-    );
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("binding {addr}"))?;
     eprintln!("moat: serving MCP at http://{}/mcp", listener.local_addr()?);
-    let expected = token.map(|t| format!("Bearer {t}"));
-    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .context("installing the SIGTERM handler")?;
-    loop {
-        let (stream, _) = tokio::select! {
-            accepted = listener.accept() => accepted.context("accepting a connection")?,
-            _ = tokio::signal::ctrl_c() => break,
-            _ = terminate.recv() => break,
-        };
-        let service = service.clone();
-        let expected = expected.clone();
-        tokio::spawn(async move {
-            let handler = hyper::service::service_fn(
-                move |request: hyper::Request<hyper::body::Incoming>| {
-                    let mut service = service.clone();
-                    let expected = expected.clone();
-                    async move {
-                        let authorized = match &expected {
-                            None => true,
-                            Some(expected) => request
-                                .headers()
-                                .get(hyper::header::AUTHORIZATION)
-                                .and_then(|v| v.to_str().ok())
-                                .is_some_and(|v| v == expected),
-                        };
-                        if !authorized {
-                            let mut denied = hyper::Response::new(empty_body());
-                            *denied.status_mut() = hyper::StatusCode::UNAUTHORIZED;
-                            return Ok::<_, std::convert::Infallible>(denied);
-                        }
-                        if request.uri().path() != "/mcp" {
-                            let mut missing = hyper::Response::new(empty_body());
-                            *missing.status_mut() = hyper::StatusCode::NOT_FOUND;
-                            return Ok(missing);
-                        }
-                        tower_service::Service::call(&mut service, request).await
-                    }
-                },
-            );
-            let io = hyper_util::rt::TokioIo::new(stream);
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(io, handler)
-                .await;
-        });
-    }
-    // Drain every open session while agents can still receive answers,
-    // then stop serving.
-    let failures = sessions.close_all().await;
-    cancel.cancel();
+    let failures = http::serve(gateway, listener, token, allowed).await?;
     Ok(close_status(&failures))
 }
 
@@ -815,15 +741,6 @@ fn close_status(failures: &[(String, moat_host::ClientError)]) -> ExitCode {
     } else {
         ExitCode::FAILURE
     }
-}
-
-fn tokio_util_token() -> tokio_util::sync::CancellationToken {
-    Default::default()
-}
-
-fn empty_body() -> http_body_util::combinators::BoxBody<bytes::Bytes, std::convert::Infallible> {
-    use http_body_util::BodyExt;
-    http_body_util::Empty::<bytes::Bytes>::new().boxed()
 }
 
 /// `moat serve` on stdio: one agent session until stdin closes or a signal

@@ -154,6 +154,13 @@ pub enum Event {
         #[serde(flatten)]
         outcome: Outcome,
     },
+    /// `moat serve --http` turned a connection or request away at a limit.
+    HttpRefused {
+        /// `max-sessions`, `max-connections`, `header-timeout`,
+        /// `body-too-large`, `unauthorized`.
+        reason: String,
+        status: u16,
+    },
     ToolCall {
         session: String,
         server: String,

@@ -4,6 +4,7 @@
 //! they were found at.
 
 use std::collections::BTreeMap;
+use std::num::{NonZeroU64, NonZeroUsize};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
@@ -32,12 +33,39 @@ pub struct ServeSettings {
     /// before cancelling them (then its servers are stopped). Long enough
     /// for an ordinary tool call; short enough that a shutdown is prompt.
     pub drain_timeout_ms: u64,
+    /// `--http`: agent sessions alive at once. Each may hold a child per
+    /// server, so this bounds the children (and memory) agents can make; an
+    /// `initialize` beyond it is answered 503.
+    pub max_sessions: NonZeroUsize,
+    /// `--http`: a session with no request for this long is closed, with its
+    /// children. Agents that leave without ending their session are the
+    /// common case, not an attack.
+    pub session_idle_ms: NonZeroU64,
+    /// `--http`: connections open at once. At the limit, the oldest
+    /// connection that has not yet sent a request is closed to make room;
+    /// if there is none, the new one is answered 503.
+    pub max_connections: NonZeroUsize,
+    /// `--http`: how long a connection may take to send a request's
+    /// headers (and may stay idle between requests) before it gets 408 and
+    /// is closed.
+    pub header_timeout_ms: NonZeroU64,
+    /// `--http`: the largest request body accepted; a larger one gets 413.
+    /// MCP requests are small JSON; this bounds what one request can make
+    /// Moat buffer.
+    pub max_body_bytes: NonZeroUsize,
 }
 
 impl Default for ServeSettings {
     fn default() -> Self {
+        let usize_ = |n: usize| NonZeroUsize::new(n).unwrap_or(NonZeroUsize::MIN);
+        let u64_ = |n: u64| NonZeroU64::new(n).unwrap_or(NonZeroU64::MIN);
         Self {
             drain_timeout_ms: 30_000,
+            max_sessions: usize_(64),
+            session_idle_ms: u64_(300_000),
+            max_connections: usize_(1024),
+            header_timeout_ms: u64_(10_000),
+            max_body_bytes: usize_(4 * 1024 * 1024),
         }
     }
 }
@@ -756,6 +784,16 @@ request_timeout_ms = 100
             "[servers.a]\nwasm = \"a.wasm\"\n[servers.a.limits]\nrequest_timeout_ms = 0\n",
         );
         assert!(message.contains("request_timeout_ms must be greater than 0"));
+        let (line, _, message) = invalid_at("[serve]\nmax_body_bytes = 1024\nmax_sessions = 0\n");
+        assert_eq!(line, 3, "{message}");
+        assert!(message.contains("nonzero"), "{message}");
+        let settings = parse("[serve]\nmax_sessions = 2\n").unwrap().serve;
+        assert_eq!(settings.max_sessions.get(), 2);
+        assert_eq!(
+            settings.header_timeout_ms.get(),
+            10_000,
+            "the rest keep their defaults"
+        );
         let (_, _, message) = invalid_at("[servers.a]\nargs = []\n");
         assert!(message.contains(
             "one of `wasm = \"path\"`, `command = \"program\"` or `url = \"https://...\"` is required"

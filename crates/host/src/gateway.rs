@@ -113,6 +113,27 @@ pub fn check_lock_names(lock: &crate::lock::Lock) -> Result<(), GatewayError> {
 }
 
 impl Gateway {
+    /// How `moat serve` runs sessions (`[serve]`).
+    pub fn serve_settings(&self) -> &crate::config::ServeSettings {
+        &self.config.serve
+    }
+
+    /// Agent sessions alive now (open, or closing).
+    pub fn live_sessions(&self) -> usize {
+        let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
+        live.retain(|s| s.strong_count() > 0);
+        live.len()
+    }
+
+    /// Appends `event` to the audit log, if there is one.
+    pub fn record(&self, event: &Event) {
+        if let Some(log) = &self.audit
+            && let Err(error) = log.record(event)
+        {
+            tracing::error!(%error, "audit record failed");
+        }
+    }
+
     /// A gateway for `config`'s servers, launched by `host`.
     pub fn new(host: Host, config: Config, audit: Option<Arc<AuditLog>>) -> Self {
         Self {
@@ -722,7 +743,37 @@ impl SessionState {
                 format!("{} servers failed to close", failures.len())
             },
         });
+        return_freed_memory();
         failures
+    }
+}
+
+/// Hands memory freed by closed sessions back to the system. glibc's
+/// allocator keeps freed heap pages for reuse, so after a burst of sessions
+/// (a flood of abandoned HTTP sessions, say) the process would stay at its
+/// peak. Trimming walks every arena, so a burst of closes is trimmed once,
+/// a second after the first of them.
+fn return_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        static PENDING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        if PENDING.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            PENDING.store(false, Ordering::SeqCst);
+            return;
+        };
+        runtime.spawn(async {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            PENDING.store(false, Ordering::SeqCst);
+            // SAFETY: malloc_trim only releases free memory at the top of,
+            // and inside, the allocator's arenas; it touches no live
+            // allocation.
+            unsafe {
+                libc::malloc_trim(0);
+            }
+        });
     }
 }
 

@@ -41,7 +41,10 @@ fn gateway_audited(
             .iter()
             .map(|s| (s.name.clone(), s.clone()))
             .collect(),
-        serve: moat_host::config::ServeSettings { drain_timeout_ms },
+        serve: moat_host::config::ServeSettings {
+            drain_timeout_ms,
+            ..Default::default()
+        },
     };
     let audit = audit.map(|path| {
         std::sync::Arc::new(moat_host::audit::AuditLog::open(path, audit_key()).unwrap())

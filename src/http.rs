@@ -1,0 +1,395 @@
+//! `moat serve --http`: the streamable HTTP front, and what bounds it.
+//!
+//! Every limit comes from `[serve]` in the config and answers with a status
+//! the client can act on, plus an audit event (`http_refused`):
+//! - connections (`max_connections`): at the limit the oldest connection
+//!   that has not sent a request yet is closed with 408 to make room, so a
+//!   flood of idle connections cannot keep an agent out; with none to close,
+//!   the new one gets 503;
+//! - request headers (`header_timeout_ms`): a connection that sends none in
+//!   time (or idles that long between requests) gets 408 and is closed;
+//! - request bodies (`max_body_bytes`): a larger one gets 413 before it is
+//!   read further;
+//! - sessions (`max_sessions`): an `initialize` beyond it gets 503; a session
+//!   with no request for `session_idle_ms` is closed with its children.
+//!
+//! Accept errors (EMFILE above all) are retried with a growing pause and
+//! never end the process. The bearer token is compared in constant time.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use bytes::Bytes;
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Empty, Full, Limited};
+use hyper::{Request, Response, StatusCode};
+use moat_host::audit::Event;
+use moat_host::gateway::Gateway;
+use rmcp::transport::streamable_http_server::{
+    StreamableHttpServerConfig, StreamableHttpService, session::local::LocalSessionManager,
+};
+use tokio::io::AsyncWriteExt;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+
+/// The shortest and longest pause after a failed accept.
+const ACCEPT_BACKOFF: (Duration, Duration) = (Duration::from_millis(10), Duration::from_secs(1));
+/// How long a refusal may take to write before the socket is dropped.
+const REFUSAL_WRITE: Duration = Duration::from_secs(1);
+/// How long a new connection waits for the room an eviction makes.
+const EVICTION_WAIT: Duration = Duration::from_secs(1);
+
+/// What `moat serve --http` accepts beyond loopback Host names.
+pub struct Allowed {
+    pub hosts: Vec<String>,
+    pub origins: Vec<String>,
+}
+
+/// A connection that has been admitted but has not sent a request yet: the
+/// first to go when room is needed.
+struct Waiting {
+    requested: std::sync::Weak<AtomicBool>,
+    evict: CancellationToken,
+}
+
+/// Who holds a connection slot, and who may be asked to give one up.
+struct Admission {
+    slots: Arc<Semaphore>,
+    max: usize,
+    waiting: Mutex<VecDeque<Waiting>>,
+}
+
+impl Admission {
+    fn new(max: usize) -> Self {
+        Self {
+            slots: Arc::new(Semaphore::new(max)),
+            max,
+            waiting: Mutex::default(),
+        }
+    }
+
+    fn enlist(&self, requested: &Arc<AtomicBool>, evict: &CancellationToken) {
+        let mut waiting = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
+        if waiting.len() > 2 * self.max {
+            waiting.retain(|w| w.still_waiting());
+        }
+        waiting.push_back(Waiting {
+            requested: Arc::downgrade(requested),
+            evict: evict.clone(),
+        });
+    }
+
+    /// Asks the oldest connection that has not sent a request to close.
+    /// Whether there was one.
+    fn evict_oldest_waiting(&self) -> bool {
+        let mut waiting = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
+        while let Some(oldest) = waiting.pop_front() {
+            if oldest.still_waiting() {
+                oldest.evict.cancel();
+                return true;
+            }
+        }
+        false
+    }
+
+    /// A slot for a new connection: a free one, or one an eviction frees.
+    async fn admit(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        if let Ok(permit) = self.slots.clone().try_acquire_owned() {
+            return Some(permit);
+        }
+        if !self.evict_oldest_waiting() {
+            return None;
+        }
+        tokio::time::timeout(EVICTION_WAIT, self.slots.clone().acquire_owned())
+            .await
+            .ok()?
+            .ok()
+    }
+}
+
+impl Waiting {
+    fn still_waiting(&self) -> bool {
+        !self.evict.is_cancelled()
+            && self
+                .requested
+                .upgrade()
+                .is_some_and(|r| !r.load(Ordering::SeqCst))
+    }
+}
+
+fn empty() -> BoxBody<Bytes, Infallible> {
+    Empty::<Bytes>::new().boxed()
+}
+
+fn status(code: StatusCode) -> Response<BoxBody<Bytes, Infallible>> {
+    let mut response = Response::new(empty());
+    *response.status_mut() = code;
+    if code == StatusCode::SERVICE_UNAVAILABLE {
+        response.headers_mut().insert(
+            hyper::header::RETRY_AFTER,
+            hyper::header::HeaderValue::from_static("1"),
+        );
+    }
+    response
+}
+
+/// A whole response for a connection Moat will not serve, written raw.
+fn raw_refusal(code: StatusCode) -> Vec<u8> {
+    format!(
+        "HTTP/1.1 {} {}\r\nContent-Length: 0\r\nConnection: close\r\n{}\r\n",
+        code.as_u16(),
+        code.canonical_reason().unwrap_or_default(),
+        if code == StatusCode::SERVICE_UNAVAILABLE {
+            "Retry-After: 1\r\n"
+        } else {
+            ""
+        }
+    )
+    .into_bytes()
+}
+
+fn refused(gateway: &Gateway, reason: &str, code: StatusCode) {
+    tracing::debug!(reason, status = code.as_u16(), "http request refused");
+    gateway.record(&Event::HttpRefused {
+        reason: reason.to_owned(),
+        status: code.as_u16(),
+    });
+}
+
+/// Whether `presented` is the expected `Authorization` value, compared in
+/// constant time (for values of the same length).
+fn token_matches(expected: &str, presented: Option<&[u8]>) -> bool {
+    use subtle::ConstantTimeEq;
+    presented.is_some_and(|p| bool::from(expected.as_bytes().ct_eq(p)))
+}
+
+/// Serves `gateway` on `listener` until SIGINT or SIGTERM, then drains
+/// every session.
+pub async fn serve(
+    gateway: Gateway,
+    listener: tokio::net::TcpListener,
+    token: Option<String>,
+    allowed: Allowed,
+) -> Result<Vec<(String, moat_host::ClientError)>> {
+    let settings = gateway.serve_settings().clone();
+    let addr = listener.local_addr()?;
+    let cancel = CancellationToken::new();
+    let mut http_config = StreamableHttpServerConfig::default();
+    http_config.cancellation_token = cancel.clone();
+    http_config.allowed_hosts.extend(allowed.hosts);
+    // DNS rebinding and cross-site requests: a browser's Origin must be one
+    // the operator listed (rmcp leaves Origin unchecked unless told).
+    let mut http_config = http_config
+        .with_allowed_origins(allowed.origins)
+        .enforce_origin_validation();
+    if !addr.ip().is_loopback() {
+        http_config.allowed_hosts.push(addr.ip().to_string());
+        http_config.allowed_hosts.push(addr.to_string());
+    }
+    let mut sessions = LocalSessionManager::default();
+    sessions.session_config.keep_alive =
+        Some(Duration::from_millis(settings.session_idle_ms.get()));
+    let factory_gateway = gateway.clone();
+    let max_sessions = settings.max_sessions.get();
+    let service = StreamableHttpService::new(
+        move || {
+            // The handler refuses first, with 503; this holds under a race.
+            if factory_gateway.live_sessions() >= max_sessions {
+                return Err(std::io::Error::other(format!(
+                    "{max_sessions} agent sessions are open (max_sessions)"
+                )));
+            }
+            Ok(factory_gateway.session())
+        },
+        Arc::new(sessions),
+        http_config,
+    );
+    let expected = token.map(|t| format!("Bearer {t}"));
+    let admission = Arc::new(Admission::new(settings.max_connections.get()));
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("installing the SIGTERM handler")?;
+    let mut backoff = ACCEPT_BACKOFF.0;
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = tokio::signal::ctrl_c() => break,
+            _ = terminate.recv() => break,
+        };
+        let stream = match accepted {
+            Ok((stream, _)) => {
+                backoff = ACCEPT_BACKOFF.0;
+                stream
+            }
+            Err(error) => {
+                // EMFILE, ENFILE, ENOBUFS, ECONNABORTED...: the listener is
+                // fine; wait for descriptors or memory to come back.
+                tracing::warn!(%error, ?backoff, "accept failed; retrying");
+                tokio::select! {
+                    () = tokio::time::sleep(backoff) => {}
+                    _ = tokio::signal::ctrl_c() => break,
+                    _ = terminate.recv() => break,
+                }
+                backoff = (backoff * 2).min(ACCEPT_BACKOFF.1);
+                continue;
+            }
+        };
+        let connection = Connection {
+            gateway: gateway.clone(),
+            service: service.clone(),
+            expected: expected.clone(),
+            admission: admission.clone(),
+            header_timeout: Duration::from_millis(settings.header_timeout_ms.get()),
+            max_body: settings.max_body_bytes.get(),
+            max_sessions,
+        };
+        tokio::spawn(connection.run(stream));
+    }
+    // Drain every open session while agents can still receive answers,
+    // then stop serving.
+    let failures = gateway.close_all().await;
+    cancel.cancel();
+    Ok(failures)
+}
+
+type Service = StreamableHttpService<moat_host::gateway::AgentSession, LocalSessionManager>;
+
+/// One accepted connection and what it needs.
+struct Connection {
+    gateway: Gateway,
+    service: Service,
+    expected: Option<String>,
+    admission: Arc<Admission>,
+    header_timeout: Duration,
+    max_body: usize,
+    max_sessions: usize,
+}
+
+impl Connection {
+    async fn run(self, mut stream: tokio::net::TcpStream) {
+        let Some(_slot) = self.admission.admit().await else {
+            refused(
+                &self.gateway,
+                "max-connections",
+                StatusCode::SERVICE_UNAVAILABLE,
+            );
+            let refusal = raw_refusal(StatusCode::SERVICE_UNAVAILABLE);
+            let _ = tokio::time::timeout(REFUSAL_WRITE, stream.write_all(&refusal)).await;
+            return;
+        };
+        // A second handle on the socket, to answer 408 once hyper has given
+        // the connection up.
+        let Ok(raw) = stream.into_std().and_then(|s| Ok((s.try_clone()?, s))) else {
+            return;
+        };
+        let (answer, stream) = raw;
+        let Ok(stream) = tokio::net::TcpStream::from_std(stream) else {
+            return;
+        };
+        let requested = Arc::new(AtomicBool::new(false));
+        let evict = CancellationToken::new();
+        self.admission.enlist(&requested, &evict);
+        let gateway = self.gateway.clone();
+        let this = Arc::new(self);
+        let handler = {
+            let requested = requested.clone();
+            let this = this.clone();
+            hyper::service::service_fn(move |request: Request<hyper::body::Incoming>| {
+                requested.store(true, Ordering::SeqCst);
+                let this = this.clone();
+                async move { Ok::<_, Infallible>(this.handle(request).await) }
+            })
+        };
+        let served = hyper::server::conn::http1::Builder::new()
+            .timer(hyper_util::rt::TokioTimer::new())
+            .header_read_timeout(this.header_timeout)
+            .serve_connection(hyper_util::rt::TokioIo::new(stream), handler);
+        let timed_out = tokio::select! {
+            result = served => match result {
+                Err(error) if error.is_timeout() => Some("header-timeout"),
+                _ => None,
+            },
+            () = evict.cancelled() => Some("evicted-idle"),
+        };
+        if let Some(reason) = timed_out {
+            refused(&gateway, reason, StatusCode::REQUEST_TIMEOUT);
+            // Non-blocking, best effort: the client may already be gone.
+            let _ = answer.set_nonblocking(true);
+            let _ = std::io::Write::write(&mut &answer, &raw_refusal(StatusCode::REQUEST_TIMEOUT));
+        }
+    }
+
+    async fn handle(
+        &self,
+        request: Request<hyper::body::Incoming>,
+    ) -> Response<BoxBody<Bytes, Infallible>> {
+        if let Some(expected) = &self.expected {
+            let presented = request
+                .headers()
+                .get(hyper::header::AUTHORIZATION)
+                .map(|v| v.as_bytes());
+            if !token_matches(expected, presented) {
+                refused(&self.gateway, "unauthorized", StatusCode::UNAUTHORIZED);
+                return status(StatusCode::UNAUTHORIZED);
+            }
+        }
+        if request.uri().path() != "/mcp" {
+            return status(StatusCode::NOT_FOUND);
+        }
+        let declared = request
+            .headers()
+            .get(hyper::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        if declared.is_some_and(|n| n > self.max_body as u64) {
+            refused(
+                &self.gateway,
+                "body-too-large",
+                StatusCode::PAYLOAD_TOO_LARGE,
+            );
+            return status(StatusCode::PAYLOAD_TOO_LARGE);
+        }
+        let new_session = request.method() == hyper::Method::POST
+            && !request.headers().contains_key("mcp-session-id");
+        if new_session && self.gateway.live_sessions() >= self.max_sessions {
+            refused(
+                &self.gateway,
+                "max-sessions",
+                StatusCode::SERVICE_UNAVAILABLE,
+            );
+            return status(StatusCode::SERVICE_UNAVAILABLE);
+        }
+        let (parts, body) = request.into_parts();
+        let body = match Limited::new(body, self.max_body).collect().await {
+            Ok(collected) => collected.to_bytes(),
+            Err(error) if error.is::<http_body_util::LengthLimitError>() => {
+                refused(
+                    &self.gateway,
+                    "body-too-large",
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                );
+                return status(StatusCode::PAYLOAD_TOO_LARGE);
+            }
+            Err(_) => return status(StatusCode::BAD_REQUEST),
+        };
+        let request = Request::from_parts(parts, Full::new(body));
+        match tower_service::Service::call(&mut self.service.clone(), request).await {
+            Ok(response) => response,
+            Err(never) => match never {},
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_token_must_match_exactly() {
+        assert!(super::token_matches("Bearer abc", Some(b"Bearer abc")));
+        assert!(!super::token_matches("Bearer abc", Some(b"Bearer abd")));
+        assert!(!super::token_matches("Bearer abc", Some(b"Bearer ab")));
+        assert!(!super::token_matches("Bearer abc", None));
+    }
+}
