@@ -102,12 +102,17 @@ fn check_exposed<'a>(
     Ok(())
 }
 
-/// Checks, before serving, that every pinned tool of `lock` gets a valid
-/// exposed name. (Without a lock, tools are only known once their servers
-/// run; an invalid one is then hidden and logged.)
+/// Checks, before serving, that every pinned tool and prompt of `lock`
+/// gets a valid exposed name. (Without a lock, they are only known once
+/// their servers run; an invalid one is then hidden and logged.)
 pub fn check_lock_names(lock: &crate::lock::Lock) -> Result<(), GatewayError> {
     for (server, locked) in &lock.servers {
         check_exposed(server, "tool", locked.tools.iter().map(|t| t.name.as_str()))?;
+        check_exposed(
+            server,
+            "prompt",
+            locked.prompts.iter().map(|p| p.name.as_str()),
+        )?;
     }
     Ok(())
 }
@@ -1010,6 +1015,16 @@ mod tests {
                 error.to_string(),
                 "server `twice` lists two tools named `get`: the exposed name `twice__get` would be ambiguous, so the gateway refuses to start"
             ),
+            other => panic!("{other:?}"),
+        }
+        lock.servers.remove("twice");
+        let mut prompted = server(vec![tool("get")]);
+        prompted.prompts = vec![tool("hello world")];
+        lock.servers.insert("greeter".into(), prompted);
+        match check_lock_names(&lock) {
+            Err(GatewayError::InvalidName { what, exposed, .. }) => {
+                assert_eq!((what, exposed.as_str()), ("prompt", "greeter__hello world"))
+            }
             other => panic!("{other:?}"),
         }
     }
