@@ -272,7 +272,11 @@ impl Host {
         expected: Expectation,
     ) -> Result<ServerTransport, LaunchError> {
         #[cfg(unix)]
-        crate::grants::check_protected(&spec.name, &spec.dirs, &self.protected)?;
+        let readable = match &spec.kind {
+            ServerKind::Native { measure, .. } => measure.as_slice(),
+            _ => &[],
+        };
+        crate::grants::check_protected(&spec.name, &spec.dirs, readable, &self.protected)?;
         match &spec.kind {
             ServerKind::Wasm { path } => {
                 let launch = WasmLaunch::from_spec(spec);

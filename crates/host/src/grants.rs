@@ -85,6 +85,13 @@ pub struct Protected {
     pub path: PathBuf,
 }
 
+impl Protected {
+    /// Whether it holds one of Moat's keys (the cache's or the audit log's).
+    fn holds_a_key(&self) -> bool {
+        matches!(self.what, "compiled-component cache" | "audit key")
+    }
+}
+
 /// `path` with `.` and `..` taken out lexically, then resolved through
 /// whatever part of it exists (so a file not made yet is still compared by
 /// its real directory).
@@ -118,20 +125,28 @@ fn real(path: &Path) -> PathBuf {
 }
 
 /// Refuses any grant of `server` that overlaps a protected path: the same
-/// path, one inside the other either way.
+/// path, one inside the other either way. `readable` are the other paths
+/// the server is given to read (a native server's `measure` paths): they
+/// may not overlap what holds a key, since a key read is a key stolen.
 pub fn check_protected(
     server: &str,
     dirs: &[DirGrant],
+    readable: &[PathBuf],
     protected: &[Protected],
 ) -> Result<(), GrantError> {
-    for dir in dirs {
-        let granted = real(&dir.host);
-        for item in protected {
+    let granted = dirs
+        .iter()
+        .map(|d| (&d.host, true))
+        .chain(readable.iter().map(|p| (p, false)));
+    for (path, is_grant) in granted {
+        let real_path = real(path);
+        // Reading the config, lock or log does no harm; reading a key does.
+        for item in protected.iter().filter(|p| is_grant || p.holds_a_key()) {
             let kept = real(&item.path);
-            if granted.starts_with(&kept) || kept.starts_with(&granted) {
+            if real_path.starts_with(&kept) || kept.starts_with(&real_path) {
                 return Err(GrantError::Protected {
                     server: server.to_owned(),
-                    path: dir.host.clone(),
+                    path: path.clone(),
                     what: item.what,
                     protected: item.path.clone(),
                 });
@@ -256,7 +271,7 @@ mod tests {
             cache.join("inner"),
             root.path().join("other/../cache"),
         ] {
-            let error = check_protected("s", &[grant(host.clone())], &protected).unwrap_err();
+            let error = check_protected("s", &[grant(host.clone())], &[], &protected).unwrap_err();
             assert!(
                 matches!(
                     &error,
@@ -269,8 +284,12 @@ mod tests {
             );
         }
         std::fs::create_dir(root.path().join("cached")).unwrap();
-        check_protected("s", &[grant(root.path().join("cached"))], &protected)
+        check_protected("s", &[grant(root.path().join("cached"))], &[], &protected)
             .expect("a sibling whose name shares a prefix is not inside");
+        assert!(
+            check_protected("s", &[], &[root.path().to_owned()], &protected).is_err(),
+            "a measure path over the cache is refused too"
+        );
     }
 
     #[test]
