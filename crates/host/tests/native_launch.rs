@@ -288,3 +288,172 @@ async fn a_server_that_dies_under_the_sandbox_is_told_the_sandbox_may_be_why() {
         "{message}"
     );
 }
+
+/// The real Python interpreter (not a pyenv shim, which is itself a
+/// script), as `sys.executable` names it.
+fn python() -> PathBuf {
+    let output = std::process::Command::new("python3")
+        .args(["-c", "import sys; print(sys.executable)"])
+        .output()
+        .expect("python3");
+    PathBuf::from(String::from_utf8(output.stdout).unwrap().trim())
+}
+
+/// A Python MCP server as a `#!` script whose one tool is `tool`.
+fn script_server(dir: &Path, name: &str, shebang: &str, tool: &str) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(
+        &path,
+        format!(
+            r#"#!{shebang}
+import json, sys
+for line in sys.stdin:
+    message = json.loads(line)
+    method, ident = message.get("method"), message.get("id")
+    if method == "initialize":
+        result = {{"protocolVersion": "2025-06-18", "capabilities": {{"tools": {{}}}}, "serverInfo": {{"name": "script", "version": "1"}}}}
+    elif method == "tools/list":
+        result = {{"tools": [{{"name": "{tool}", "inputSchema": {{"type": "object"}}}}]}}
+    else:
+        continue
+    print(json.dumps({{"jsonrpc": "2.0", "id": ident, "result": result}}), flush=True)
+"#
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    path
+}
+
+async fn tool_names(session: &Session) -> Vec<String> {
+    session
+        .list_tools()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|t| t.name.to_string())
+        .collect()
+}
+
+/// Issue 13: a `#!` script runs as its interpreter (resolved through `env`
+/// on PATH, measured, named in the identity and the evidence) reading the
+/// script's measured descriptor: a script swapped in after the measurement
+/// does not run.
+#[tokio::test]
+async fn a_script_runs_its_measured_bytes_through_its_measured_interpreter() {
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let interpreter = python();
+    let shebang = format!("/usr/bin/env -S {} -u", interpreter.display());
+    let path = script_server(dir.path(), "server.py", &shebang, "measured");
+    let digest = digest_of(&path);
+    let executable = native::open_measured(&path, Expectation::Pinned(digest)).unwrap();
+    let found = executable
+        .interpreter()
+        .expect("a script has an interpreter");
+    let real = std::fs::canonicalize(&interpreter).unwrap();
+    assert_eq!(found.path, real);
+    assert_eq!(found.args, ["-u"]);
+    assert_eq!(found.digest, Some(digest_of(&real)));
+
+    // Other bytes under the same name before the exec.
+    let swapped = script_server(dir.path(), "swapped.py", &shebang, "swapped");
+    std::fs::rename(&swapped, &path).unwrap();
+    let launch = NativeLaunch {
+        name: "script".into(),
+        resolved: resolve(path.to_str().unwrap(), Path::new("/"), None).unwrap(),
+        args: Vec::new(),
+        env: Vec::new(),
+        cwd: dir.path().to_owned(),
+        measure: Vec::new(),
+        expected: Expectation::Pinned(digest),
+        limits: Default::default(),
+        dirs: Vec::new(),
+        net: Vec::new(),
+        sandbox: Default::default(),
+        learn: None,
+    };
+    let session = Session::connect(native::transport(launch, executable), Handshake::Auto)
+        .await
+        .unwrap();
+    assert_eq!(tool_names(&session).await, ["measured"]);
+    let identity = session.shared().identity().unwrap();
+    assert!(
+        identity
+            .measured
+            .contains(&(real.clone(), digest_of(&real))),
+        "{:?}",
+        identity.measured
+    );
+    assert!(
+        identity
+            .sandbox
+            .iter()
+            .any(|l| l.starts_with(&format!("enforced: #! interpreter {} -u", real.display()))),
+        "{:?}",
+        identity.sandbox
+    );
+    session.close().await.unwrap();
+
+    // Through the host: a pinned script whose bytes changed is refused.
+    let original = script_server(dir.path(), "original.py", &shebang, "measured");
+    let pinned_digest = digest_of(&original);
+    std::fs::write(
+        &original,
+        std::fs::read_to_string(&original)
+            .unwrap()
+            .replace("measured", "changed"),
+    )
+    .unwrap();
+    match expect_native_error(
+        host()
+            .connect(&pinned("script", &original, pinned_digest))
+            .await,
+    ) {
+        NativeError::Digest { mismatch, .. } => assert_eq!(mismatch.expected, pinned_digest),
+        other => panic!("{other}"),
+    }
+}
+
+/// A `#!` chain (an interpreter that is itself a script) and a `#!` naming
+/// a missing interpreter are refused with errors that say so.
+#[tokio::test]
+async fn nested_and_missing_interpreters_are_refused_by_name() {
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let wrapper = dir.path().join("python-wrapper");
+    std::fs::write(
+        &wrapper,
+        format!("#!/bin/sh\nexec {} \"$@\"\n", python().display()),
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        &wrapper,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let nested = script_server(dir.path(), "nested.py", wrapper.to_str().unwrap(), "x");
+    let mut spec = ServerSpec::native("nested", nested.to_str().unwrap());
+    spec.allow_unmeasured = true;
+    match expect_native_error(host().connect(&spec).await) {
+        NativeError::Script { path, detail } => {
+            assert_eq!(path, nested);
+            assert_eq!(
+                detail,
+                format!(
+                    "its interpreter {} is itself a script (#!/bin/sh): Moat runs one level of #! only; point the #! line, or `command`, at the real interpreter (under pyenv: `pyenv which python3`)",
+                    std::fs::canonicalize(&wrapper).unwrap().display()
+                )
+            );
+        }
+        other => panic!("{other}"),
+    }
+    let missing = script_server(dir.path(), "missing.py", "/nonexistent/python3", "x");
+    let mut spec = ServerSpec::native("missing", missing.to_str().unwrap());
+    spec.allow_unmeasured = true;
+    match expect_native_error(host().connect(&spec).await) {
+        NativeError::Script { detail, .. } => assert!(
+            detail.starts_with("its #! interpreter /nonexistent/python3 does not exist"),
+            "{detail}"
+        ),
+        other => panic!("{other}"),
+    }
+}

@@ -54,6 +54,8 @@ pub enum NativeError {
         "open(O_NOFOLLOW) {path}: refusing a symbolic link in place of the executable resolved when the config was loaded"
     )]
     Symlink { path: PathBuf },
+    #[error("script {path}: {detail}")]
+    Script { path: PathBuf, detail: String },
     #[error("{syscall} {path}: {source}")]
     Io {
         syscall: &'static str,
@@ -116,6 +118,22 @@ pub struct NativeLaunch {
 pub struct MeasuredExecutable {
     fd: OwnedFd,
     digest: Option<Digest>,
+    interpreter: Option<Interpreter>,
+}
+
+/// A script's interpreter, from its `#!` line: resolved when the script was
+/// opened, opened itself without following links, measured with it, and
+/// executed through its own descriptor. The kernel never looks the `#!`
+/// line up again, so neither the script nor its interpreter can be swapped
+/// between the measurement and the exec.
+pub struct Interpreter {
+    fd: OwnedFd,
+    /// The file that runs, every link resolved (its argv[0]).
+    pub path: PathBuf,
+    /// Arguments from the `#!` line, before the script.
+    pub args: Vec<String>,
+    /// Its digest, when the launch is measured.
+    pub digest: Option<Digest>,
 }
 
 impl MeasuredExecutable {
@@ -123,6 +141,130 @@ impl MeasuredExecutable {
     pub fn digest(&self) -> Option<Digest> {
         self.digest
     }
+
+    /// The interpreter, when the executable is a `#!` script.
+    pub fn interpreter(&self) -> Option<&Interpreter> {
+        self.interpreter.as_ref()
+    }
+}
+
+/// The longest `#!` line read, as the kernel's (BINPRM_BUF_SIZE).
+const SHEBANG_BYTES: usize = 256;
+
+/// The `#!` line of the file behind `fd`, when it has one: the interpreter
+/// and its optional argument, split as the kernel splits them (at the first
+/// blank after the interpreter).
+fn shebang(fd: &OwnedFd, path: &Path) -> Result<Option<(String, Option<String>)>, NativeError> {
+    let mut buf = [0u8; SHEBANG_BYTES];
+    let n = rustix::io::pread(fd, &mut buf, 0).map_err(|errno| NativeError::Io {
+        syscall: "pread",
+        path: path.to_owned(),
+        source: errno.into(),
+    })?;
+    let Some(line) = buf[..n].strip_prefix(b"#!") else {
+        return Ok(None);
+    };
+    let script = |detail: &str| NativeError::Script {
+        path: path.to_owned(),
+        detail: detail.to_owned(),
+    };
+    let end = line
+        .iter()
+        .position(|b| *b == b'\n')
+        .ok_or_else(|| script(&format!("the #! line is longer than {SHEBANG_BYTES} bytes")))?;
+    let line = std::str::from_utf8(&line[..end])
+        .map_err(|_| script("the #! line is not UTF-8"))?
+        .trim_matches(|c| c == ' ' || c == '\t' || c == '\r');
+    let (interpreter, argument) = match line.split_once([' ', '\t']) {
+        Some((interpreter, rest)) => {
+            let rest = rest.trim_matches([' ', '\t']);
+            (interpreter, (!rest.is_empty()).then(|| rest.to_owned()))
+        }
+        None => (line, None),
+    };
+    if interpreter.is_empty() {
+        return Err(script("the #! line names no interpreter"));
+    }
+    Ok(Some((interpreter.to_owned(), argument)))
+}
+
+/// Resolves, opens and (for a measured launch) hashes the interpreter the
+/// script at `path` names. `#!/usr/bin/env NAME` looks NAME up on Moat's
+/// PATH, as commands are; `env -S` splits the rest into words.
+fn open_interpreter(
+    path: &Path,
+    interpreter: &str,
+    argument: Option<String>,
+    measure: bool,
+) -> Result<Interpreter, NativeError> {
+    let script = |detail: String| NativeError::Script {
+        path: path.to_owned(),
+        detail,
+    };
+    let is_env = Path::new(interpreter).file_name() == Some(std::ffi::OsStr::new("env"));
+    let (target, args) = if is_env {
+        let rest =
+            argument.ok_or_else(|| script(format!("`#!{interpreter}` names no program to run")))?;
+        let words: Vec<String> = match rest.strip_prefix("-S") {
+            Some(split) => split.split_whitespace().map(str::to_owned).collect(),
+            None if rest.starts_with('-') => {
+                return Err(script(format!(
+                    "`#!{interpreter} {rest}`: env options other than -S are not supported; name the interpreter directly"
+                )));
+            }
+            None => vec![rest],
+        };
+        let (name, args) = words
+            .split_first()
+            .ok_or_else(|| script(format!("`#!{interpreter} -S` names no program")))?;
+        let resolved =
+            crate::command::resolve(name, Path::new("/"), std::env::var_os("PATH").as_deref())
+                .map_err(|error| script(format!("its #! interpreter: {error}")))?;
+        (resolved.target, args.to_vec())
+    } else {
+        let target = std::fs::canonicalize(interpreter).map_err(|error| {
+            script(format!(
+                "its #! interpreter {interpreter} does not exist ({error})"
+            ))
+        })?;
+        (target, argument.into_iter().collect())
+    };
+    let fd = rustix::fs::open(
+        &target,
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|errno| NativeError::Io {
+        syscall: "open(O_NOFOLLOW) of the #! interpreter",
+        path: target.clone(),
+        source: errno.into(),
+    })?;
+    if let Some((nested, argument)) = shebang(&fd, &target)? {
+        let nested = match argument {
+            Some(argument) => format!("{nested} {argument}"),
+            None => nested,
+        };
+        return Err(script(format!(
+            "its interpreter {} is itself a script (#!{nested}): Moat runs one level of #! only; point the #! line, or `command`, at the real interpreter (under pyenv: `pyenv which python3`)",
+            target.display()
+        )));
+    }
+    let digest = if measure {
+        let dup = fd.try_clone().map_err(|source| NativeError::Io {
+            syscall: "dup",
+            path: target.clone(),
+            source,
+        })?;
+        Some(hash_reader(std::fs::File::from(dup), &target)?)
+    } else {
+        None
+    };
+    Ok(Interpreter {
+        fd,
+        path: target,
+        args,
+        digest,
+    })
 }
 
 /// Opens `path` with O_NOFOLLOW and, when a digest is pinned, hashes it
@@ -160,6 +302,15 @@ pub fn open_measured(
             path: path.to_owned(),
         });
     }
+    let interpreter = match shebang(&fd, path)? {
+        Some((interpreter, argument)) => Some(open_interpreter(
+            path,
+            &interpreter,
+            argument,
+            !matches!(expected, Expectation::Unpinned),
+        )?),
+        None => None,
+    };
     let digest = match expected {
         Expectation::Unpinned => None,
         Expectation::Pinned(_) | Expectation::Record => {
@@ -179,7 +330,11 @@ pub fn open_measured(
             Some(actual)
         }
     };
-    Ok(MeasuredExecutable { fd, digest })
+    Ok(MeasuredExecutable {
+        fd,
+        digest,
+        interpreter,
+    })
 }
 
 fn hash_reader(mut reader: impl Read, path: &Path) -> Result<Digest, NativeError> {
@@ -394,10 +549,37 @@ fn spawn(
     tracker: &Arc<Tracker>,
 ) -> Result<Launched, NativeError> {
     let path = &launch.resolved.target;
+    // A script's interpreter is part of what runs: in the identity with its
+    // digest, and named in the evidence.
+    let mut measured = measured;
+    let mut interpreter_line = None;
+    if let Some(interpreter) = &executable.interpreter {
+        if let Some(digest) = interpreter.digest {
+            measured.push((interpreter.path.clone(), digest));
+        }
+        interpreter_line = Some(format!(
+            "enforced: #! interpreter {}{}, run through the descriptor that was {}, with the script's own descriptor as its input",
+            interpreter.path.display(),
+            if interpreter.args.is_empty() {
+                String::new()
+            } else {
+                format!(" {}", interpreter.args.join(" "))
+            },
+            if interpreter.digest.is_some() {
+                "measured"
+            } else {
+                "opened"
+            },
+        ));
+    }
     let dirs = crate::grants::open_all(&launch.name, &launch.dirs)?;
     let sandbox = crate::sandbox::plan(&crate::sandbox::Grants {
         executable: executable.fd.as_fd(),
         executable_path: path,
+        interpreter: executable
+            .interpreter
+            .as_ref()
+            .map(|interpreter| (interpreter.fd.as_fd(), interpreter.path.as_path())),
         measure: &launch.measure,
         dirs: &dirs,
         net: &launch.net,
@@ -411,7 +593,22 @@ fn spawn(
         })
     };
     let fd = executable.fd.as_raw_fd();
-    let mut argv = vec![cstring("argv[0]", &launch.resolved.configured)?];
+    // A script runs as its interpreter's descriptor, with the script's own
+    // descriptor (kept open across exec) as the file to read.
+    let (exec_fd, mut argv) = match &executable.interpreter {
+        None => (fd, vec![cstring("argv[0]", &launch.resolved.configured)?]),
+        Some(interpreter) => {
+            let mut argv = vec![cstring(
+                "the interpreter path",
+                &interpreter.path.to_string_lossy(),
+            )?];
+            for arg in &interpreter.args {
+                argv.push(cstring("the #! argument", arg)?);
+            }
+            argv.push(cstring("the script path", &format!("/proc/self/fd/{fd}"))?);
+            (interpreter.fd.as_raw_fd(), argv)
+        }
+    };
     for arg in &launch.args {
         argv.push(cstring("an argument", arg)?);
     }
@@ -424,7 +621,7 @@ fn spawn(
     // reaped: there is no group to scan for after it.
     let namespaced = isolation.namespaces.is_some();
     let plan = spawn::ChildPlan {
-        path: cstring("the executable path", &format!("/proc/self/fd/{fd}"))?,
+        path: cstring("the executable path", &format!("/proc/self/fd/{exec_fd}"))?,
         argv,
         env,
         cwd: std::ffi::CString::new(launch.cwd.as_os_str().as_encoded_bytes()).map_err(|_| {
@@ -434,6 +631,10 @@ fn spawn(
             }
         })?,
         executable: fd,
+        interpreter: executable
+            .interpreter
+            .as_ref()
+            .map(|interpreter| interpreter.fd.as_raw_fd()),
         rlimits: rlimits(&launch.limits),
         namespaces: isolation.namespaces,
         landlock: crate::sandbox::ruleset_fd(&sandbox)
@@ -464,10 +665,14 @@ fn spawn(
     } else {
         &sandbox.enforced
     };
-    let mut sandbox_lines: Vec<String> = landlock_lines
-        .iter()
-        .chain(&isolation.enforced)
-        .map(|l| format!("enforced: {l}"))
+    let mut sandbox_lines: Vec<String> = interpreter_line
+        .into_iter()
+        .chain(
+            landlock_lines
+                .iter()
+                .chain(&isolation.enforced)
+                .map(|l| format!("enforced: {l}")),
+        )
         .collect();
     sandbox_lines.extend(
         sandbox

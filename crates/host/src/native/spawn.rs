@@ -264,6 +264,9 @@ pub struct ChildPlan {
     pub env: Vec<CString>,
     pub cwd: CString,
     pub executable: RawFd,
+    /// A script's interpreter, which `path` names: kept through the
+    /// descriptor sweep, closed by exec itself.
+    pub interpreter: Option<RawFd>,
     pub rlimits: Vec<(Resource, Rlimit)>,
     pub namespaces: Option<Namespaces>,
     /// The Landlock ruleset, with the rights for the child's /proc/self and
@@ -714,6 +717,7 @@ unsafe fn child(
         // report pipe is close-on-exec and goes at exec).
         let mut keep = [
             plan.executable as u32,
+            plan.interpreter.map_or(u32::MAX, |i| i as u32),
             report as u32,
             fds.gate.map_or(u32::MAX, |g| g as u32),
         ];

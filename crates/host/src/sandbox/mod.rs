@@ -170,6 +170,9 @@ pub struct Grants<'a> {
     /// will run, not whatever the path names now.
     pub executable: BorrowedFd<'a>,
     pub executable_path: &'a Path,
+    /// A script's interpreter: its descriptor (read and execute) and path
+    /// (its installation root is readable, as the executable's is).
+    pub interpreter: Option<(BorrowedFd<'a>, &'a Path)>,
     pub measure: &'a [PathBuf],
     pub dirs: &'a [crate::grants::OpenedGrant],
     pub net: &'a [NetGrant],
@@ -297,6 +300,26 @@ pub fn plan_for_abi(grants: &Grants<'_>, version: i32) -> Result<Plan, SandboxEr
     }
     if let Some(root) = install_root(grants.executable_path) {
         rules.push((root, read, true, true));
+    }
+    if let Some((fd, path)) = grants.interpreter {
+        let fd = fd
+            .try_clone_to_owned()
+            .map_err(|error| SandboxError::Rule {
+                operation: "dup",
+                path: path.to_owned(),
+                detail: error.to_string(),
+            })?;
+        created = created
+            .add_rule(PathBeneath::new(fd, file_read))
+            .map_err(|error| SandboxError::Rule {
+                operation: "add rule for",
+                path: path.to_owned(),
+                detail: error.to_string(),
+            })?;
+        starting.push(format!("the #! interpreter {}", path.display()));
+        if let Some(root) = install_root(path) {
+            rules.push((root, read, true, true));
+        }
     }
     // Grants: the descriptors opened once, without following links, by
     // `grants::open_all`; the rule is bound to the inode that was checked.
@@ -497,6 +520,7 @@ mod tests {
         Grants {
             executable: fd,
             executable_path: Path::new("/bin/sh"),
+            interpreter: None,
             measure: &[],
             dirs: &[],
             net,
