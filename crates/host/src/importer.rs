@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
@@ -189,17 +189,42 @@ pub fn import(path: &Path, path_var: Option<&std::ffi::OsStr>) -> Result<Importe
         if let Some(cwd) = &entry.cwd {
             let _ = writeln!(imported.toml, "cwd = {}", toml_string(cwd));
         }
-        if !entry.env.is_empty() {
-            let pairs: Vec<String> = entry
-                .env
+        let (secret, plain): (Vec<_>, Vec<_>) =
+            entry.env.iter().partition(|(name, _)| looks_secret(name));
+        if !plain.is_empty() {
+            let pairs: Vec<String> = plain
                 .iter()
                 .map(|(k, v)| format!("{} = {}", toml_string(k), toml_string(v)))
                 .collect();
             let _ = writeln!(imported.toml, "env = {{ {} }}", pairs.join(", "));
-            imported.skipped.push(format!(
-                "`{original}`: env values were copied as they were; prefer env_passthrough for secrets"
-            ));
         }
+        if !secret.is_empty() {
+            let names: Vec<String> = secret.iter().map(|(k, _)| toml_string(k)).collect();
+            let _ = writeln!(imported.toml, "env_passthrough = [{}]", names.join(", "));
+            for (name, _) in &secret {
+                imported.skipped.push(format!(
+                    "`{original}`: env {name} looks like a secret: its value was not copied; it is passed through from Moat's environment, so set it there"
+                ));
+            }
+        }
+        let inferred = infer_grants(&command, &entry.args, &original);
+        if !inferred.measure.is_empty() {
+            let paths: Vec<String> = inferred
+                .measure
+                .iter()
+                .map(|p| toml_string(&p.display().to_string()))
+                .collect();
+            let _ = writeln!(imported.toml, "measure = [{}]", paths.join(", "));
+        }
+        for (path, write) in &inferred.dirs {
+            let _ = writeln!(
+                imported.toml,
+                "[[servers.{name}.dirs]]\nhost = {}\nmode = \"{}\"",
+                toml_string(&path.display().to_string()),
+                if *write { "rw" } else { "ro" }
+            );
+        }
+        imported.skipped.extend(inferred.notes);
         if let Some(env_file) = &entry.env_file {
             imported
                 .skipped
@@ -208,6 +233,108 @@ pub fn import(path: &Path, path_var: Option<&std::ffi::OsStr>) -> Result<Importe
         imported.toml.push('\n');
     }
     Ok(imported)
+}
+
+/// Whether an environment variable's name says it holds a secret:
+/// `*_TOKEN`, `*_KEY`, `*SECRET*`, `*PASSWORD*` (any case).
+pub fn looks_secret(name: &str) -> bool {
+    let upper = name.to_ascii_uppercase();
+    upper.ends_with("_TOKEN")
+        || upper.ends_with("_KEY")
+        || upper.contains("SECRET")
+        || upper.contains("PASSWORD")
+}
+
+/// Servers whose documented purpose is writing what they are pointed at:
+/// their path arguments are granted read-write. Everything else gets
+/// read-only grants.
+pub const WRITERS: &[&str] = &[
+    "server-filesystem",
+    "mcp-server-git",
+    "mcp-server-sqlite",
+    "server-memory",
+];
+
+/// Grants and measured paths inferred from a server's argv.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Inferred {
+    /// Paths to grant, and whether read-write.
+    pub dirs: Vec<(PathBuf, bool)>,
+    /// The package an interpreter runs, to measure.
+    pub measure: Vec<PathBuf>,
+    /// What was inferred, one line each, for the operator to review.
+    pub notes: Vec<String>,
+}
+
+/// Infers grants from argv (see the README, "Bringing your existing
+/// config"): an interpreter's script file makes its package (the nearest
+/// directory holding `package.json`, `pyproject.toml` or `setup.py`, else
+/// the script's directory) measured and granted read-only; every other
+/// absolute (or `~/`) argument naming an existing file or directory is
+/// granted, read-write for the [`WRITERS`], read-only otherwise.
+pub fn infer_grants(command: &str, args: &[String], original: &str) -> Inferred {
+    let mut inferred = Inferred::default();
+    let base = command.rsplit('/').next().unwrap_or(command);
+    let interpreter = ["node", "python", "python3", "deno", "bun"]
+        .iter()
+        .any(|i| base == *i || (base.starts_with("python3.") && *i == "python3"));
+    let writer = std::iter::once(command)
+        .chain(args.iter().map(String::as_str))
+        .any(|a| WRITERS.iter().any(|w| a.contains(w)));
+    let home = std::env::var_os("HOME").map(PathBuf::from);
+    let mut entry_seen = false;
+    for arg in args {
+        let value = arg.split_once('=').map_or(arg.as_str(), |(flag, value)| {
+            if flag.starts_with('-') {
+                value
+            } else {
+                arg.as_str()
+            }
+        });
+        let path = match (value.strip_prefix("~/"), &home) {
+            (Some(rest), Some(home)) => home.join(rest),
+            _ => PathBuf::from(value),
+        };
+        if !path.is_absolute() {
+            if interpreter && !arg.starts_with('-') {
+                entry_seen = true;
+            }
+            continue;
+        }
+        let Ok(real) = std::fs::canonicalize(&path) else {
+            continue;
+        };
+        if interpreter && !entry_seen && real.is_file() {
+            entry_seen = true;
+            let package = real
+                .ancestors()
+                .skip(1)
+                .find(|dir| {
+                    ["package.json", "pyproject.toml", "setup.py"]
+                        .iter()
+                        .any(|marker| dir.join(marker).is_file())
+                })
+                .unwrap_or_else(|| real.parent().unwrap_or(&real))
+                .to_owned();
+            inferred.notes.push(format!(
+                "`{original}`: measures and grants read-only {}, the package of its script",
+                package.display()
+            ));
+            inferred.measure.push(package.clone());
+            inferred.dirs.push((package, false));
+            continue;
+        }
+        if interpreter && !arg.starts_with('-') {
+            entry_seen = true;
+        }
+        inferred.notes.push(format!(
+            "`{original}`: grants {} {} (named in its arguments)",
+            if writer { "read-write" } else { "read-only" },
+            real.display()
+        ));
+        inferred.dirs.push((real, writer));
+    }
+    inferred
 }
 
 fn looks_like_launcher(command: &str) -> bool {
@@ -254,6 +381,76 @@ mod tests {
         assert!(
             skipped.contains("not found") || skipped.contains("does not exist"),
             "{skipped}"
+        );
+    }
+
+    #[test]
+    fn grants_are_inferred_and_secrets_pass_through() {
+        let dir = tempfile::tempdir().unwrap();
+        let project = dir.path().join("project");
+        std::fs::create_dir(&project).unwrap();
+        let package = dir.path().join("node_modules/server-x");
+        std::fs::create_dir_all(package.join("dist")).unwrap();
+        std::fs::write(package.join("package.json"), "{}").unwrap();
+        std::fs::write(package.join("dist/index.js"), "").unwrap();
+        let file = dir.path().join("claude.json");
+        let config = serde_json::json!({"mcpServers": {
+            "filesystem": {"command": "node", "args": [
+                dir.path().join("node_modules/server-filesystem/dist/index.js"),
+                project
+            ]},
+            "x": {"command": "node", "args": [package.join("dist/index.js"), "--root", project],
+                  "env": {"GITHUB_TOKEN": "ghp_secret", "API_KEY": "k", "LOG_LEVEL": "debug"}}
+        }});
+        std::fs::create_dir_all(dir.path().join("node_modules/server-filesystem/dist")).unwrap();
+        std::fs::write(
+            dir.path()
+                .join("node_modules/server-filesystem/package.json"),
+            "{}",
+        )
+        .unwrap();
+        std::fs::write(
+            dir.path()
+                .join("node_modules/server-filesystem/dist/index.js"),
+            "",
+        )
+        .unwrap();
+        std::fs::write(&file, config.to_string()).unwrap();
+        let imported = import(&file, std::env::var_os("PATH").as_deref()).unwrap();
+        assert!(!imported.toml.contains("ghp_secret"), "{}", imported.toml);
+        let parsed = crate::config::Config::parse(&dir.path().join("moat.toml"), &imported.toml)
+            .unwrap_or_else(|e| panic!("{e}\n{}", imported.toml));
+        let real = |p: &Path| std::fs::canonicalize(p).unwrap();
+        let grants = |name: &str| -> Vec<(PathBuf, crate::config::DirMode)> {
+            parsed
+                .server(name)
+                .unwrap()
+                .dirs
+                .iter()
+                .map(|d| (d.host.clone(), d.mode))
+                .collect()
+        };
+        use crate::config::DirMode::{Ro, Rw};
+        assert_eq!(
+            grants("filesystem"),
+            [
+                (real(&dir.path().join("node_modules/server-filesystem")), Ro),
+                (real(&project), Rw)
+            ],
+            "the filesystem server's purpose is writing its directories"
+        );
+        assert_eq!(grants("x"), [(real(&package), Ro), (real(&project), Ro)]);
+        let x = parsed.server("x").unwrap();
+        let crate::config::ServerKind::Native { measure, .. } = &x.kind else {
+            panic!("native");
+        };
+        assert_eq!(measure, &[real(&package)]);
+        assert_eq!(x.env_passthrough, ["API_KEY", "GITHUB_TOKEN"]);
+        assert_eq!(x.env.get("LOG_LEVEL").map(String::as_str), Some("debug"));
+        let notes = imported.skipped.join("\n");
+        assert!(
+            notes.contains("`x`: env GITHUB_TOKEN looks like a secret: its value was not copied"),
+            "{notes}"
         );
     }
 
