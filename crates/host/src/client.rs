@@ -2,7 +2,7 @@
 //! errors that say what failed. A transport fault (limit, exit, framing)
 //! always wins over the generic "transport closed" rmcp would report.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use rmcp::model::{
@@ -700,15 +700,50 @@ fn sandbox_hint(server: String, fault: Fault) -> ClientError {
         };
     };
     let denied = denied_paths(stderr_tail);
+    let grants = probable_grants(&denied);
     ClientError::Sandboxed {
-        server,
-        denied: if denied.is_empty() {
-            String::new()
-        } else {
-            format!("; its stderr names {} beside a denial", denied.join(", "))
+        denied: match (denied.is_empty(), grants.is_empty()) {
+            (true, _) => String::new(),
+            (false, true) => format!("; its stderr names {} beside a denial", denied.join(", ")),
+            (false, false) => format!(
+                "; its stderr names {} beside a denial, so the grant probably missing is {}",
+                denied.join(", "),
+                grants
+                    .iter()
+                    .map(|g| format!(
+                        "[[servers.{server}.dirs]] host = {} mode = \"ro\"",
+                        crate::importer::toml_string(g)
+                    ))
+                    .collect::<Vec<_>>()
+                    .join(" and ")
+            ),
         },
+        server,
         fault,
     }
+}
+
+/// The grants that would open `denied` paths: the package an existing file
+/// belongs to (the nearest directory with `package.json`,
+/// `pyproject.toml` or `setup.py`), else its directory; an existing
+/// directory itself. Paths that do not exist suggest nothing.
+fn probable_grants(denied: &[String]) -> Vec<String> {
+    let mut grants: Vec<String> = Vec::new();
+    for path in denied {
+        let path = Path::new(path);
+        let grant = if path.is_dir() {
+            path.to_owned()
+        } else if path.is_file() {
+            crate::importer::package_root(path)
+        } else {
+            continue;
+        };
+        let grant = grant.display().to_string();
+        if !grants.contains(&grant) {
+            grants.push(grant);
+        }
+    }
+    grants
 }
 
 /// Absolute paths on stderr lines that report a denial, at most eight.

@@ -245,6 +245,21 @@ pub fn looks_secret(name: &str) -> bool {
         || upper.contains("PASSWORD")
 }
 
+/// The package a file belongs to: the nearest directory above it holding
+/// `package.json`, `pyproject.toml` or `setup.py`, else its directory.
+pub fn package_root(file: &Path) -> PathBuf {
+    file.ancestors()
+        .skip(1)
+        .find(|dir| {
+            ["package.json", "pyproject.toml", "setup.py"]
+                .iter()
+                .any(|marker| dir.join(marker).is_file())
+        })
+        .or_else(|| file.parent())
+        .unwrap_or(file)
+        .to_owned()
+}
+
 /// Servers whose documented purpose is writing what they are pointed at:
 /// their path arguments are granted read-write. Everything else gets
 /// read-only grants.
@@ -306,16 +321,7 @@ pub fn infer_grants(command: &str, args: &[String], original: &str) -> Inferred 
         };
         if interpreter && !entry_seen && real.is_file() {
             entry_seen = true;
-            let package = real
-                .ancestors()
-                .skip(1)
-                .find(|dir| {
-                    ["package.json", "pyproject.toml", "setup.py"]
-                        .iter()
-                        .any(|marker| dir.join(marker).is_file())
-                })
-                .unwrap_or_else(|| real.parent().unwrap_or(&real))
-                .to_owned();
+            let package = package_root(&real);
             inferred.notes.push(format!(
                 "`{original}`: measures and grants read-only {}, the package of its script",
                 package.display()

@@ -287,6 +287,17 @@ async fn a_server_that_dies_under_the_sandbox_is_told_the_sandbox_may_be_why() {
             && message.contains("moat learn everything-js"),
         "{message}"
     );
+    // Issue 13: the first run names the grant that is probably missing, the
+    // package the script belongs to.
+    let package = script.parent().unwrap().parent().unwrap();
+    assert!(package.join("package.json").is_file());
+    assert!(
+        denied.contains(&format!(
+            "so the grant probably missing is [[servers.everything-js.dirs]] host = \"{}\" mode = \"ro\"",
+            package.display()
+        )),
+        "{message}"
+    );
 }
 
 /// The real Python interpreter (not a pyenv shim, which is itself a
