@@ -827,7 +827,7 @@ async fn learn(config: &Path, server: &str, yes: bool) -> Result<ExitCode> {
             .map(|n| moat_host::importer::toml_string(n))
             .collect();
         println!(
-            "# and in [servers.{name}] (a native server's net rules are by port: see README):\n# net = [{}]",
+            "# and in [servers.{name}] (reached through Moat's egress proxy, by name: see README):\n# net = [{}]",
             entries.join(", ")
         );
     }

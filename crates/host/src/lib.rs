@@ -12,6 +12,8 @@ pub mod audit;
 pub mod client;
 pub mod command;
 pub mod config;
+#[cfg(target_os = "linux")]
+pub mod egress;
 pub mod fuzz;
 pub mod gateway;
 #[cfg(unix)]

@@ -247,18 +247,11 @@ async fn a_listed_port_connects_and_others_are_denied(launcher: Launcher) {
         host: "127.0.0.1".into(),
         port: listed,
     }];
-    // Landlock tells ports apart, not hosts: a native launch that asks for a
-    // per-host rule runs only best-effort, and says so.
     if launcher == Launcher::Native {
-        let refused = Host::new(None).unwrap().connect(&spec).await;
-        match refused {
-            Err(error) => assert!(
-                error.to_string().contains("per-host network rules"),
-                "{error}"
-            ),
-            Ok(_) => panic!("a required sandbox must refuse what it cannot enforce"),
-        }
-        spec.sandbox = Sandbox::BestEffort;
+        native_egress_goes_through_the_proxy_only(spec, listed, unlisted).await;
+        stop(listed, listed_server);
+        stop(unlisted, unlisted_server);
+        return;
     }
     let session = connect(&spec).await;
     let ok = attempt(
@@ -278,21 +271,56 @@ async fn a_listed_port_connects_and_others_are_denied(launcher: Launcher) {
         json!({"op": "connect", "addr": format!("127.0.0.2:{listed}")}),
     )
     .await;
-    let sandbox = session.shared().identity().unwrap().sandbox;
-    match launcher {
-        Launcher::Wasm => assert_denied(launcher, Denial::Network, other_host, "an unlisted host"),
-        Launcher::Native => {
-            // Not enforceable by Landlock: the evidence says so.
-            assert!(
-                sandbox.iter().any(|l| l
-                    == "not enforced: per-host network rules (Landlock restricts TCP ports, not hosts)"),
-                "{sandbox:?}"
-            );
-        }
-    }
+    assert_denied(launcher, Denial::Network, other_host, "an unlisted host");
     session.close().await.unwrap();
     stop(listed, listed_server);
     stop(unlisted, unlisted_server);
+}
+
+/// Issue 13: a native server with `net` grants runs, under the default
+/// `required` sandbox, in a network namespace whose only way out is Moat's
+/// egress proxy: the listed host and port are reached through it, an
+/// unlisted port or host (or the same address by another name) gets 403
+/// from the proxy, and a direct connection reaches nothing.
+async fn native_egress_goes_through_the_proxy_only(spec: ServerSpec, listed: u16, unlisted: u16) {
+    assert_eq!(spec.sandbox, Sandbox::Required);
+    let session = connect(&spec).await;
+    let sandbox = session.shared().identity().unwrap().sandbox;
+    assert!(
+        sandbox.iter().any(|l| l
+            .starts_with("enforced: network namespace: out only through Moat's egress proxy")
+            && l.contains(&format!("to 127.0.0.1:{listed} by the name asked for"))),
+        "{sandbox:?}"
+    );
+    let through = attempt(
+        &session,
+        json!({"op": "proxy", "addr": format!("127.0.0.1:{listed}")}),
+    )
+    .await;
+    assert_eq!(through.as_deref(), Ok("pong"));
+    for refused in [
+        format!("127.0.0.1:{unlisted}"),
+        format!("127.0.0.2:{listed}"),
+        format!("localhost:{listed}"),
+    ] {
+        let answer = attempt(&session, json!({"op": "proxy", "addr": refused})).await;
+        assert_eq!(
+            answer,
+            Err(format!(
+                "HTTP/1.1 403 Forbidden moat: {refused} is not in this server's net grants"
+            ))
+        );
+    }
+    let direct = attempt(
+        &session,
+        json!({"op": "connect", "addr": format!("127.0.0.1:{listed}")}),
+    )
+    .await;
+    assert!(
+        direct.is_err(),
+        "a direct connection must reach nothing: {direct:?}"
+    );
+    session.close().await.unwrap();
 }
 
 async fn no_network_without_a_grant(launcher: Launcher) {

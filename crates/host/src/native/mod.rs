@@ -573,7 +573,9 @@ fn spawn(
         ));
     }
     let dirs = crate::grants::open_all(&launch.name, &launch.dirs)?;
+    let proxied = proxied(launch);
     let sandbox = crate::sandbox::plan(&crate::sandbox::Grants {
+        proxy_port: proxied.then_some(crate::egress::PROXY_PORT),
         executable: executable.fd.as_fd(),
         executable_path: path,
         interpreter: executable
@@ -612,11 +614,30 @@ fn spawn(
     for arg in &launch.args {
         argv.push(cstring("an argument", arg)?);
     }
+    // Behind the egress proxy, the proxy variables are Moat's, whatever the
+    // config says.
+    let proxy_env = if proxied {
+        crate::egress::proxy_environment()
+    } else {
+        Vec::new()
+    };
     let env = launch
         .env
         .iter()
+        .filter(|(k, _)| !proxy_env.iter().any(|(p, _)| p == k))
+        .chain(&proxy_env)
         .map(|(k, v)| cstring("an environment variable", &format!("{k}={v}")))
         .collect::<Result<Vec<_>, _>>()?;
+    let channel = if proxied {
+        Some(
+            spawn::proxy_channel().map_err(|failure| NativeError::Spawn {
+                path: path.clone(),
+                source: std::io::Error::other(failure.to_string()),
+            })?,
+        )
+    } else {
+        None
+    };
     // With a PID namespace, the kernel empties it before the server can be
     // reaped: there is no group to scan for after it.
     let namespaced = isolation.namespaces.is_some();
@@ -642,6 +663,10 @@ fn spawn(
             .map(|ruleset| (ruleset, sandbox.proc_self_access, sandbox.tmp_access)),
         drop_bounding: isolation.drop_bounding,
         seccomp: isolation.seccomp,
+        proxy: channel.as_ref().map(|(_, child)| spawn::ProxyPlan {
+            channel: child.as_raw_fd(),
+            port: crate::egress::PROXY_PORT,
+        }),
     };
     let spawn_error = |failure: spawn::SpawnFailure| NativeError::Spawn {
         path: path.clone(),
@@ -659,6 +684,29 @@ fn spawn(
         }
     };
     drop(executable.fd);
+    // The child has exec'd: its egress listener is waiting on the channel.
+    let egress = match channel {
+        Some((moat, child_end)) => {
+            drop(child_end);
+            let listener = spawn::receive_listener(&moat).map_err(|source| NativeError::Io {
+                syscall: "recvmsg of the egress listener",
+                path: path.clone(),
+                source,
+            })?;
+            let task = crate::egress::serve(
+                launch.name.clone(),
+                std::net::TcpListener::from(listener),
+                launch.net.clone(),
+            )
+            .map_err(|source| NativeError::Io {
+                syscall: "registering the egress listener",
+                path: path.clone(),
+                source,
+            })?;
+            Some(AbortOnDrop(task))
+        }
+        None => None,
+    };
     // A learn run applies no Landlock ruleset: its lines would be untrue.
     let landlock_lines: &[String] = if launch.learn.is_some() {
         &[]
@@ -725,6 +773,8 @@ fn spawn(
         let out_of_memory = out_of_memory.clone();
         async move {
             let _guard = guard;
+            // The proxy serves the server for as long as it runs.
+            let _egress = egress;
             let status = match learn_exit {
                 Some(exit) => exit
                     .await
@@ -792,6 +842,21 @@ struct Isolation {
 }
 
 /// Decides the isolation of `launch` on this kernel: refuses, under
+/// Whether `launch` goes out through the egress proxy: it has `net` grants,
+/// is not a learn run, and can have a network namespace of its own.
+fn proxied(launch: &NativeLaunch) -> bool {
+    !launch.net.is_empty() && launch.learn.is_none() && spawn::namespace_support().available
+}
+
+/// Aborts a task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// `sandbox = "required"`, what cannot be enforced, naming it.
 fn isolation(launch: &NativeLaunch) -> Result<Isolation, NativeError> {
     use crate::sandbox::SandboxError;
@@ -839,12 +904,23 @@ fn isolation(launch: &NativeLaunch) -> Result<Isolation, NativeError> {
             None => not_enforced.push("a private /tmp (the host has no /tmp)".to_owned()),
         }
         // A learn run keeps the host's network, to see where it connects.
-        let net = launch.net.is_empty() && launch.learn.is_none();
-        if net {
+        let net = launch.learn.is_none();
+        if net && launch.net.is_empty() {
             enforced.push(
                 "network namespace: no network at all (TCP, UDP, raw sockets and abstract Unix sockets reach nothing outside the server)"
                     .to_owned(),
             );
+        } else if net {
+            enforced.push(format!(
+                "network namespace: out only through Moat's egress proxy (HTTP CONNECT and plain HTTP at 127.0.0.1:{}, HTTP_PROXY and HTTPS_PROXY set), to {} by the name asked for; no DNS, no UDP, nothing else",
+                crate::egress::PROXY_PORT,
+                launch
+                    .net
+                    .iter()
+                    .map(|g| g.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
         }
         // Granted paths under /tmp stay where they were: each is bound into
         // the private /tmp.
@@ -903,7 +979,7 @@ fn isolation(launch: &NativeLaunch) -> Result<Isolation, NativeError> {
         )?;
         None
     };
-    if !launch.net.is_empty() {
+    if !launch.net.is_empty() && !proxied(launch) {
         not_enforced.push(
             "network: with `net` grants, UDP datagrams (DNS included) may go to any host"
                 .to_owned(),

@@ -120,10 +120,13 @@ pub enum Step {
     Capset,
     Seccomp,
     Execve,
+    ProxyLoopback,
+    ProxyListen,
+    ProxyHandOver,
 }
 
 impl Step {
-    const ALL: [Step; 21] = [
+    const ALL: [Step; 24] = [
         Step::Stdio,
         Step::DeathSignal,
         Step::ParentGone,
@@ -145,6 +148,9 @@ impl Step {
         Step::Capset,
         Step::Seccomp,
         Step::Execve,
+        Step::ProxyLoopback,
+        Step::ProxyListen,
+        Step::ProxyHandOver,
     ];
 
     /// The system call and what it was for.
@@ -171,6 +177,9 @@ impl Step {
             Step::Capset => "capset (all sets empty)",
             Step::Seccomp => "seccomp(SECCOMP_SET_MODE_FILTER)",
             Step::Execve => "execve of the measured descriptor",
+            Step::ProxyLoopback => "ioctl(SIOCSIFFLAGS) bringing up lo for the egress proxy",
+            Step::ProxyListen => "bind and listen on 127.0.0.1 for the egress proxy",
+            Step::ProxyHandOver => "sendmsg(SCM_RIGHTS) of the egress listener to Moat",
         }
     }
 
@@ -276,6 +285,155 @@ pub struct ChildPlan {
     /// holds CAP_SETPCAP: root, or in its own user namespace).
     pub drop_bounding: bool,
     pub seccomp: Vec<seccompiler::BpfProgram>,
+    /// In a network namespace with `net` grants: the child brings its
+    /// loopback up, listens on 127.0.0.1:`port` and hands the listener to
+    /// Moat over `channel`, Moat's egress proxy for it.
+    pub proxy: Option<ProxyPlan>,
+}
+
+/// Where the child's egress listener goes.
+pub struct ProxyPlan {
+    /// The child's end of a Unix socket pair.
+    pub channel: RawFd,
+    pub port: u16,
+}
+
+/// A Unix socket pair for handing the egress listener over: (Moat's end,
+/// the child's end), both close-on-exec and above 2.
+pub fn proxy_channel() -> Result<(OwnedFd, OwnedFd), SpawnFailure> {
+    let mut ends = [-1i32; 2];
+    // SAFETY: socketpair writes two descriptors into `ends`, which we then
+    // own.
+    let (moat, child) = unsafe {
+        if libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_STREAM | libc::SOCK_CLOEXEC,
+            0,
+            ends.as_mut_ptr(),
+        ) != 0
+        {
+            return Err(SpawnFailure::Parent(
+                "socketpair",
+                std::io::Error::last_os_error(),
+            ));
+        }
+        (
+            <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(ends[0]),
+            <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(ends[1]),
+        )
+    };
+    let high = |fd: OwnedFd| {
+        rustix::io::fcntl_dupfd_cloexec(&fd, 3)
+            .map_err(|e| SpawnFailure::Parent("fcntl(F_DUPFD_CLOEXEC)", e.into()))
+    };
+    Ok((high(moat)?, high(child)?))
+}
+
+/// Space for one descriptor's control message, aligned for `cmsghdr`.
+#[repr(C, align(8))]
+struct OneFdControl([u8; 32]);
+
+/// Receives the egress listener the child sent on `moat` (it was sent
+/// before exec, so it is waiting).
+pub fn receive_listener(moat: &OwnedFd) -> std::io::Result<OwnedFd> {
+    let mut byte = [0u8; 1];
+    let mut iov = libc::iovec {
+        iov_base: byte.as_mut_ptr().cast(),
+        iov_len: 1,
+    };
+    let mut control = OneFdControl([0; 32]);
+    // SAFETY: recvmsg fills `byte` and `control`, both live for the call;
+    // the control message is read through libc's CMSG accessors within the
+    // buffer's bounds, and the descriptor it carries is then ours.
+    unsafe {
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control.0.as_mut_ptr().cast();
+        msg.msg_controllen = control.0.len() as _;
+        if libc::recvmsg(
+            moat.as_raw_fd(),
+            &mut msg,
+            libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC,
+        ) != 1
+        {
+            return Err(std::io::Error::last_os_error());
+        }
+        let header = libc::CMSG_FIRSTHDR(&msg);
+        if header.is_null()
+            || (*header).cmsg_level != libc::SOL_SOCKET
+            || (*header).cmsg_type != libc::SCM_RIGHTS
+        {
+            return Err(std::io::Error::other("no descriptor in the message"));
+        }
+        let fd = std::ptr::read_unaligned(libc::CMSG_DATA(header).cast::<i32>());
+        Ok(<OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd))
+    }
+}
+
+/// Makes the egress listener in the child and hands it to Moat.
+///
+/// # Safety
+///
+/// Only in the cloned child, in its own network namespace, while it still
+/// holds CAP_NET_ADMIN there.
+unsafe fn hand_over_listener(proxy: &ProxyPlan, report: RawFd) {
+    // SAFETY: raw system calls on stack memory; see the contract.
+    unsafe {
+        let check = |ok: bool, step: Step| {
+            if !ok {
+                fail(report, step, errno());
+            }
+        };
+        let control_socket = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+        check(control_socket >= 0, Step::ProxyLoopback);
+        let mut request: libc::ifreq = std::mem::zeroed();
+        request.ifr_name[0] = b'l' as libc::c_char;
+        request.ifr_name[1] = b'o' as libc::c_char;
+        request.ifr_ifru.ifru_flags = (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+        check(
+            libc::ioctl(control_socket, libc::SIOCSIFFLAGS, &request) == 0,
+            Step::ProxyLoopback,
+        );
+        libc::close(control_socket);
+        let listener = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+        check(listener >= 0, Step::ProxyListen);
+        let mut address: libc::sockaddr_in = std::mem::zeroed();
+        address.sin_family = libc::AF_INET as libc::sa_family_t;
+        address.sin_port = proxy.port.to_be();
+        address.sin_addr.s_addr = u32::from_be_bytes([127, 0, 0, 1]).to_be();
+        check(
+            libc::bind(
+                listener,
+                (&address as *const libc::sockaddr_in).cast(),
+                std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+            ) == 0,
+            Step::ProxyListen,
+        );
+        check(libc::listen(listener, 128) == 0, Step::ProxyListen);
+        let mut byte = [b'l'];
+        let mut iov = libc::iovec {
+            iov_base: byte.as_mut_ptr().cast(),
+            iov_len: 1,
+        };
+        let mut control = OneFdControl([0; 32]);
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control.0.as_mut_ptr().cast();
+        msg.msg_controllen = libc::CMSG_SPACE(std::mem::size_of::<i32>() as u32) as _;
+        let header = libc::CMSG_FIRSTHDR(&msg);
+        (*header).cmsg_level = libc::SOL_SOCKET;
+        (*header).cmsg_type = libc::SCM_RIGHTS;
+        (*header).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<i32>() as u32) as _;
+        std::ptr::write_unaligned(libc::CMSG_DATA(header).cast::<i32>(), listener);
+        check(
+            libc::sendmsg(proxy.channel, &msg, 0) == 1,
+            Step::ProxyHandOver,
+        );
+        libc::close(listener);
+        libc::close(proxy.channel);
+    }
 }
 
 /// A started child: its pidfd and the parent's ends of its stdio.
@@ -623,6 +781,9 @@ unsafe fn child(
                 write_proc(c"/proc/self/setgroups", b"deny", report, Step::Setgroups);
                 write_proc(c"/proc/self/uid_map", uid_map, report, Step::UidMap);
                 write_proc(c"/proc/self/gid_map", gid_map, report, Step::GidMap);
+            }
+            if let Some(proxy) = &plan.proxy {
+                hand_over_listener(proxy, report);
             }
             check(
                 libc::mount(

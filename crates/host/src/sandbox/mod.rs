@@ -176,6 +176,10 @@ pub struct Grants<'a> {
     pub measure: &'a [PathBuf],
     pub dirs: &'a [crate::grants::OpenedGrant],
     pub net: &'a [NetGrant],
+    /// Behind Moat's egress proxy (a network namespace whose only way out
+    /// is the proxy at this port): TCP connects go to that port only, and
+    /// `net` is enforced per host by the proxy.
+    pub proxy_port: Option<u16>,
     pub sandbox: Sandbox,
 }
 
@@ -248,7 +252,7 @@ pub fn plan_for_abi(grants: &Grants<'_>, version: i32) -> Result<Plan, SandboxEr
             &mut plan,
         )?;
     }
-    if !grants.net.is_empty() {
+    if !grants.net.is_empty() && grants.proxy_port.is_none() {
         unsupported(
             grants.sandbox,
             "per-host network rules (Landlock restricts TCP ports, not hosts)",
@@ -375,7 +379,10 @@ pub fn plan_for_abi(grants: &Grants<'_>, version: i32) -> Result<Plan, SandboxEr
             starting.push(path.display().to_string());
         }
     }
-    let mut ports: Vec<u16> = grants.net.iter().map(|g| g.port).collect();
+    let mut ports: Vec<u16> = match grants.proxy_port {
+        Some(port) => vec![port],
+        None => grants.net.iter().map(|g| g.port).collect(),
+    };
     ports.sort_unstable();
     ports.dedup();
     if net_rules {
@@ -521,6 +528,7 @@ mod tests {
             executable: fd,
             executable_path: Path::new("/bin/sh"),
             interpreter: None,
+            proxy_port: None,
             measure: &[],
             dirs: &[],
             net,
