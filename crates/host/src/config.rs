@@ -129,6 +129,14 @@ pub struct NetGrant {
     pub port: u16,
 }
 
+/// `net` entries as one comma-separated line, for evidence.
+pub fn net_line(net: &[NetGrant]) -> String {
+    net.iter()
+        .map(|g| g.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 impl std::fmt::Display for NetGrant {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         if self.host.contains(':') {

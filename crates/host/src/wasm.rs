@@ -554,12 +554,7 @@ impl PreparedComponent {
         } else {
             format!(
                 "enforced: network (wasi socket check): connect only to {}",
-                launch
-                    .net
-                    .iter()
-                    .map(|g| g.to_string())
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                crate::config::net_line(&launch.net)
             )
         });
         if allowed.is_empty() {

@@ -914,12 +914,7 @@ fn isolation(launch: &NativeLaunch) -> Result<Isolation, NativeError> {
             enforced.push(format!(
                 "network namespace: out only through Moat's egress proxy (HTTP CONNECT and plain HTTP at 127.0.0.1:{}, HTTP_PROXY and HTTPS_PROXY set), to {} by the name asked for; no DNS, no UDP, nothing else",
                 crate::egress::PROXY_PORT,
-                launch
-                    .net
-                    .iter()
-                    .map(|g| g.to_string())
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                crate::config::net_line(&launch.net)
             ));
         }
         // Granted paths under /tmp stay where they were: each is bound into
