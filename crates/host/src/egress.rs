@@ -22,6 +22,10 @@ use crate::config::NetGrant;
 /// The proxy's port inside every server's namespace (nothing else listens
 /// there).
 pub const PROXY_PORT: u16 = 3128;
+/// Connections one server may have open through the proxy at once: each
+/// costs Moat two descriptors, and a server must not be able to spend all
+/// of Moat's.
+pub const MAX_CONNECTIONS: usize = 256;
 /// The longest request head the proxy reads.
 const MAX_HEAD: usize = 16 * 1024;
 /// How long a client may take to send its request head, and Moat to
@@ -59,14 +63,29 @@ pub fn serve(
     listener.set_nonblocking(true)?;
     let listener = TcpListener::from_std(listener)?;
     let allowed = std::sync::Arc::new(allowed);
+    let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     Ok(tokio::spawn(async move {
         loop {
-            let Ok((client, _)) = listener.accept().await else {
+            let mut client = match listener.accept().await {
+                Ok((client, _)) => client,
+                Err(error) => {
+                    // Out of descriptors, most likely: wait, never spin.
+                    tracing::warn!(%server, %error, "egress accept failed; retrying");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            let Ok(slot) = slots.clone().try_acquire_owned() else {
+                let reason = format!("more than {MAX_CONNECTIONS} connections at once");
+                tokio::spawn(async move {
+                    let _ = refuse(&mut client, "503 Service Unavailable", &reason).await;
+                });
                 continue;
             };
             let allowed = allowed.clone();
             let server = server.clone();
             tokio::spawn(async move {
+                let _slot = slot;
                 if let Err(error) = relay(client, &allowed).await {
                     tracing::debug!(%server, %error, "egress connection ended");
                 }
