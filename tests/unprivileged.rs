@@ -4,7 +4,9 @@
 //! current user otherwise. Under `sandbox = "required"` (which refuses a
 //! launch whose namespaces, Landlock or seccomp cannot be set up) the server
 //! holds no capability, cannot signal a process of the same user, leaves no
-//! process behind, writes to a private /tmp and reaches no host socket.
+//! process behind, writes to a private /tmp and reaches no host socket; a
+//! server with a `net` grant reaches its listed host through Moat's egress
+//! proxy and nothing else.
 #![cfg(target_os = "linux")]
 
 use std::os::unix::fs::PermissionsExt;
@@ -39,7 +41,8 @@ struct Setup {
 }
 
 impl Setup {
-    fn new() -> Self {
+    /// With `probe` granted `net = ["127.0.0.1:PORT"]` for `port`.
+    fn new(port: u16) -> Self {
         let dir = tempfile::tempdir_in("/var/tmp").unwrap();
         let open = |path: &Path, mode: u32| {
             std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap()
@@ -48,6 +51,7 @@ impl Setup {
         for (from, name) in [
             (env!("CARGO_BIN_EXE_moat"), "moat"),
             (guests::BREAKOUT_NATIVE, "breakout"),
+            (guests::PROBE_NATIVE, "probe"),
         ] {
             let to = dir.path().join(name);
             std::fs::copy(from, &to).unwrap();
@@ -56,7 +60,7 @@ impl Setup {
         let config = dir.path().join("moat.toml");
         std::fs::write(
             &config,
-            "[servers.breakout]\ncommand = \"./breakout\"\nallow_unmeasured = true\nsandbox = \"required\"\n\n[servers.breakout.limits]\nclose_grace_ms = 400\n",
+            format!("[servers.breakout]\ncommand = \"./breakout\"\nallow_unmeasured = true\nsandbox = \"required\"\n\n[servers.breakout.limits]\nclose_grace_ms = 400\n\n[servers.probe]\ncommand = \"./probe\"\nallow_unmeasured = true\nsandbox = \"required\"\nnet = [\"127.0.0.1:{port}\"]\n"),
         )
         .unwrap();
         open(&config, 0o644);
@@ -71,12 +75,17 @@ impl Setup {
     /// `moat` has exited (within a bound: it must never wait on what the
     /// server left behind).
     fn attack(&self, arguments: Value) -> Value {
+        self.call("breakout", arguments)
+    }
+
+    /// `moat call SERVER attack ARGUMENTS` as the user.
+    fn call(&self, server: &str, arguments: Value) -> Value {
         let mut child = as_user(
             Command::new(self.path("moat"))
                 .arg("call")
                 .arg("--config")
                 .arg(self.path("moat.toml"))
-                .args(["breakout", "attack", &arguments.to_string()])
+                .args([server, "attack", &arguments.to_string()])
                 .env_clear()
                 .env("MOAT_CACHE_DIR", self.path("cache"))
                 .env("HOME", self.dir.path())
@@ -115,7 +124,32 @@ fn refused(report: &Value, errno: i32, what: &str) {
 
 #[test]
 fn the_native_promises_hold_for_an_unprivileged_moat() {
-    let setup = Setup::new();
+    // A host service on loopback, reachable only through Moat's egress proxy.
+    let service = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = service.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        for mut stream in service.incoming().map_while(Result::ok) {
+            let mut line = [0u8; 16];
+            let _ = stream.read(&mut line);
+            let _ = stream.write_all(b"pong");
+        }
+    });
+    let setup = Setup::new(port);
+    // Egress works unprivileged: the child's loopback and listener are made
+    // in its own user and network namespaces.
+    assert_eq!(
+        setup.call(
+            "probe",
+            json!({"op": "proxy", "addr": format!("127.0.0.1:{port}")})
+        ),
+        json!({"ok": true, "data": "pong"})
+    );
+    let unlisted = format!("127.0.0.1:{}", port.wrapping_add(1));
+    assert_eq!(
+        setup.call("probe", json!({"op": "proxy", "addr": unlisted})),
+        json!({"ok": false, "error": format!("HTTP/1.1 403 Forbidden moat: {unlisted} is not in this server's net grants")})
+    );
 
     let caps = setup.attack(json!({"op": "caps"}));
     for set in ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"] {
