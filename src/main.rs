@@ -718,7 +718,7 @@ async fn gateway_for(
         host = host
             .protect("audit log", audit.to_owned())
             .protect("audit anchor", moat_host::audit::anchor_path(audit))
-            .protect("audit key", audit_key_dir()?);
+            .protect(moat_host::grants::AUDIT_KEY, audit_key_dir()?);
     }
     let pinned = host.is_locked();
     let gateway = moat_host::gateway::Gateway::new(host, config, open_audit(audit)?);

@@ -266,30 +266,9 @@ impl AuditLog {
     pub fn open(path: &Path, key: Key) -> Result<Self, AuditError> {
         let (lines, prev) = match std::fs::metadata(path) {
             Ok(_) => {
-                let verified = verify(path, &key)?;
-                let last =
-                    std::io::BufReader::new(std::fs::File::open(path).map_err(|source| {
-                        AuditError::Io {
-                            path: path.to_owned(),
-                            operation: "open",
-                            source,
-                        }
-                    })?)
-                    .lines()
-                    .last()
-                    .transpose()
-                    .map_err(|source| AuditError::Io {
-                        path: path.to_owned(),
-                        operation: "read",
-                        source,
-                    })?;
-                (
-                    verified.lines,
-                    last.map_or_else(
-                        || GENESIS.to_owned(),
-                        |l| Digest::of(l.as_bytes()).to_string(),
-                    ),
-                )
+                // One read: the check, and the head the chain continues from.
+                let (verified, head) = verify_to_head(path, &key)?;
+                (verified.lines, head)
             }
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => (0, GENESIS.to_owned()),
             Err(source) => {
@@ -370,6 +349,40 @@ impl AuditLog {
 /// Checks the log at `path` with `key`: every line's MAC, the chain, and
 /// the anchor. Names the first line that fails, or what is missing.
 pub fn verify(path: &Path, key: &Key) -> Result<Verified, AuditError> {
+    verify_to_head(path, key).map(|(verified, _)| verified)
+}
+
+/// [`verify`], and the digest of the last line (the next line's `prev`).
+fn verify_to_head(path: &Path, key: &Key) -> Result<(Verified, String), AuditError> {
+    // The anchor is read first so that its head can be picked out on the
+    // way through the log; its errors are reported after the lines', which
+    // name where a log was damaged more precisely.
+    let anchor_file = anchor_path(path);
+    let anchor_error = |detail: String| AuditError::Anchor {
+        path: path.to_owned(),
+        anchor: anchor_file.clone(),
+        detail,
+    };
+    let anchor = std::fs::read_to_string(&anchor_file)
+        .map_err(|e| {
+            anchor_error(format!(
+                "{e}: without it, lines cut from the end cannot be told"
+            ))
+        })
+        .and_then(|text| {
+            serde_json::from_str::<Anchor>(&text)
+                .map_err(|e| anchor_error(format!("not an anchor: {e}")))
+        })
+        .and_then(|anchor| {
+            if anchor.holds(key) {
+                Ok(anchor)
+            } else {
+                Err(anchor_error(
+                    "its MAC does not match (edited, or written without Moat's audit key)".into(),
+                ))
+            }
+        });
+    let anchored_lines = anchor.as_ref().map_or(0, |a| a.lines);
     let file = std::fs::File::open(path).map_err(|source| AuditError::Io {
         path: path.to_owned(),
         operation: "open",
@@ -381,8 +394,9 @@ pub fn verify(path: &Path, key: &Key) -> Result<Verified, AuditError> {
         detail: detail.to_owned(),
     };
     let mut expected = GENESIS.to_owned();
-    // The digest after each line, to compare with the anchor's head.
-    let mut heads = Vec::new();
+    // The digest after the line the anchor names, to compare with its head.
+    let mut anchored_head = (anchored_lines == 0).then(|| GENESIS.to_owned());
+    let mut lines = 0;
     for (index, line) in std::io::BufReader::new(file).lines().enumerate() {
         let line = line.map_err(|source| AuditError::Io {
             path: path.to_owned(),
@@ -419,27 +433,12 @@ pub fn verify(path: &Path, key: &Key) -> Result<Verified, AuditError> {
             });
         }
         expected = Digest::of(line.as_bytes()).to_string();
-        heads.push(expected.clone());
+        lines = number;
+        if number == anchored_lines {
+            anchored_head = Some(expected.clone());
+        }
     }
-    let lines = heads.len();
-    let anchor_file = anchor_path(path);
-    let anchor_error = |detail: String| AuditError::Anchor {
-        path: path.to_owned(),
-        anchor: anchor_file.clone(),
-        detail,
-    };
-    let text = std::fs::read_to_string(&anchor_file).map_err(|e| {
-        anchor_error(format!(
-            "{e}: without it, lines cut from the end cannot be told"
-        ))
-    })?;
-    let anchor: Anchor =
-        serde_json::from_str(&text).map_err(|e| anchor_error(format!("not an anchor: {e}")))?;
-    if !anchor.holds(key) {
-        return Err(anchor_error(
-            "its MAC does not match (edited, or written without Moat's audit key)".into(),
-        ));
-    }
+    let anchor = anchor?;
     if anchor.lines > lines {
         return Err(AuditError::Truncated {
             path: path.to_owned(),
@@ -448,20 +447,19 @@ pub fn verify(path: &Path, key: &Key) -> Result<Verified, AuditError> {
             first_missing: lines + 1,
         });
     }
-    let head = match anchor.lines {
-        0 => GENESIS,
-        n => heads[n - 1].as_str(),
-    };
-    if head != anchor.head {
+    if anchored_head.as_deref() != Some(anchor.head.as_str()) {
         return Err(AuditError::HeadMismatch {
             path: path.to_owned(),
             line: anchor.lines,
         });
     }
-    Ok(Verified {
-        lines,
-        unanchored: lines - anchor.lines,
-    })
+    Ok((
+        Verified {
+            lines,
+            unanchored: lines - anchor.lines,
+        },
+        expected,
+    ))
 }
 
 #[cfg(test)]

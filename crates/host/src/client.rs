@@ -198,7 +198,7 @@ impl Host {
             protected: Vec::new(),
         };
         if let Some(dir) = cache_dir {
-            host = host.protect("compiled-component cache", dir);
+            host = host.protect(crate::grants::CACHE, dir);
         }
         Ok(host)
     }

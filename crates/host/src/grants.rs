@@ -85,10 +85,16 @@ pub struct Protected {
     pub path: PathBuf,
 }
 
+/// The name under which the compiled-component cache (and its key) is
+/// protected.
+pub const CACHE: &str = "compiled-component cache";
+/// The name under which the audit key's directory is protected.
+pub const AUDIT_KEY: &str = "audit key";
+
 impl Protected {
     /// Whether it holds one of Moat's keys (the cache's or the audit log's).
     fn holds_a_key(&self) -> bool {
-        matches!(self.what, "compiled-component cache" | "audit key")
+        self.what == CACHE || self.what == AUDIT_KEY
     }
 }
 

@@ -92,9 +92,7 @@ pub fn toml_string(value: &str) -> String {
             '\\' => out.push_str("\\\\"),
             '\n' => out.push_str("\\n"),
             '\t' => out.push_str("\\t"),
-            c if c.is_control()
-                || matches!(c, '\u{200B}'..='\u{200F}' | '\u{2060}'..='\u{2064}' | '\u{FEFF}' | '\u{00AD}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}') =>
-            {
+            c if crate::lock::is_unsafe_on_terminal(c) => {
                 out.push_str(&format!("\\u{:04X}", c as u32))
             }
             c => out.push(c),

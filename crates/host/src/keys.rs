@@ -92,19 +92,9 @@ pub fn user_key(dir: &Path, name: &str) -> std::io::Result<Key> {
     }
     let path = dir.join(name);
     loop {
-        match read_private(&path) {
-            Ok(bytes) => {
-                return <[u8; KEY_BYTES]>::try_from(bytes.as_slice())
-                    .map(Key)
-                    .map_err(|_| {
-                        std::io::Error::other(format!(
-                            "{} is not a {KEY_BYTES}-byte key",
-                            path.display()
-                        ))
-                    });
-            }
+        match read_key(&path) {
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
-            Err(error) => return Err(error),
+            found => return found,
         }
         let mut key = [0u8; KEY_BYTES];
         getrandom::fill(&mut key).map_err(|e| std::io::Error::other(e.to_string()))?;
@@ -136,8 +126,12 @@ pub fn user_key(dir: &Path, name: &str) -> std::io::Result<Key> {
 /// Reads the key `name` in `dir`, never making one (for checking what was
 /// made with it).
 pub fn existing_key(dir: &Path, name: &str) -> std::io::Result<Key> {
-    let path = dir.join(name);
-    let bytes = read_private(&path)?;
+    read_key(&dir.join(name))
+}
+
+/// The key in the file at `path` (see [`read_private`]).
+fn read_key(path: &Path) -> std::io::Result<Key> {
+    let bytes = read_private(path)?;
     <[u8; KEY_BYTES]>::try_from(bytes.as_slice())
         .map(Key)
         .map_err(|_| {

@@ -265,18 +265,29 @@ pub fn metadata_flags(text: &str) -> Vec<String> {
     {
         flags.push("control-characters".to_owned());
     }
-    if text.chars().any(|c| {
-        matches!(c, '\u{200B}'..='\u{200F}' | '\u{2060}'..='\u{2064}' | '\u{FEFF}' | '\u{00AD}')
-    }) {
+    if text.chars().any(is_zero_width) {
         flags.push("zero-width-characters".to_owned());
     }
-    if text
-        .chars()
-        .any(|c| matches!(c, '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}'))
-    {
+    if text.chars().any(is_bidi_control) {
         flags.push("bidi-controls".to_owned());
     }
     flags
+}
+
+/// Characters that take no space on a terminal.
+fn is_zero_width(c: char) -> bool {
+    matches!(c, '\u{200B}'..='\u{200F}' | '\u{2060}'..='\u{2064}' | '\u{FEFF}' | '\u{00AD}')
+}
+
+/// Characters that change the direction text is shown in.
+fn is_bidi_control(c: char) -> bool {
+    matches!(c, '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
+}
+
+/// Whether `c` must not reach a terminal as it is: a control character
+/// (newlines and tabs included), or an invisible or direction-changing one.
+pub fn is_unsafe_on_terminal(c: char) -> bool {
+    c.is_control() || is_zero_width(c) || is_bidi_control(c)
 }
 
 /// Markers of instructions planted for the model, in lower case
@@ -465,9 +476,7 @@ fn contains_word(text: &str, word: &str) -> bool {
 pub fn printable(text: &str) -> String {
     text.chars()
         .map(|c| {
-            let flagged = c.is_control()
-                || matches!(c, '\u{200B}'..='\u{200F}' | '\u{2060}'..='\u{2064}' | '\u{FEFF}' | '\u{00AD}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}');
-            if flagged {
+            if is_unsafe_on_terminal(c) {
                 c.escape_unicode().to_string()
             } else {
                 c.to_string()

@@ -38,6 +38,24 @@ fn pinned(name: &str, path: &Path, digest: Digest) -> ServerSpec {
     spec
 }
 
+/// A launch of the file at `path`, pinned to `digest`, with nothing granted.
+fn pinned_launch(name: &str, path: &Path, digest: Digest, cwd: PathBuf) -> NativeLaunch {
+    NativeLaunch {
+        name: name.into(),
+        resolved: resolve(path.to_str().unwrap(), Path::new("/"), None).unwrap(),
+        args: Vec::new(),
+        env: Vec::new(),
+        cwd,
+        measure: Vec::new(),
+        expected: Expectation::Pinned(digest),
+        limits: Default::default(),
+        dirs: Vec::new(),
+        net: Vec::new(),
+        sandbox: Default::default(),
+        learn: None,
+    }
+}
+
 fn expect_native_error(result: Result<Session, ClientError>) -> NativeError {
     match result {
         Err(ClientError::Launch(LaunchError::Native(error))) => error,
@@ -122,21 +140,7 @@ async fn replacing_the_file_after_the_check_still_runs_the_measured_bytes() {
     std::fs::copy(guests::REPORT_NATIVE, &swapped).unwrap();
     std::fs::rename(&swapped, &path).unwrap();
 
-    let resolved = resolve(path.to_str().unwrap(), Path::new("/"), None).unwrap();
-    let launch = NativeLaunch {
-        name: "everything".into(),
-        resolved,
-        args: Vec::new(),
-        env: Vec::new(),
-        cwd: std::env::temp_dir(),
-        measure: Vec::new(),
-        expected: Expectation::Pinned(digest),
-        limits: Default::default(),
-        dirs: Vec::new(),
-        net: Vec::new(),
-        sandbox: Default::default(),
-        learn: None,
-    };
+    let launch = pinned_launch("everything", &path, digest, std::env::temp_dir());
     let session = Session::connect(native::transport(launch, executable), Handshake::Auto)
         .await
         .unwrap();
@@ -369,20 +373,7 @@ async fn a_script_runs_its_measured_bytes_through_its_measured_interpreter() {
     // Other bytes under the same name before the exec.
     let swapped = script_server(dir.path(), "swapped.py", &shebang, "swapped");
     std::fs::rename(&swapped, &path).unwrap();
-    let launch = NativeLaunch {
-        name: "script".into(),
-        resolved: resolve(path.to_str().unwrap(), Path::new("/"), None).unwrap(),
-        args: Vec::new(),
-        env: Vec::new(),
-        cwd: dir.path().to_owned(),
-        measure: Vec::new(),
-        expected: Expectation::Pinned(digest),
-        limits: Default::default(),
-        dirs: Vec::new(),
-        net: Vec::new(),
-        sandbox: Default::default(),
-        learn: None,
-    };
+    let launch = pinned_launch("script", &path, digest, dir.path().to_owned());
     let session = Session::connect(native::transport(launch, executable), Handshake::Auto)
         .await
         .unwrap();
