@@ -13,6 +13,7 @@ use moat_host::{Config, Digest, Host, Session};
 
 mod fuzz;
 mod http;
+mod packages;
 mod stdio;
 
 /// Run MCP servers isolated, measured and bounded.
@@ -95,9 +96,51 @@ enum Command {
     },
     /// Turn a Claude Desktop or VS Code MCP config into moat.toml entries
     /// (printed), measuring each command; says what was not carried over.
+    ///
+    /// `npx`/`bunx`/`pnpm dlx`, `uvx`/`pipx run` and `python -m` servers
+    /// are installed once into Moat's package store (npm or pip, no install
+    /// scripts, no source builds) and imported as the installed program.
     Import {
         /// claude_desktop_config.json (`mcpServers`) or .vscode/mcp.json (`servers`).
         file: PathBuf,
+        /// Import package launchers as configured instead of installing
+        /// them (they then fetch code at every launch).
+        #[arg(long)]
+        no_install: bool,
+    },
+    /// Add one server to moat.toml from its command line, as a client
+    /// config would list it: `moat add -- npx -y @modelcontextprotocol/server-memory`.
+    /// Package launchers are installed as `moat import` does.
+    Add {
+        /// The config file (created when missing).
+        #[arg(long, short, env = "MOAT_CONFIG", default_value = "moat.toml")]
+        config: PathBuf,
+        /// The server's name (default: from the package or the command).
+        #[arg(long)]
+        name: Option<String>,
+        /// Add a package launcher as configured instead of installing it.
+        #[arg(long)]
+        no_install: bool,
+        /// The command and its arguments, after `--`.
+        #[arg(last = true, required = true, value_name = "COMMAND")]
+        command: Vec<String>,
+    },
+    /// Install the newest (or --version) release of a server's package,
+    /// show the version and tool-definition diff, and re-pin moat.toml and
+    /// moat.lock only with --yes.
+    Update {
+        /// The config file.
+        #[arg(long, short, env = "MOAT_CONFIG", default_value = "moat.toml")]
+        config: PathBuf,
+        /// The version to move to (default: the newest).
+        #[arg(long)]
+        version: Option<String>,
+        /// Re-pin: rewrite the server's entry in moat.toml and its pins in
+        /// moat.lock.
+        #[arg(long)]
+        yes: bool,
+        /// The server, as named in the config.
+        server: String,
     },
     /// Every server: identity, evidence, limits, capabilities, and its tools
     /// as pinned, drifted or new. Starts each server to measure it.
@@ -289,14 +332,38 @@ async fn run(command: Command) -> Result<ExitCode> {
             yes,
             server,
         } => learn(&config, &server, yes).await,
-        Command::Import { file } => {
-            let imported = moat_host::importer::import(&file, std::env::var_os("PATH").as_deref())?;
+        Command::Import { file, no_install } => {
+            let store = if no_install {
+                None
+            } else {
+                Some(
+                    moat_host::packages::default_store()
+                        .ok_or(moat_host::packages::PackageError::NoStore)?,
+                )
+            };
+            let imported = moat_host::importer::import(
+                &file,
+                std::env::var_os("PATH").as_deref(),
+                store.as_deref(),
+            )?;
             print!("{}", imported.toml);
             for line in &imported.skipped {
                 eprintln!("moat: import: {}", printable(line));
             }
             Ok(ExitCode::SUCCESS)
         }
+        Command::Add {
+            config,
+            name,
+            no_install,
+            command,
+        } => packages::add(&config, name.as_deref(), &command, !no_install),
+        Command::Update {
+            config,
+            version,
+            yes,
+            server,
+        } => packages::update(&config, &server, version.as_deref(), yes).await,
         Command::Audit {
             command: AuditCommand::Verify { file },
         } => {

@@ -198,6 +198,7 @@ pub fn arguments(data: &[u8]) {
         }],
         prompts: Vec::new(),
         resources: Vec::new(),
+        package: None,
     };
     let Ok(pins) = Pins::from_locked(&locked, identity) else {
         return;

@@ -277,6 +277,14 @@ impl Host {
             _ => &[],
         };
         crate::grants::check_protected(&spec.name, &spec.dirs, readable, &self.protected)?;
+        if let Some(package) = spec.package.as_ref().filter(|p| !p.store.is_dir()) {
+            return Err(LaunchError::PackageMissing {
+                server: spec.name.clone(),
+                package: package.name.clone(),
+                version: package.version.clone(),
+                store: package.store.clone(),
+            });
+        }
         match &spec.kind {
             ServerKind::Wasm { path } => {
                 let launch = WasmLaunch::from_spec(spec);
@@ -532,11 +540,25 @@ impl Host {
             evidence: identity.evidence.to_string(),
             sha256: digest,
             identity: execution.to_string(),
-            measured: parts.measured,
+            measured: parts.measured.clone(),
             grants,
             tools: locked_tools,
             prompts,
             resources,
+            package: spec
+                .package
+                .as_ref()
+                .map(|record| crate::lock::LockedPackage {
+                    ecosystem: record.ecosystem.to_string(),
+                    name: record.name.clone(),
+                    version: record.version.clone(),
+                    lockfile_sha256: record.lockfile_sha256.clone(),
+                    sha256: parts
+                        .measured
+                        .get(&record.store.display().to_string())
+                        .cloned()
+                        .unwrap_or_default(),
+                }),
         })
     }
 }

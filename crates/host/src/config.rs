@@ -95,6 +95,9 @@ pub struct ServerSpec {
     pub net: Vec<NetGrant>,
     /// What happens when the kernel cannot enforce a rule.
     pub sandbox: Sandbox,
+    /// For a native server installed by Moat (`moat add`, `moat import`):
+    /// the package, its version and its install in the store.
+    pub package: Option<crate::packages::PackageRecord>,
 }
 
 /// One `[[servers.NAME.dirs]]` grant.
@@ -237,6 +240,7 @@ impl ServerSpec {
             dirs: Vec::new(),
             net: Vec::new(),
             sandbox: Sandbox::default(),
+            package: None,
         }
     }
 
@@ -337,6 +341,7 @@ struct RawServer {
     net: Vec<Spanned<String>>,
     #[serde(default)]
     sandbox: Sandbox,
+    package: Option<Spanned<crate::packages::PackageRecord>>,
 }
 
 #[derive(Deserialize)]
@@ -575,6 +580,18 @@ impl Config {
                     inode: None,
                 });
             }
+            let package = match server.package {
+                None => None,
+                Some(record) if matches!(kind, ServerKind::Native { .. }) => {
+                    Some(record.into_inner())
+                }
+                Some(record) => {
+                    return Err(invalid(
+                        Some(record.span()),
+                        format!("server `{name}`: `package` applies to native `command` servers"),
+                    ));
+                }
+            };
             let mut net = Vec::new();
             for entry in &server.net {
                 net.push(entry.get_ref().parse::<NetGrant>().map_err(|message| {
@@ -602,6 +619,7 @@ impl Config {
                     dirs,
                     net,
                     sandbox: server.sandbox,
+                    package,
                 },
             );
         }

@@ -981,6 +981,7 @@ mod tests {
             tools,
             prompts: Default::default(),
             resources: Default::default(),
+            package: None,
         };
         let mut lock = Lock {
             version: LOCK_VERSION,

@@ -103,8 +103,15 @@ pub fn toml_string(value: &str) -> String {
 }
 
 /// Imports the client config at `path`. Commands are resolved on `path_var`
-/// and hashed; a command that cannot be found is imported unpinned, and said.
-pub fn import(path: &Path, path_var: Option<&std::ffi::OsStr>) -> Result<Imported, ImportError> {
+/// and hashed; a command that cannot be found is imported unpinned, and
+/// said. Package launchers (`npx -y PKG`, `uvx PKG`, ...) are installed into
+/// `store` (see [`crate::packages`]) and imported as the installed program;
+/// with no store they are imported as configured, and said.
+pub fn import(
+    path: &Path,
+    path_var: Option<&std::ffi::OsStr>,
+    store: Option<&Path>,
+) -> Result<Imported, ImportError> {
     let shown = path.display().to_string();
     let text = std::fs::read_to_string(path).map_err(|source| ImportError::Read {
         path: shown.clone(),
@@ -132,7 +139,7 @@ pub fn import(path: &Path, path_var: Option<&std::ffi::OsStr>) -> Result<Importe
         while !used.insert(name.clone()) {
             name = server_name(&format!("{name}-2"));
         }
-        let Some(command) = entry.command.clone() else {
+        if entry.command.is_none() {
             let what = match (&entry.url, entry.kind.as_deref()) {
                 (Some(url), _) => format!("a remote server at {url}"),
                 (None, Some(kind)) => format!("a server of type {kind:?} without a command"),
@@ -142,95 +149,257 @@ pub fn import(path: &Path, path_var: Option<&std::ffi::OsStr>) -> Result<Importe
                 "`{original}`: {what}: not carried over (remote servers are not supported yet)"
             ));
             continue;
-        };
+        }
         if original != name {
             imported
                 .skipped
                 .push(format!("`{original}`: renamed to `{name}`"));
         }
-        let _ = writeln!(imported.toml, "[servers.{name}]");
-        let _ = writeln!(imported.toml, "command = {}", toml_string(&command));
-        match resolve(&command, base, path_var) {
-            Ok(resolved) => match std::fs::read(&resolved.target) {
+        import_entry(
+            &mut imported,
+            &name,
+            &original,
+            &entry,
+            base,
+            path_var,
+            store,
+        );
+    }
+    Ok(imported)
+}
+
+/// One server for `moat add`: `command args` as a client config would list
+/// it, imported like [`import`] does, under `name` (default: derived from
+/// the package or the command).
+pub fn add(
+    name: Option<&str>,
+    command: &str,
+    args: &[String],
+    base: &Path,
+    path_var: Option<&std::ffi::OsStr>,
+    store: Option<&Path>,
+) -> (String, Imported) {
+    let derived = match crate::packages::recognise(command, args) {
+        Some(Ok(request)) => {
+            let last = request.name.rsplit('/').next().unwrap_or(&request.name);
+            let last = last.split('.').next().unwrap_or(last);
+            ["mcp-server-", "server-", "mcp-"]
+                .iter()
+                .find_map(|prefix| last.strip_prefix(prefix))
+                .unwrap_or(last)
+                .to_owned()
+        }
+        _ => command.rsplit('/').next().unwrap_or(command).to_owned(),
+    };
+    let name = server_name(name.unwrap_or(&derived));
+    let entry = Entry {
+        kind: None,
+        command: Some(command.to_owned()),
+        args: args.to_vec(),
+        env: BTreeMap::new(),
+        url: None,
+        cwd: None,
+        env_file: None,
+    };
+    let mut imported = Imported::default();
+    import_entry(&mut imported, &name, &name, &entry, base, path_var, store);
+    (name, imported)
+}
+
+/// The package a launcher entry names, installed into `store`; `None` (and
+/// a note) when it is not a launcher or could not be installed.
+fn install_package(
+    imported: &mut Imported,
+    original: &str,
+    command: &str,
+    args: &[String],
+    path_var: Option<&std::ffi::OsStr>,
+    store: Option<&Path>,
+) -> Option<(crate::packages::Request, crate::packages::Installed)> {
+    let request = match crate::packages::recognise(command, args)? {
+        Ok(request) => request,
+        Err(error) => {
+            imported.skipped.push(format!(
+                "`{original}`: {error}; imported as configured, which fetches and runs other code at launch"
+            ));
+            return None;
+        }
+    };
+    let Some(store) = store else {
+        imported.skipped.push(format!(
+            "`{original}`: `{}` fetches {} at launch and was not installed (no package store); pin the interpreter and add its script to `measure`",
+            request.launcher, request.name
+        ));
+        return None;
+    };
+    match crate::packages::install(store, &request, None, path_var) {
+        Ok(installed) => Some((request, installed)),
+        Err(error) => {
+            imported.skipped.push(format!(
+                "`{original}`: {error}; imported as configured, which fetches and runs other code at launch"
+            ));
+            None
+        }
+    }
+}
+
+/// Writes one `[servers.NAME]` entry for `entry` into `imported`.
+fn import_entry(
+    imported: &mut Imported,
+    name: &str,
+    original: &str,
+    entry: &Entry,
+    base: &Path,
+    path_var: Option<&std::ffi::OsStr>,
+    store: Option<&Path>,
+) {
+    let command = entry.command.clone().unwrap_or_default();
+    let _ = writeln!(imported.toml, "[servers.{name}]");
+    let package = install_package(imported, original, &command, &entry.args, path_var, store);
+    let (args, mut inferred) = match &package {
+        Some((request, installed)) => {
+            let record = &installed.record;
+            let interpreter = installed.interpreter.display().to_string();
+            let _ = writeln!(imported.toml, "command = {}", toml_string(&interpreter));
+            match std::fs::read(&installed.interpreter) {
                 Ok(bytes) => {
-                    let _ = writeln!(
-                        imported.toml,
-                        "sha256 = \"{}\"  # {} at import",
-                        Digest::of(&bytes),
-                        crate::lock::printable(&resolved.target.display().to_string())
-                    );
-                    if looks_like_launcher(&command) {
-                        imported.skipped.push(format!(
-                            "`{original}`: `{command}` fetches and runs other code; pin the interpreter and add its script to `measure`"
-                        ));
-                    }
+                    let _ = writeln!(imported.toml, "sha256 = \"{}\"", Digest::of(&bytes));
                 }
                 Err(error) => {
                     let _ = writeln!(imported.toml, "allow_unmeasured = true");
                     imported.skipped.push(format!(
-                        "`{original}`: could not read {} to pin it ({error}); imported unpinned",
-                        resolved.target.display()
+                        "`{original}`: could not read {interpreter} to pin it ({error}); imported unpinned"
                     ));
                 }
-            },
+            }
+            imported.skipped.push(format!(
+                "`{original}`: installed {} {} ({} `{}`) into {}{}; it runs from there, measured and read-only, and fetches nothing at launch",
+                record.name,
+                record.version,
+                record.ecosystem,
+                record.entry,
+                record.store.display(),
+                if installed.reused { " (already in the store)" } else { "" }
+            ));
+            let mut inferred = infer_grants(&record.name, &request.args, original);
+            inferred.measure.insert(0, record.store.clone());
+            inferred.dirs.insert(0, (record.store.clone(), false));
+            let args: Vec<String> = record
+                .entry_args
+                .iter()
+                .chain(&request.args)
+                .cloned()
+                .collect();
+            (args, inferred)
+        }
+        None => {
+            let _ = writeln!(imported.toml, "command = {}", toml_string(&command));
+            pin_command(imported, original, &command, base, path_var);
+            (
+                entry.args.clone(),
+                infer_grants(&command, &entry.args, original),
+            )
+        }
+    };
+    if !args.is_empty() {
+        let args: Vec<String> = args.iter().map(|a| toml_string(a)).collect();
+        let _ = writeln!(imported.toml, "args = [{}]", args.join(", "));
+    }
+    if let Some(cwd) = &entry.cwd {
+        let _ = writeln!(imported.toml, "cwd = {}", toml_string(cwd));
+    }
+    let (secret, plain): (Vec<_>, Vec<_>) =
+        entry.env.iter().partition(|(name, _)| looks_secret(name));
+    if !plain.is_empty() {
+        let pairs: Vec<String> = plain
+            .iter()
+            .map(|(k, v)| format!("{} = {}", toml_string(k), toml_string(v)))
+            .collect();
+        let _ = writeln!(imported.toml, "env = {{ {} }}", pairs.join(", "));
+    }
+    if !secret.is_empty() {
+        let names: Vec<String> = secret.iter().map(|(k, _)| toml_string(k)).collect();
+        let _ = writeln!(imported.toml, "env_passthrough = [{}]", names.join(", "));
+        for (name, _) in &secret {
+            imported.skipped.push(format!(
+                "`{original}`: env {name} looks like a secret: its value was not copied; it is passed through from Moat's environment, so set it there"
+            ));
+        }
+    }
+    if !inferred.measure.is_empty() {
+        let paths: Vec<String> = inferred
+            .measure
+            .iter()
+            .map(|p| toml_string(&p.display().to_string()))
+            .collect();
+        let _ = writeln!(imported.toml, "measure = [{}]", paths.join(", "));
+    }
+    if let Some((_, installed)) = &package {
+        let record = &installed.record;
+        let entry_args: Vec<String> = record.entry_args.iter().map(|a| toml_string(a)).collect();
+        let _ = writeln!(
+            imported.toml,
+            "[servers.{name}.package]\necosystem = \"{}\"\nname = {}\nversion = {}\nentry = {}\nentry_args = [{}]\nstore = {}\nlockfile_sha256 = \"{}\"",
+            record.ecosystem,
+            toml_string(&record.name),
+            toml_string(&record.version),
+            toml_string(&record.entry),
+            entry_args.join(", "),
+            toml_string(&record.store.display().to_string()),
+            record.lockfile_sha256,
+        );
+    }
+    for (path, write) in &inferred.dirs {
+        let _ = writeln!(
+            imported.toml,
+            "[[servers.{name}.dirs]]\nhost = {}\nmode = \"{}\"",
+            toml_string(&path.display().to_string()),
+            if *write { "rw" } else { "ro" }
+        );
+    }
+    imported.skipped.append(&mut inferred.notes);
+    if let Some(env_file) = &entry.env_file {
+        imported
+            .skipped
+            .push(format!("`{original}`: envFile {env_file:?} not carried over (list the variables in env or env_passthrough)"));
+    }
+    imported.toml.push('\n');
+}
+
+/// Pins `command` as configured: its digest, or `allow_unmeasured` when it
+/// cannot be read, said in `imported`.
+fn pin_command(
+    imported: &mut Imported,
+    original: &str,
+    command: &str,
+    base: &Path,
+    path_var: Option<&std::ffi::OsStr>,
+) {
+    match resolve(command, base, path_var) {
+        Ok(resolved) => match std::fs::read(&resolved.target) {
+            Ok(bytes) => {
+                let _ = writeln!(
+                    imported.toml,
+                    "sha256 = \"{}\"  # {} at import",
+                    Digest::of(&bytes),
+                    crate::lock::printable(&resolved.target.display().to_string())
+                );
+            }
             Err(error) => {
                 let _ = writeln!(imported.toml, "allow_unmeasured = true");
-                imported
-                    .skipped
-                    .push(format!("`{original}`: {error}; imported unpinned"));
-            }
-        }
-        if !entry.args.is_empty() {
-            let args: Vec<String> = entry.args.iter().map(|a| toml_string(a)).collect();
-            let _ = writeln!(imported.toml, "args = [{}]", args.join(", "));
-        }
-        if let Some(cwd) = &entry.cwd {
-            let _ = writeln!(imported.toml, "cwd = {}", toml_string(cwd));
-        }
-        let (secret, plain): (Vec<_>, Vec<_>) =
-            entry.env.iter().partition(|(name, _)| looks_secret(name));
-        if !plain.is_empty() {
-            let pairs: Vec<String> = plain
-                .iter()
-                .map(|(k, v)| format!("{} = {}", toml_string(k), toml_string(v)))
-                .collect();
-            let _ = writeln!(imported.toml, "env = {{ {} }}", pairs.join(", "));
-        }
-        if !secret.is_empty() {
-            let names: Vec<String> = secret.iter().map(|(k, _)| toml_string(k)).collect();
-            let _ = writeln!(imported.toml, "env_passthrough = [{}]", names.join(", "));
-            for (name, _) in &secret {
                 imported.skipped.push(format!(
-                    "`{original}`: env {name} looks like a secret: its value was not copied; it is passed through from Moat's environment, so set it there"
+                    "`{original}`: could not read {} to pin it ({error}); imported unpinned",
+                    resolved.target.display()
                 ));
             }
-        }
-        let inferred = infer_grants(&command, &entry.args, &original);
-        if !inferred.measure.is_empty() {
-            let paths: Vec<String> = inferred
-                .measure
-                .iter()
-                .map(|p| toml_string(&p.display().to_string()))
-                .collect();
-            let _ = writeln!(imported.toml, "measure = [{}]", paths.join(", "));
-        }
-        for (path, write) in &inferred.dirs {
-            let _ = writeln!(
-                imported.toml,
-                "[[servers.{name}.dirs]]\nhost = {}\nmode = \"{}\"",
-                toml_string(&path.display().to_string()),
-                if *write { "rw" } else { "ro" }
-            );
-        }
-        imported.skipped.extend(inferred.notes);
-        if let Some(env_file) = &entry.env_file {
+        },
+        Err(error) => {
+            let _ = writeln!(imported.toml, "allow_unmeasured = true");
             imported
                 .skipped
-                .push(format!("`{original}`: envFile {env_file:?} not carried over (list the variables in env or env_passthrough)"));
+                .push(format!("`{original}`: {error}; imported unpinned"));
         }
-        imported.toml.push('\n');
     }
-    Ok(imported)
 }
 
 /// Whether an environment variable's name says it holds a secret:
@@ -341,11 +510,6 @@ pub fn infer_grants(command: &str, args: &[String], original: &str) -> Inferred 
     inferred
 }
 
-fn looks_like_launcher(command: &str) -> bool {
-    let base = command.rsplit('/').next().unwrap_or(command);
-    matches!(base, "npx" | "uvx" | "pipx" | "bunx" | "docker")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -364,7 +528,7 @@ mod tests {
         )
         .unwrap();
         let path_var = std::env::var_os("PATH");
-        let imported = import(&file, path_var.as_deref()).unwrap();
+        let imported = import(&file, path_var.as_deref(), None).unwrap();
         let parsed = crate::config::Config::parse(&dir.path().join("moat.toml"), &imported.toml)
             .expect("the imported entries are a valid moat.toml");
         let files = parsed.server("files").unwrap();
@@ -420,7 +584,7 @@ mod tests {
         )
         .unwrap();
         std::fs::write(&file, config.to_string()).unwrap();
-        let imported = import(&file, std::env::var_os("PATH").as_deref()).unwrap();
+        let imported = import(&file, std::env::var_os("PATH").as_deref(), None).unwrap();
         assert!(!imported.toml.contains("ghp_secret"), "{}", imported.toml);
         let parsed = crate::config::Config::parse(&dir.path().join("moat.toml"), &imported.toml)
             .unwrap_or_else(|e| panic!("{e}\n{}", imported.toml));
@@ -478,12 +642,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("mcp.json");
         std::fs::write(&file, r#"{"servers": {"a": {"type": "stdio", "command": "sh"}, "b": {"type": "http", "url": "http://127.0.0.1:1/mcp"}}}"#).unwrap();
-        let imported = import(&file, std::env::var_os("PATH").as_deref()).unwrap();
+        let imported = import(&file, std::env::var_os("PATH").as_deref(), None).unwrap();
         assert!(imported.toml.contains("[servers.a]"));
         assert!(!imported.toml.contains("[servers.b]"));
         std::fs::write(&file, "{}").unwrap();
         assert!(matches!(
-            import(&file, None),
+            import(&file, None, None),
             Err(ImportError::Format { .. })
         ));
         assert_eq!(server_name("a__b c"), "a_b-c");

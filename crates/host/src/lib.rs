@@ -26,6 +26,7 @@ pub mod lock;
 pub mod lookup;
 #[cfg(unix)]
 pub mod native;
+pub mod packages;
 pub mod policy;
 pub mod remote;
 #[cfg(target_os = "linux")]
@@ -56,6 +57,15 @@ pub enum LaunchError {
     #[cfg(unix)]
     #[error(transparent)]
     Grant(Box<crate::grants::GrantError>),
+    #[error(
+        "server `{server}`: its package {package} {version} is not installed at {store} (the store was moved or cleaned): run `moat update {server} --version {version} --yes` to install it again", store = store.display()
+    )]
+    PackageMissing {
+        server: String,
+        package: String,
+        version: String,
+        store: std::path::PathBuf,
+    },
     #[error("server `{server}`: native servers are not supported on this platform yet")]
     Unsupported { server: String },
     #[error(transparent)]

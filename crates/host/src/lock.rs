@@ -82,6 +82,23 @@ pub struct LockedServer {
     /// Every resource it listed, by URI: pinned like tools.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub resources: Vec<LockedTool>,
+    /// The package Moat installed it from, if it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub package: Option<LockedPackage>,
+}
+
+/// A package installed by Moat, as locked: what it is, the lockfile it was
+/// installed from, and the digest of the installed tree.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LockedPackage {
+    pub ecosystem: String,
+    pub name: String,
+    pub version: String,
+    /// sha256 of its lockfile (`package-lock.json`, `requirements.txt`).
+    pub lockfile_sha256: String,
+    /// The digest of the installed tree (as `measured` lists it).
+    pub sha256: String,
 }
 
 /// One tool's pinned definition.
@@ -585,6 +602,7 @@ mod tests {
             tools,
             prompts: vec![],
             resources: vec![],
+            package: None,
         };
         let mut lock = Lock {
             version: LOCK_VERSION,
@@ -651,6 +669,7 @@ mod tests {
                     flags: vec![],
                 }],
                 resources: vec![],
+                package: None,
             },
         );
         let dir = tempfile::tempdir().unwrap();

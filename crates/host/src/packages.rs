@@ -1,0 +1,960 @@
+//! Packages installed ahead of time: what `npx -y PKG`, `bunx`, `pnpm dlx`,
+//! `uvx PKG`, `pipx run PKG` and `python -m MOD` would fetch and run at
+//! every launch is instead resolved to an exact version and installed once,
+//! with the ecosystem's own installer (npm, or pip for Python packages),
+//! into Moat's package store. The server then runs as `interpreter + entry
+//! point` from there, with the installed tree measured and granted
+//! read-only, and nothing is fetched at run time.
+//!
+//! The store (`$MOAT_DATA_DIR/store`, else `$XDG_DATA_HOME/moat/store`,
+//! else `~/.local/share/moat/store`) holds one directory per install,
+//! named by the sha256 of its lockfile (`package-lock.json`, or a
+//! `requirements.txt` with every archive's `--hash`): the lockfile pins
+//! every archive's digest, so one name always holds the same bytes. The
+//! tree's own digest is what the server's identity measures.
+//!
+//! Installing never runs package code: npm runs with `--ignore-scripts` and
+//! pip with `--only-binary=:all:` (no source builds), and an install is
+//! built in a temporary directory beside its final place and renamed into
+//! it whole.
+
+use std::ffi::OsStr;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use serde::{Deserialize, Serialize};
+
+use crate::identity::Digest;
+
+/// Why a package could not be recognised, resolved or installed.
+#[derive(Debug, thiserror::Error)]
+pub enum PackageError {
+    #[error("`{launcher}`: {detail}")]
+    Arguments { launcher: String, detail: String },
+    #[error("installing {package}: `{program}` could not be run: {source}")]
+    Spawn {
+        package: String,
+        program: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("installing {package}: `{command}` failed ({status}){output}")]
+    Installer {
+        package: String,
+        command: String,
+        status: String,
+        output: String,
+    },
+    #[error("installing {package}: {path}: {source}")]
+    Io {
+        package: String,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("installing {package}: {detail}")]
+    Layout { package: String, detail: String },
+    #[error("no package store: set MOAT_DATA_DIR, XDG_DATA_HOME or HOME")]
+    NoStore,
+}
+
+/// The ecosystem a package comes from, which says how it is installed and
+/// run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Ecosystem {
+    /// npm packages, installed with npm, run by node.
+    Npm,
+    /// Python distributions, installed with pip, run by python3.
+    Python,
+}
+
+impl Ecosystem {
+    /// The lockfile's name in an install.
+    pub fn lockfile(self) -> &'static str {
+        match self {
+            Self::Npm => "package-lock.json",
+            Self::Python => "requirements.txt",
+        }
+    }
+
+    fn interpreter(self) -> &'static str {
+        match self {
+            Self::Npm => "node",
+            Self::Python => "python3",
+        }
+    }
+}
+
+impl std::fmt::Display for Ecosystem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Npm => "npm",
+            Self::Python => "python",
+        })
+    }
+}
+
+/// A server's `package` record in moat.toml: what was installed, from what
+/// request, and where.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PackageRecord {
+    pub ecosystem: Ecosystem,
+    /// The package (npm name or Python distribution).
+    pub name: String,
+    /// The exact version installed.
+    pub version: String,
+    /// The program run: an npm `bin` name, a console script, or `-m MOD`.
+    pub entry: String,
+    /// The leading arguments that start the entry point; the server's own
+    /// arguments follow them in `args`.
+    pub entry_args: Vec<String>,
+    /// The install in the store.
+    pub store: PathBuf,
+    /// The sha256 of its lockfile (inside `store`).
+    pub lockfile_sha256: String,
+}
+
+/// A launcher command recognised in a client config.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Request {
+    pub ecosystem: Ecosystem,
+    /// The package, without a version.
+    pub name: String,
+    /// The version asked for, if any (exact or a range, the ecosystem's
+    /// syntax).
+    pub version: Option<String>,
+    /// What to run from it: an npm `bin` or console script name (`None`:
+    /// the package's only one, or the one named like it), or a module.
+    pub entry: Entry,
+    /// The server's own arguments.
+    pub args: Vec<String>,
+    /// The launcher as configured (`npx`, `uvx`, ...), for messages.
+    pub launcher: String,
+}
+
+/// What a request runs from its package.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Entry {
+    /// An npm `bin` or a console script; `None` picks the package's own.
+    Program(Option<String>),
+    /// `python -m MODULE`.
+    Module(String),
+}
+
+fn arguments(launcher: &str, detail: impl Into<String>) -> PackageError {
+    PackageError::Arguments {
+        launcher: launcher.to_owned(),
+        detail: detail.into(),
+    }
+}
+
+/// Recognises `command args` as a package launcher: `npx`, `bunx`,
+/// `pnpm dlx`, `uvx`, `pipx run` or `python -m` (any path to them).
+/// `None` for any other command.
+pub fn recognise(command: &str, args: &[String]) -> Option<Result<Request, PackageError>> {
+    let base = command.rsplit('/').next().unwrap_or(command);
+    let python = base == "python" || base == "python3" || base.starts_with("python3.");
+    let (ecosystem, rest) = match base {
+        "npx" | "bunx" => (Ecosystem::Npm, args),
+        "pnpm" if args.first().map(String::as_str) == Some("dlx") => (Ecosystem::Npm, &args[1..]),
+        "uvx" => (Ecosystem::Python, args),
+        "pipx" if args.first().map(String::as_str) == Some("run") => {
+            (Ecosystem::Python, &args[1..])
+        }
+        _ if python && args.first().map(String::as_str) == Some("-m") => {
+            return Some(python_module(base, &args[1..]));
+        }
+        _ => return None,
+    };
+    let launcher = if rest.len() < args.len() {
+        format!("{base} {}", args[0])
+    } else {
+        base.to_owned()
+    };
+    Some(launcher_request(ecosystem, &launcher, rest))
+}
+
+fn python_module(base: &str, args: &[String]) -> Result<Request, PackageError> {
+    let launcher = format!("{base} -m");
+    let module = args
+        .first()
+        .filter(|m| {
+            !m.is_empty()
+                && m.chars()
+                    .all(|c| c.is_alphanumeric() || c == '_' || c == '.')
+        })
+        .ok_or_else(|| arguments(&launcher, "expected a module name after -m"))?;
+    Ok(Request {
+        ecosystem: Ecosystem::Python,
+        name: module.split('.').next().unwrap_or(module).replace('_', "-"),
+        version: None,
+        entry: Entry::Module(module.clone()),
+        args: args[1..].to_vec(),
+        launcher,
+    })
+}
+
+fn launcher_request(
+    ecosystem: Ecosystem,
+    launcher: &str,
+    args: &[String],
+) -> Result<Request, PackageError> {
+    // Flags that take no value and change nothing Moat does.
+    const QUIET: &[&str] = &["-y", "--yes", "-q", "--quiet", "--bun", "--silent"];
+    let mut from: Option<String> = None;
+    let mut index = 0;
+    while let Some(arg) = args.get(index) {
+        index += 1;
+        if arg == "--" {
+            break;
+        }
+        if !arg.starts_with('-') {
+            index -= 1;
+            break;
+        }
+        if QUIET.contains(&arg.as_str()) {
+            continue;
+        }
+        let (flag, inline) = match arg.split_once('=') {
+            Some((flag, value)) => (flag, Some(value.to_owned())),
+            None => (arg.as_str(), None),
+        };
+        let takes_package = match ecosystem {
+            Ecosystem::Npm => matches!(flag, "-p" | "--package"),
+            Ecosystem::Python => matches!(flag, "--from" | "--spec"),
+        };
+        if !takes_package {
+            return Err(arguments(
+                launcher,
+                format!(
+                    "option {arg} is not understood by Moat's import; run the package's program directly"
+                ),
+            ));
+        }
+        let value = match inline {
+            Some(value) => value,
+            None => {
+                index += 1;
+                args.get(index - 1)
+                    .cloned()
+                    .ok_or_else(|| arguments(launcher, format!("{flag} needs a package")))?
+            }
+        };
+        if from.replace(value).is_some() {
+            return Err(arguments(launcher, "more than one package is named"));
+        }
+    }
+    let positional = args.get(index).cloned();
+    let rest = args.get(index + 1..).unwrap_or_default().to_vec();
+    let (spec, entry) = match (from, positional) {
+        (Some(package), Some(program)) => (package, Some(program)),
+        (None, Some(package)) => (package, None),
+        (_, None) => return Err(arguments(launcher, "no package is named")),
+    };
+    let (name, version) = split_spec(ecosystem, &spec);
+    if name.is_empty()
+        || name.starts_with('.')
+        || name.contains(['/', '\\']) && !name.starts_with('@')
+    {
+        return Err(arguments(
+            launcher,
+            format!(
+                "{spec:?} is not a registry package name (paths, URLs and git sources are not installed by Moat)"
+            ),
+        ));
+    }
+    let entry = match (ecosystem, entry) {
+        (_, Some(program)) => Some(program),
+        // uvx and pipx run the console script named like the package.
+        (Ecosystem::Python, None) => Some(name.clone()),
+        (Ecosystem::Npm, None) => None,
+    };
+    Ok(Request {
+        ecosystem,
+        name,
+        version,
+        entry: Entry::Program(entry),
+        args: rest,
+        launcher: launcher.to_owned(),
+    })
+}
+
+/// `name@version` (npm; a scope's `@` is not a separator), or for Python
+/// `name@version`, `name==version` and other PEP 440 specifiers.
+fn split_spec(ecosystem: Ecosystem, spec: &str) -> (String, Option<String>) {
+    let at = match ecosystem {
+        Ecosystem::Npm => spec.get(1..).and_then(|s| s.find('@')).map(|i| i + 1),
+        Ecosystem::Python => spec.find('@'),
+    };
+    if let Some(at) = at {
+        let version = &spec[at + 1..];
+        return (
+            spec[..at].to_owned(),
+            (!version.is_empty() && version != "latest").then(|| version.to_owned()),
+        );
+    }
+    if ecosystem == Ecosystem::Python
+        && let Some(i) = spec.find(['=', '<', '>', '~', '!'])
+    {
+        return (
+            spec[..i].trim().to_owned(),
+            Some(spec[i..].trim().to_owned()),
+        );
+    }
+    (spec.to_owned(), None)
+}
+
+/// The default package store: `$MOAT_DATA_DIR/store`, else
+/// `$XDG_DATA_HOME/moat/store`, else `$HOME/.local/share/moat/store`.
+pub fn default_store() -> Option<PathBuf> {
+    let set = |name| std::env::var_os(name).filter(|v| !v.is_empty());
+    let data = set("MOAT_DATA_DIR")
+        .map(PathBuf::from)
+        .or_else(|| set("XDG_DATA_HOME").map(|d| PathBuf::from(d).join("moat")))
+        .or_else(|| set("HOME").map(|h| PathBuf::from(h).join(".local/share/moat")))?;
+    Some(data.join("store"))
+}
+
+/// One install, ready to run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Installed {
+    pub record: PackageRecord,
+    /// The interpreter that runs it (every link resolved).
+    pub interpreter: PathBuf,
+    /// Whether the store already held this exact install.
+    pub reused: bool,
+}
+
+/// Resolves `request` (at `version` when given, else at what it asks for,
+/// else the newest) and installs it into `store`, with the ecosystem's
+/// installer found on `path_var`. Progress goes to stderr.
+pub fn install(
+    store: &Path,
+    request: &Request,
+    version: Option<&str>,
+    path_var: Option<&OsStr>,
+) -> Result<Installed, PackageError> {
+    let package = format!("{} package {}", request.ecosystem, request.name);
+    let io = |path: &Path| {
+        let package = package.clone();
+        let path = path.to_owned();
+        move |source| PackageError::Io {
+            package,
+            path,
+            source,
+        }
+    };
+    std::fs::create_dir_all(store).map_err(io(store))?;
+    let interpreter = interpreter(request.ecosystem, &package, path_var)?;
+    let scratch = tempfile::Builder::new()
+        .prefix(".install-")
+        .tempdir_in(store)
+        .map_err(io(store))?;
+    let tmp = scratch.path();
+    let version = version.or(request.version.as_deref());
+    eprintln!(
+        "moat: installing {package}{} with {} (once, into {})",
+        version.map(|v| format!(" {v}")).unwrap_or_default(),
+        match request.ecosystem {
+            Ecosystem::Npm => "npm",
+            Ecosystem::Python => "pip",
+        },
+        store.display()
+    );
+    let (exact, entry, entry_args_in) = match request.ecosystem {
+        Ecosystem::Npm => install_npm(tmp, request, version, path_var, &package)?,
+        Ecosystem::Python => install_python(tmp, request, version, &interpreter, &package)?,
+    };
+    let lockfile = tmp.join(request.ecosystem.lockfile());
+    let bytes = std::fs::read(&lockfile).map_err(io(&lockfile))?;
+    let lock_digest = Digest::of(&bytes);
+    let hex = lock_digest.to_string();
+    let hex = hex.strip_prefix("sha256:").unwrap_or(&hex);
+    let dir = store.join(format!("{}-{}", request.ecosystem, &hex[..32]));
+    let reused = dir.is_dir();
+    if !reused {
+        match std::fs::rename(tmp, &dir) {
+            Ok(()) => {}
+            // Another install of the same lockfile won the race: same bytes.
+            Err(_) if dir.is_dir() => {}
+            Err(source) => return Err(io(&dir)(source)),
+        }
+    }
+    let entry_args = entry_args_in
+        .iter()
+        .map(|rel| dir.join(rel).display().to_string())
+        .collect::<Vec<_>>();
+    let entry_args = match request.ecosystem {
+        Ecosystem::Npm => entry_args,
+        Ecosystem::Python => std::iter::once("-I".to_owned()).chain(entry_args).collect(),
+    };
+    Ok(Installed {
+        record: PackageRecord {
+            ecosystem: request.ecosystem,
+            name: request.name.clone(),
+            version: exact,
+            entry,
+            entry_args,
+            store: dir,
+            lockfile_sha256: hex_of(&lock_digest),
+        },
+        interpreter,
+        reused,
+    })
+}
+
+fn hex_of(digest: &Digest) -> String {
+    let text = digest.to_string();
+    text.strip_prefix("sha256:").unwrap_or(&text).to_owned()
+}
+
+/// The interpreter that runs an ecosystem's packages, found on `path_var`
+/// with every link resolved. A Python found through a shim (pyenv, asdf) is
+/// asked for its real executable.
+fn interpreter(
+    ecosystem: Ecosystem,
+    package: &str,
+    path_var: Option<&OsStr>,
+) -> Result<PathBuf, PackageError> {
+    let name = ecosystem.interpreter();
+    let found = crate::command::resolve(name, Path::new("/"), path_var).map_err(|error| {
+        PackageError::Layout {
+            package: package.to_owned(),
+            detail: format!("its interpreter: {error}"),
+        }
+    })?;
+    if ecosystem == Ecosystem::Npm {
+        return Ok(found.target);
+    }
+    let output = Command::new(&found.target)
+        .args(["-I", "-c", "import sys; print(sys.executable)"])
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|source| PackageError::Spawn {
+            package: package.to_owned(),
+            program: found.target.display().to_string(),
+            source,
+        })?;
+    let real = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+    if !output.status.success() || real.is_empty() {
+        return Err(PackageError::Layout {
+            package: package.to_owned(),
+            detail: format!("{} did not name its executable", found.target.display()),
+        });
+    }
+    std::fs::canonicalize(&real).map_err(|source| PackageError::Io {
+        package: package.to_owned(),
+        path: real.into(),
+        source,
+    })
+}
+
+fn run(package: &str, command: &mut Command) -> Result<(), PackageError> {
+    let shown = format!("{command:?}").replace('"', "");
+    let output = command
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|source| PackageError::Spawn {
+            package: package.to_owned(),
+            program: command.get_program().to_string_lossy().into_owned(),
+            source,
+        })?;
+    if output.status.success() {
+        return Ok(());
+    }
+    let mut text = String::from_utf8_lossy(&output.stderr).into_owned();
+    text.push_str(&String::from_utf8_lossy(&output.stdout));
+    let tail: Vec<&str> = text.lines().rev().take(12).collect();
+    let mut shown_output = String::new();
+    for line in tail.iter().rev() {
+        let _ = write!(shown_output, "\n  {}", crate::lock::printable(line));
+    }
+    Err(PackageError::Installer {
+        package: package.to_owned(),
+        command: shown,
+        status: output.status.to_string(),
+        output: shown_output,
+    })
+}
+
+/// npm: a private package.json of Moat's (so the lockfile does not name
+/// the temporary directory), `npm install --save-exact --ignore-scripts`,
+/// then the installed version and `bin` read from the package.
+fn install_npm(
+    tmp: &Path,
+    request: &Request,
+    version: Option<&str>,
+    path_var: Option<&OsStr>,
+    package: &str,
+) -> Result<(String, String, Vec<PathBuf>), PackageError> {
+    let layout = |detail: String| PackageError::Layout {
+        package: package.to_owned(),
+        detail,
+    };
+    let npm = crate::command::resolve("npm", Path::new("/"), path_var)
+        .map_err(|error| layout(format!("the installer: {error}")))?;
+    let manifest = tmp.join("package.json");
+    std::fs::write(
+        &manifest,
+        "{\"name\": \"moat-package\", \"private\": true}\n",
+    )
+    .map_err(|source| PackageError::Io {
+        package: package.to_owned(),
+        path: manifest.clone(),
+        source,
+    })?;
+    let spec = match version {
+        Some(version) => format!("{}@{version}", request.name),
+        None => request.name.clone(),
+    };
+    let mut command = Command::new(&npm.found);
+    command
+        .args([
+            "install",
+            "--save-exact",
+            "--ignore-scripts",
+            "--no-audit",
+            "--no-fund",
+        ])
+        .args(["--loglevel=error", "--no-update-notifier", "--prefix"])
+        .arg(tmp)
+        .arg("--")
+        .arg(&spec);
+    if let Some(path) = path_var {
+        command.env("PATH", path);
+    }
+    run(package, &mut command)?;
+    let root = tmp.join("node_modules").join(&request.name);
+    let meta_path = root.join("package.json");
+    let meta: serde_json::Value = std::fs::read(&meta_path)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .ok_or_else(|| layout(format!("{} is missing or not JSON", meta_path.display())))?;
+    let exact = meta["version"]
+        .as_str()
+        .ok_or_else(|| layout("its package.json has no version".into()))?
+        .to_owned();
+    let unscoped = request.name.rsplit('/').next().unwrap_or(&request.name);
+    let wanted = match &request.entry {
+        Entry::Program(program) => program.clone(),
+        Entry::Module(_) => None,
+    };
+    let (bin, script) = match &meta["bin"] {
+        serde_json::Value::String(script) => (unscoped.to_owned(), script.clone()),
+        serde_json::Value::Object(bins) => {
+            let names: Vec<&String> = bins.keys().collect();
+            let pick = match &wanted {
+                Some(want) => bins.get_key_value(want.as_str()),
+                None if bins.len() == 1 => bins.iter().next(),
+                None => bins.get_key_value(unscoped),
+            };
+            match pick {
+                Some((name, serde_json::Value::String(script))) => (name.clone(), script.clone()),
+                _ => {
+                    return Err(layout(format!(
+                        "{exact} has no program {} among its bins {names:?}",
+                        wanted.as_deref().unwrap_or(unscoped)
+                    )));
+                }
+            }
+        }
+        _ => return Err(layout(format!("{exact} declares no `bin` to run"))),
+    };
+    let relative = Path::new("node_modules").join(&request.name).join(&script);
+    let normal = relative.components().all(|c| {
+        matches!(
+            c,
+            std::path::Component::Normal(_) | std::path::Component::CurDir
+        )
+    });
+    if !normal || !tmp.join(&relative).is_file() {
+        return Err(layout(format!(
+            "bin `{bin}` names {script:?}, which is not a file inside the package"
+        )));
+    }
+    Ok((exact, bin, vec![relative]))
+}
+
+/// pip: `pip install --target site --report` (wheels only), a
+/// `requirements.txt` with every archive's hash written from the report,
+/// and `moat-entry.py`, which puts `site` first on sys.path and calls the
+/// console script's function (or runs the module).
+fn install_python(
+    tmp: &Path,
+    request: &Request,
+    version: Option<&str>,
+    interpreter: &Path,
+    package: &str,
+) -> Result<(String, String, Vec<PathBuf>), PackageError> {
+    let layout = |detail: String| PackageError::Layout {
+        package: package.to_owned(),
+        detail,
+    };
+    let io = |path: &Path| {
+        let path = path.to_owned();
+        move |source| PackageError::Io {
+            package: package.to_owned(),
+            path,
+            source,
+        }
+    };
+    let requirement = match version {
+        Some(v) if v.starts_with(['=', '<', '>', '~', '!']) => format!("{}{v}", request.name),
+        Some(v) => format!("{}=={v}", request.name),
+        None => request.name.clone(),
+    };
+    let report = tmp.join("report.json");
+    let mut command = Command::new(interpreter);
+    command
+        .args([
+            "-I",
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+        ])
+        .args([
+            "--no-input",
+            "--no-compile",
+            "--only-binary=:all:",
+            "--target",
+        ])
+        .arg(tmp.join("site"))
+        .arg("--report")
+        .arg(&report)
+        .arg(&requirement);
+    run(package, &mut command)?;
+    let parsed: serde_json::Value = std::fs::read(&report)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .ok_or_else(|| layout("pip wrote no readable --report".into()))?;
+    let _ = std::fs::remove_file(&report);
+    let mut lines = Vec::new();
+    let mut exact = None;
+    let normal = |n: &str| n.to_ascii_lowercase().replace(['_', '.'], "-");
+    for item in parsed["install"].as_array().into_iter().flatten() {
+        let name = item["metadata"]["name"].as_str().unwrap_or_default();
+        let ver = item["metadata"]["version"].as_str().unwrap_or_default();
+        let hash = item["download_info"]["archive_info"]["hashes"]["sha256"]
+            .as_str()
+            .ok_or_else(|| layout(format!("{name} {ver} came without an archive sha256")))?;
+        lines.push(format!("{name}=={ver} --hash=sha256:{hash}"));
+        if normal(name) == normal(&request.name) {
+            exact = Some(ver.to_owned());
+        }
+    }
+    let exact = exact.ok_or_else(|| layout(format!("pip did not install {}", request.name)))?;
+    lines.sort();
+    let lockfile = tmp.join("requirements.txt");
+    std::fs::write(&lockfile, lines.join("\n") + "\n").map_err(io(&lockfile))?;
+    let (entry, body) = match &request.entry {
+        Entry::Module(module) => (
+            format!("-m {module}"),
+            format!(
+                "import runpy\nrunpy.run_module({}, run_name=\"__main__\", alter_sys=True)\n",
+                serde_json::Value::from(module.as_str())
+            ),
+        ),
+        Entry::Program(program) => {
+            let scripts = console_scripts(&tmp.join("site"), &request.name);
+            let want = program.clone().unwrap_or_else(|| request.name.clone());
+            let target = scripts
+                .iter()
+                .find(|(name, _)| *name == want)
+                .or_else(|| (program.is_none() && scripts.len() == 1).then(|| &scripts[0]))
+                .ok_or_else(|| {
+                    let names: Vec<&str> = scripts.iter().map(|(n, _)| n.as_str()).collect();
+                    layout(format!(
+                        "{exact} has no console script `{want}` (it has {names:?})"
+                    ))
+                })?;
+            let (module, attr) = target.1.split_once(':').unwrap_or((&target.1, ""));
+            let attr = attr.split('[').next().unwrap_or("").trim();
+            (
+                target.0.clone(),
+                format!(
+                    "import importlib\nsys.argv[0] = {}\ntarget = importlib.import_module({})\nfor part in {}.split('.'):\n    if part:\n        target = getattr(target, part)\nsys.exit(target())\n",
+                    serde_json::Value::from(target.0.as_str()),
+                    serde_json::Value::from(module.trim()),
+                    serde_json::Value::from(attr),
+                ),
+            )
+        }
+    };
+    let script = tmp.join("moat-entry.py");
+    let text = format!(
+        "# Written by Moat: runs {entry} of {} {exact} from site/ beside this file.\nimport os, sys\nsys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), \"site\"))\n{body}",
+        request.name
+    );
+    std::fs::write(&script, text).map_err(io(&script))?;
+    Ok((exact, entry, vec![PathBuf::from("moat-entry.py")]))
+}
+
+/// The `[console_scripts]` of distribution `name` installed under `site`,
+/// as (script, `module:attr`).
+fn console_scripts(site: &Path, name: &str) -> Vec<(String, String)> {
+    let normal = |n: &str| n.to_ascii_lowercase().replace(['-', '.'], "_");
+    let Ok(entries) = std::fs::read_dir(site) else {
+        return Vec::new();
+    };
+    for entry in entries.flatten() {
+        let file = entry.file_name().to_string_lossy().into_owned();
+        let Some(stem) = file.strip_suffix(".dist-info") else {
+            continue;
+        };
+        let dist = stem.rsplit_once('-').map_or(stem, |(d, _)| d);
+        if normal(dist) != normal(name) {
+            continue;
+        }
+        let text =
+            std::fs::read_to_string(entry.path().join("entry_points.txt")).unwrap_or_default();
+        let mut in_scripts = false;
+        let mut out = Vec::new();
+        for line in text.lines().map(str::trim) {
+            if line.starts_with('[') {
+                in_scripts = line == "[console_scripts]";
+            } else if let (true, Some((script, target))) = (in_scripts, line.split_once('=')) {
+                out.push((script.trim().to_owned(), target.trim().to_owned()));
+            }
+        }
+        return out;
+    }
+    Vec::new()
+}
+
+impl PackageRecord {
+    /// The request that installs this package again (at another version).
+    pub fn request(&self) -> Request {
+        Request {
+            ecosystem: self.ecosystem,
+            name: self.name.clone(),
+            version: None,
+            entry: match self.entry.strip_prefix("-m ") {
+                Some(module) => Entry::Module(module.to_owned()),
+                None => Entry::Program(Some(self.entry.clone())),
+            },
+            args: Vec::new(),
+            launcher: format!("{} package {}", self.ecosystem, self.name),
+        }
+    }
+}
+
+/// Why a server entry could not be moved to a new install.
+#[derive(Debug, thiserror::Error)]
+pub enum RepinError {
+    #[error("{path}: {detail}")]
+    Config { path: PathBuf, detail: String },
+}
+
+/// `spec` moved from its install `old` to `new`: the interpreter, the entry
+/// arguments, the measured path and the read-only grant of the store.
+pub fn respec(
+    spec: &crate::config::ServerSpec,
+    new: &Installed,
+) -> Option<crate::config::ServerSpec> {
+    let old = spec.package.as_ref()?;
+    let mut spec = spec.clone();
+    if !spec.args.starts_with(&old.entry_args) {
+        return None;
+    }
+    spec.args.splice(
+        ..old.entry_args.len(),
+        new.record.entry_args.iter().cloned(),
+    );
+    if let crate::config::ServerKind::Native {
+        command, measure, ..
+    } = &mut spec.kind
+    {
+        *command = new.interpreter.display().to_string();
+        for path in measure.iter_mut().filter(|p| **p == old.store) {
+            *path = new.record.store.clone();
+        }
+    }
+    for dir in spec.dirs.iter_mut().filter(|d| d.host == old.store) {
+        dir.host = new.record.store.clone();
+        dir.inode = None;
+    }
+    spec.sha256 = std::fs::read(&new.interpreter).ok().map(|b| Digest::of(&b));
+    spec.package = Some(new.record.clone());
+    Some(spec)
+}
+
+/// The text of moat.toml (at `path`) with server `name` moved to the new
+/// install, as [`respec`] moves its spec; comments and the other entries
+/// are kept as they were.
+pub fn repin_config(
+    path: &Path,
+    text: &str,
+    name: &str,
+    new: &crate::config::ServerSpec,
+) -> Result<String, RepinError> {
+    use toml_edit::{Array, DocumentMut, Item, value};
+    let fail = |detail: String| RepinError::Config {
+        path: path.to_owned(),
+        detail,
+    };
+    let mut doc: DocumentMut = text.parse().map_err(|e| fail(format!("{e}")))?;
+    let record = new
+        .package
+        .as_ref()
+        .ok_or_else(|| fail(format!("server `{name}` has no package")))?;
+    let server = doc
+        .get_mut("servers")
+        .and_then(|s| s.get_mut(name))
+        .and_then(Item::as_table_like_mut)
+        .ok_or_else(|| fail(format!("no [servers.{name}] table")))?;
+    let strings = |items: &mut dyn Iterator<Item = String>| -> Array { items.collect() };
+    if let crate::config::ServerKind::Native {
+        command, measure, ..
+    } = &new.kind
+    {
+        server.insert("command", value(command.as_str()));
+        server.insert(
+            "measure",
+            value(strings(
+                &mut measure.iter().map(|p| p.display().to_string()),
+            )),
+        );
+    }
+    if let Some(sha256) = new.sha256 {
+        server.insert("sha256", value(sha256.to_string()));
+    }
+    server.insert("args", value(strings(&mut new.args.iter().cloned())));
+    let mut table = toml_edit::Table::new();
+    table.insert("ecosystem", value(record.ecosystem.to_string()));
+    table.insert("name", value(record.name.as_str()));
+    table.insert("version", value(record.version.as_str()));
+    table.insert("entry", value(record.entry.as_str()));
+    table.insert(
+        "entry_args",
+        value(strings(&mut record.entry_args.iter().cloned())),
+    );
+    table.insert("store", value(record.store.display().to_string()));
+    table.insert("lockfile_sha256", value(record.lockfile_sha256.as_str()));
+    server.insert("package", Item::Table(table));
+    if let Some(dirs) = server
+        .get_mut("dirs")
+        .and_then(Item::as_array_of_tables_mut)
+    {
+        for (dir, spec) in dirs.iter_mut().zip(&new.dirs) {
+            dir.insert("host", value(spec.host.display().to_string()));
+        }
+    }
+    let out = doc.to_string();
+    crate::config::Config::parse(path, &out).map_err(|e| fail(format!("{e}")))?;
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn strings(items: &[&str]) -> Vec<String> {
+        items.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    #[test]
+    fn launchers_are_recognised() {
+        let r = recognise(
+            "npx",
+            &strings(&["-y", "@modelcontextprotocol/server-filesystem", "/p", "-x"]),
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(r.ecosystem, Ecosystem::Npm);
+        assert_eq!(r.name, "@modelcontextprotocol/server-filesystem");
+        assert_eq!(r.version, None);
+        assert_eq!(r.entry, Entry::Program(None));
+        assert_eq!(r.args, ["/p", "-x"]);
+
+        let r = recognise("/usr/bin/npx", &strings(&["--yes", "@a/b@1.2.3"]))
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (r.name.as_str(), r.version.as_deref()),
+            ("@a/b", Some("1.2.3"))
+        );
+        let r = recognise("pnpm", &strings(&["dlx", "-p", "pkg@2", "tool", "a"]))
+            .unwrap()
+            .unwrap();
+        assert_eq!(r.entry, Entry::Program(Some("tool".into())));
+        assert_eq!((r.name.as_str(), r.version.as_deref()), ("pkg", Some("2")));
+        assert_eq!(r.launcher, "pnpm dlx");
+
+        let r = recognise("uvx", &strings(&["mcp-server-git", "--repository", "/r"]))
+            .unwrap()
+            .unwrap();
+        assert_eq!(r.ecosystem, Ecosystem::Python);
+        assert_eq!(r.entry, Entry::Program(Some("mcp-server-git".into())));
+        assert_eq!(r.args, ["--repository", "/r"]);
+        let r = recognise("uvx", &strings(&["--from", "x==1.0", "x-cli"]))
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (r.name.as_str(), r.version.as_deref()),
+            ("x", Some("==1.0"))
+        );
+        let r = recognise("uvx", &strings(&["mcp-server-time@2026.10.19"]))
+            .unwrap()
+            .unwrap();
+        assert_eq!(r.version.as_deref(), Some("2026.10.19"));
+        let r = recognise("pipx", &strings(&["run", "mcp-server-fetch"]))
+            .unwrap()
+            .unwrap();
+        assert_eq!(r.name, "mcp-server-fetch");
+        let r = recognise(
+            "python3",
+            &strings(&["-m", "mcp_server_time", "--tz", "UTC"]),
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(r.entry, Entry::Module("mcp_server_time".into()));
+        assert_eq!(r.name, "mcp-server-time");
+        assert_eq!(r.args, ["--tz", "UTC"]);
+
+        assert!(recognise("node", &strings(&["x.js"])).is_none());
+        assert!(recognise("pipx", &strings(&["install", "x"])).is_none());
+        for (command, args, detail) in [
+            ("npx", &["-y"][..], "no package is named"),
+            (
+                "npx",
+                &["--registry", "r", "x"][..],
+                "option --registry is not understood",
+            ),
+            ("uvx", &["./local"][..], "is not a registry package name"),
+            (
+                "npx",
+                &["-p", "a", "-p", "b", "c"][..],
+                "more than one package",
+            ),
+            ("python3", &["-m", "os;x"][..], "expected a module name"),
+        ] {
+            let error = recognise(command, &strings(args))
+                .unwrap()
+                .unwrap_err()
+                .to_string();
+            assert!(error.contains(detail), "{command} {args:?}: {error}");
+        }
+    }
+
+    #[test]
+    fn console_scripts_are_read_from_the_distribution() {
+        let dir = tempfile::tempdir().unwrap();
+        let info = dir.path().join("My_Pkg-1.0.dist-info");
+        std::fs::create_dir(&info).unwrap();
+        std::fs::write(
+            info.join("entry_points.txt"),
+            "[gui_scripts]\ng = m:g\n[console_scripts]\nmy-pkg = my_pkg.cli:main [extra]\n",
+        )
+        .unwrap();
+        assert_eq!(
+            console_scripts(dir.path(), "my-pkg"),
+            [("my-pkg".to_owned(), "my_pkg.cli:main [extra]".to_owned())]
+        );
+        assert!(console_scripts(dir.path(), "other").is_empty());
+    }
+}
