@@ -295,10 +295,19 @@ fn import_entry(
         None => {
             let _ = writeln!(imported.toml, "command = {}", toml_string(&command));
             pin_command(imported, original, &command, base, path_var);
-            (
-                entry.args.clone(),
-                infer_grants(&command, &entry.args, original),
-            )
+            let mut inferred = infer_grants(&command, &entry.args, original);
+            let script = resolve(&command, base, path_var)
+                .ok()
+                .and_then(|resolved| script_package(&resolved.target));
+            if let Some(package) = script {
+                inferred.notes.push(format!(
+                    "`{original}`: measures and grants read-only {}, the environment of its script",
+                    package.display()
+                ));
+                inferred.measure.insert(0, package.clone());
+                inferred.dirs.insert(0, (package, false));
+            }
+            (entry.args.clone(), inferred)
         }
     };
     if !args.is_empty() {
@@ -425,6 +434,34 @@ pub fn package_root(file: &Path) -> PathBuf {
         .or_else(|| file.parent())
         .unwrap_or(file)
         .to_owned()
+}
+
+/// What a script command runs from, to measure and grant: the virtualenv
+/// its `#!` interpreter lives in (`VENV/bin/python` beside
+/// `VENV/pyvenv.cfg`, as pip and pipx console scripts are), else its
+/// package (the nearest directory above it holding `package.json`,
+/// `pyproject.toml` or `setup.py`). `None` for a binary, or a script in
+/// neither.
+pub fn script_package(script: &Path) -> Option<PathBuf> {
+    use std::io::Read as _;
+    let mut head = [0u8; 256];
+    let n = std::fs::File::open(script).ok()?.read(&mut head).ok()?;
+    let line = head[..n].strip_prefix(b"#!")?;
+    let line = String::from_utf8_lossy(line.split(|b| *b == b'\n').next()?).into_owned();
+    let interpreter = PathBuf::from(line.split_whitespace().next()?);
+    let venv = interpreter
+        .parent()
+        .filter(|bin| bin.file_name() == Some(std::ffi::OsStr::new("bin")))
+        .and_then(Path::parent)
+        .filter(|root| root.join("pyvenv.cfg").is_file());
+    if let Some(venv) = venv {
+        return std::fs::canonicalize(venv).ok();
+    }
+    let package = package_root(script);
+    ["package.json", "pyproject.toml", "setup.py"]
+        .iter()
+        .any(|marker| package.join(marker).is_file())
+        .then_some(package)
 }
 
 /// Servers whose documented purpose is writing what they are pointed at:

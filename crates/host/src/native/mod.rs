@@ -128,8 +128,13 @@ pub struct MeasuredExecutable {
 /// between the measurement and the exec.
 pub struct Interpreter {
     fd: OwnedFd,
-    /// The file that runs, every link resolved (its argv[0]).
+    /// The file that runs, every link resolved.
     pub path: PathBuf,
+    /// Its argv[0]: the path as the `#!` line names it, as the kernel
+    /// passes it (a virtualenv's Python finds its `pyvenv.cfg` beside
+    /// that path, not beside the file it links to); for `#!/usr/bin/env`,
+    /// the resolved file.
+    pub argv0: String,
     /// Arguments from the `#!` line, before the script.
     pub args: Vec<String>,
     /// Its digest, when the launch is measured.
@@ -137,6 +142,14 @@ pub struct Interpreter {
 }
 
 impl MeasuredExecutable {
+    /// The files this launch measures in its identity itself: `script`
+    /// (the resolved executable) and its interpreter, if any.
+    fn measured_files(&self, script: &Path) -> Vec<PathBuf> {
+        std::iter::once(script.to_owned())
+            .chain(self.interpreter.as_ref().map(|i| i.path.clone()))
+            .collect()
+    }
+
     /// The digest of the bytes behind the descriptor, if measured.
     pub fn digest(&self) -> Option<Digest> {
         self.digest
@@ -259,8 +272,14 @@ fn open_interpreter(
     } else {
         None
     };
+    let argv0 = if is_env {
+        target.to_string_lossy().into_owned()
+    } else {
+        interpreter.to_owned()
+    };
     Ok(Interpreter {
         fd,
+        argv0,
         path: target,
         args,
         digest,
@@ -493,22 +512,28 @@ pub fn transport(
         launch.name.clone(),
         launch.limits.clone(),
         move |tracker| async move {
-            let measured = measure_all(launch.measure.clone(), &launch.resolved.target).await?;
+            let also = executable.measured_files(&launch.resolved.target);
+            let measured =
+                measure_all(launch.measure.clone(), &launch.resolved.target, also).await?;
             Ok(spawn(&launch, executable, measured, &tracker)?)
         },
     )
 }
 
 /// Digests of every `measure` path, off the async runtime. `executable`
-/// names the launch in errors.
+/// names the launch in errors; a link in a measured directory may also
+/// reach the files in `also` (the executable and its interpreter, measured
+/// in the identity themselves), as a virtualenv's `bin/python` does.
 async fn measure_all(
     paths: Vec<PathBuf>,
     executable: &Path,
+    also: Vec<PathBuf>,
 ) -> Result<Vec<(PathBuf, Digest)>, NativeError> {
     tokio::task::spawn_blocking(move || {
         let roots: Vec<PathBuf> = paths
             .iter()
             .filter_map(|p| std::fs::canonicalize(p).ok())
+            .chain(also)
             .collect();
         paths
             .iter()
@@ -535,7 +560,8 @@ pub(crate) async fn launch(
             path: launch.resolved.target.clone(),
             source: std::io::Error::other(error.to_string()),
         })??;
-    let measured = measure_all(launch.measure.clone(), &launch.resolved.target).await?;
+    let also = executable.measured_files(&launch.resolved.target);
+    let measured = measure_all(launch.measure.clone(), &launch.resolved.target, also).await?;
     for (path, digest) in &measured {
         tracing::debug!(server = %launch.name, path = %path.display(), %digest, "measured");
     }
@@ -600,10 +626,7 @@ fn spawn(
     let (exec_fd, mut argv) = match &executable.interpreter {
         None => (fd, vec![cstring("argv[0]", &launch.resolved.configured)?]),
         Some(interpreter) => {
-            let mut argv = vec![cstring(
-                "the interpreter path",
-                &interpreter.path.to_string_lossy(),
-            )?];
+            let mut argv = vec![cstring("the interpreter path", &interpreter.argv0)?];
             for arg in &interpreter.args {
                 argv.push(cstring("the #! argument", arg)?);
             }
