@@ -43,10 +43,14 @@ struct Tree {
 
 impl Tree {
     fn new() -> Self {
-        // Outside /tmp (where a checkout may live too): a native server has
+        Self::in_dir("/var/tmp")
+    }
+
+    fn in_dir(base: &str) -> Self {
+        // By default outside /tmp (where a checkout may live too): a native server has
         // a private /tmp of its own, where a way out of the grant would find
         // nothing to deny.
-        let root = tempfile::tempdir_in("/var/tmp").unwrap();
+        let root = tempfile::tempdir_in(base).unwrap();
         let data = root.path().join("data");
         std::fs::create_dir(&data).unwrap();
         std::fs::write(data.join("hello.txt"), "hello from data").unwrap();
@@ -484,6 +488,55 @@ async fn a_grant_over_what_moat_keeps_is_refused(launcher: Launcher) {
         .close()
         .await
         .unwrap();
+}
+
+/// A native server's private /tmp is writable, and Landlock follows a path
+/// bound into it up through the mount point: a read-only grant under the
+/// host's /tmp is bound read-only, so writing there fails (EROFS) and
+/// nothing reaches the host, while an rw grant beside it still writes.
+#[tokio::test]
+async fn a_read_only_grant_under_tmp_stays_read_only_in_the_private_tmp() {
+    let tree = Tree::in_dir("/tmp");
+    let mut spec = probe(Launcher::Native, &tree, DirMode::Ro);
+    std::fs::create_dir(tree.host("out")).unwrap();
+    spec.dirs.push(DirGrant {
+        host: tree.host("out"),
+        guest: "/out".into(),
+        mode: DirMode::Rw,
+        inode: None,
+    });
+    let session = connect(&spec).await;
+    let path = |p: &str| tree.host(p).display().to_string();
+    let read = attempt(
+        &session,
+        json!({"op": "read", "path": path("data/hello.txt")}),
+    )
+    .await;
+    assert_eq!(read.as_deref(), Ok("hello from data"));
+    for target in ["data/new.txt", "data/hello.txt"] {
+        let write = attempt(&session, json!({"op": "write", "path": path(target)})).await;
+        assert_eq!(
+            write,
+            Err("Read-only file system (os error 30)".to_owned()),
+            "{target}"
+        );
+    }
+    assert!(!tree.host("data/new.txt").exists());
+    assert_eq!(
+        std::fs::read_to_string(tree.host("data/hello.txt")).unwrap(),
+        "hello from data"
+    );
+    let write = attempt(
+        &session,
+        json!({"op": "write", "path": path("out/new.txt")}),
+    )
+    .await;
+    assert_eq!(write.as_deref(), Ok("written"));
+    assert_eq!(
+        std::fs::read_to_string(tree.host("out/new.txt")).unwrap(),
+        "written by probe"
+    );
+    session.close().await.unwrap();
 }
 
 /// Issue 12, item 4: a wasm guest looks up only the names its `net` lists,

@@ -958,12 +958,9 @@ fn isolation(launch: &NativeLaunch) -> Result<Isolation, NativeError> {
                 .collect();
             granted.sort();
             granted.dedup();
-            let outer: Vec<PathBuf> = granted
-                .iter()
-                .filter(|p| !granted.iter().any(|q| q != *p && p.starts_with(q)))
-                .cloned()
-                .collect();
-            for path in &outer {
+            // Parents before what lies inside them, each bound with its own
+            // mode: an rw grant inside a read-only package stays writable.
+            for path in &granted {
                 if binds.len() == spawn::MAX_BINDS {
                     return Err(NativeError::Io {
                         syscall: "binding granted paths into the private /tmp",
@@ -974,11 +971,17 @@ fn isolation(launch: &NativeLaunch) -> Result<Isolation, NativeError> {
                         )),
                     });
                 }
-                binds.push(spawn::Bind::new(path).map_err(|source| NativeError::Io {
-                    syscall: "stat of a granted path under /tmp",
-                    path: path.clone(),
-                    source,
-                })?);
+                let writable = launch
+                    .dirs
+                    .iter()
+                    .any(|d| d.mode == crate::config::DirMode::Rw && path.starts_with(&d.host));
+                binds.push(
+                    spawn::Bind::new(path, writable).map_err(|source| NativeError::Io {
+                        syscall: "stat of a granted path under /tmp",
+                        path: path.clone(),
+                        source,
+                    })?,
+                );
             }
         }
         Some(spawn::Namespaces {

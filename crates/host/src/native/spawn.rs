@@ -123,10 +123,11 @@ pub enum Step {
     ProxyLoopback,
     ProxyListen,
     ProxyHandOver,
+    BindReadOnly,
 }
 
 impl Step {
-    const ALL: [Step; 24] = [
+    const ALL: [Step; 25] = [
         Step::Stdio,
         Step::DeathSignal,
         Step::ParentGone,
@@ -151,6 +152,7 @@ impl Step {
         Step::ProxyLoopback,
         Step::ProxyListen,
         Step::ProxyHandOver,
+        Step::BindReadOnly,
     ];
 
     /// The system call and what it was for.
@@ -165,6 +167,9 @@ impl Step {
             Step::MountPrivate => "mount(/, MS_REC|MS_PRIVATE)",
             Step::MountTmp => "mount(tmpfs, /tmp)",
             Step::BindGrant => "mount(MS_BIND) of a granted path under /tmp",
+            Step::BindReadOnly => {
+                "mount(MS_REMOUNT|MS_BIND|MS_RDONLY) of a read-only path under /tmp"
+            }
             Step::Chdir => "chdir to the working directory",
             Step::ProcessGroup => "setpgid",
             Step::Rlimit => "setrlimit",
@@ -215,11 +220,16 @@ pub struct Bind {
     pub target: CString,
     /// Whether it is a directory (else a file is made to bind over).
     pub dir: bool,
+    /// Whether the server may write there (an `rw` grant, or inside one).
+    /// Anything else is bound read-only: Landlock's rules follow a bound
+    /// path up through its mount point into the private /tmp, which is
+    /// writable, so the mount itself must refuse the writes.
+    pub writable: bool,
 }
 
 impl Bind {
     /// Prepares `path` (which must lie under /tmp) for binding.
-    pub fn new(path: &std::path::Path) -> std::io::Result<Self> {
+    pub fn new(path: &std::path::Path, writable: bool) -> std::io::Result<Self> {
         use std::os::unix::ffi::OsStrExt;
         let dir = std::fs::metadata(path)?.is_dir();
         let cstring = |p: &std::path::Path| {
@@ -239,6 +249,7 @@ impl Bind {
                 .collect::<Result<_, _>>()?,
             target: cstring(path)?,
             dir,
+            writable,
         })
     }
 }
@@ -823,7 +834,9 @@ unsafe fn child(
                     } else {
                         let file = libc::open(
                             bind.target.as_ptr(),
-                            libc::O_CREAT | libc::O_WRONLY | libc::O_CLOEXEC,
+                            // EEXIST when an outer bind (read-only, maybe)
+                            // already shows the file.
+                            libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY | libc::O_CLOEXEC,
                             0o644,
                         );
                         if file >= 0 {
@@ -844,6 +857,36 @@ unsafe fn child(
                         Step::BindGrant,
                     );
                     libc::close(*fd);
+                    if !bind.writable {
+                        // A remount must keep the flags the kernel locked
+                        // on the source mount (nosuid, nodev, noexec, atime).
+                        let mut stat: libc::statvfs = std::mem::zeroed();
+                        check(
+                            libc::statvfs(bind.target.as_ptr(), &mut stat) == 0,
+                            Step::BindReadOnly,
+                        );
+                        let kept = [
+                            (libc::ST_NOSUID, libc::MS_NOSUID),
+                            (libc::ST_NODEV, libc::MS_NODEV),
+                            (libc::ST_NOEXEC, libc::MS_NOEXEC),
+                            (libc::ST_NOATIME, libc::MS_NOATIME),
+                            (libc::ST_NODIRATIME, libc::MS_NODIRATIME),
+                            (libc::ST_RELATIME, libc::MS_RELATIME),
+                        ]
+                        .iter()
+                        .filter(|(st, _)| stat.f_flag & st != 0)
+                        .fold(0, |flags, (_, ms)| flags | ms);
+                        check(
+                            libc::mount(
+                                std::ptr::null(),
+                                bind.target.as_ptr(),
+                                std::ptr::null(),
+                                libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY | kept,
+                                std::ptr::null(),
+                            ) == 0,
+                            Step::BindReadOnly,
+                        );
+                    }
                 }
             }
         }
