@@ -197,7 +197,7 @@ fn reference_servers_from_client_configs_run_installed_under_the_required_sandbo
         }
         if name == "clock" {
             assert!(spec.package.is_none());
-            assert_eq!(measure, &[venv.clone()], "the venv is measured");
+            assert_eq!(measure, std::slice::from_ref(&venv), "the venv is measured");
             continue;
         }
         let package = spec.package.as_ref().unwrap_or_else(|| panic!("{name}"));

@@ -9,9 +9,19 @@
 //! client asked for and the port are a `net` entry (names compare without
 //! case and final dot); the connection is then made to what Moat resolves
 //! for that name. Anything else gets `403 Forbidden` with a one-line reason
-//! the server can read. Nothing else leaves the namespace: no DNS, no UDP,
-//! no other TCP.
+//! the server can read. Nothing else leaves the namespace: no UDP, no
+//! other TCP.
+//!
+//! DNS is answered by Moat, from memory: the child also hands over a UDP
+//! socket on 127.0.0.1:53 of its namespace, where its `/etc/resolv.conf`
+//! points. A name a `net` entry lists gets the addresses Moat resolved for
+//! it when the server started (so a client that resolves before it asks
+//! the proxy, as some check for private addresses, works); any other name
+//! is REFUSED, and no query the server sends reaches a resolver, so DNS is
+//! no channel out.
 
+use std::collections::HashMap;
+use std::net::IpAddr;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -22,6 +32,10 @@ use crate::config::NetGrant;
 /// The proxy's port inside every server's namespace (nothing else listens
 /// there).
 pub const PROXY_PORT: u16 = 3128;
+/// The DNS port inside every server's namespace, on 127.0.0.1.
+pub const DNS_PORT: u16 = 53;
+/// How long an answer says it may be cached.
+const DNS_TTL: u32 = 60;
 /// Connections one server may have open through the proxy at once: each
 /// costs Moat two descriptors, and a server must not be able to spend all
 /// of Moat's.
@@ -53,45 +67,146 @@ pub fn proxy_environment() -> Vec<(String, String)> {
     .collect()
 }
 
-/// Serves the proxy on `listener` (the server's side) until the task is
-/// aborted, allowing `allowed`.
+/// The names (not IP literals) the `net` entries list, normalized and
+/// deduplicated.
+pub fn listed_names(allowed: &[NetGrant]) -> Vec<String> {
+    let mut names: Vec<String> = allowed
+        .iter()
+        .map(|g| normalize(&g.host))
+        .filter(|h| {
+            h.trim_start_matches('[')
+                .trim_end_matches(']')
+                .parse::<IpAddr>()
+                .is_err()
+        })
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
+/// Serves the proxy on `listener` and DNS on `dns` (the server's side)
+/// until the task is aborted, allowing `allowed`.
 pub fn serve(
     server: String,
     listener: std::net::TcpListener,
+    dns: std::net::UdpSocket,
     allowed: Vec<NetGrant>,
 ) -> std::io::Result<tokio::task::JoinHandle<()>> {
     listener.set_nonblocking(true)?;
     let listener = TcpListener::from_std(listener)?;
+    dns.set_nonblocking(true)?;
+    let dns = tokio::net::UdpSocket::from_std(dns)?;
+    let names = listed_names(&allowed);
     let allowed = std::sync::Arc::new(allowed);
     let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let answers = serve_dns(server.clone(), dns, names);
     Ok(tokio::spawn(async move {
-        loop {
-            let mut client = match listener.accept().await {
-                Ok((client, _)) => client,
-                Err(error) => {
-                    // Out of descriptors, most likely: wait, never spin.
-                    tracing::warn!(%server, %error, "egress accept failed; retrying");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
+        let proxy = async move {
+            loop {
+                let mut client = match listener.accept().await {
+                    Ok((client, _)) => client,
+                    Err(error) => {
+                        // Out of descriptors, most likely: wait, never spin.
+                        tracing::warn!(%server, %error, "egress accept failed; retrying");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                };
+                let Ok(slot) = slots.clone().try_acquire_owned() else {
+                    let reason = format!("more than {MAX_CONNECTIONS} connections at once");
+                    tokio::spawn(async move {
+                        let _ = refuse(&mut client, "503 Service Unavailable", &reason).await;
+                    });
                     continue;
-                }
-            };
-            let Ok(slot) = slots.clone().try_acquire_owned() else {
-                let reason = format!("more than {MAX_CONNECTIONS} connections at once");
+                };
+                let allowed = allowed.clone();
+                let server = server.clone();
                 tokio::spawn(async move {
-                    let _ = refuse(&mut client, "503 Service Unavailable", &reason).await;
+                    let _slot = slot;
+                    if let Err(error) = relay(client, &allowed).await {
+                        tracing::debug!(%server, %error, "egress connection ended");
+                    }
                 });
-                continue;
-            };
-            let allowed = allowed.clone();
-            let server = server.clone();
-            tokio::spawn(async move {
-                let _slot = slot;
-                if let Err(error) = relay(client, &allowed).await {
-                    tracing::debug!(%server, %error, "egress connection ended");
-                }
-            });
-        }
+            }
+        };
+        tokio::join!(proxy, answers);
     }))
+}
+
+/// Answers DNS on `socket` for `names`, resolved once, up front (each
+/// within [`STEP_TIMEOUT`]; one that fails has no addresses), and refuses
+/// every other name.
+async fn serve_dns(server: String, socket: tokio::net::UdpSocket, names: Vec<String>) {
+    let mut resolved = HashMap::new();
+    for name in names {
+        let found = tokio::time::timeout(STEP_TIMEOUT, tokio::net::lookup_host((name.as_str(), 0)))
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .map(|addresses| addresses.map(|a| a.ip().to_canonical()).collect::<Vec<_>>())
+            .unwrap_or_default();
+        if found.is_empty() {
+            tracing::warn!(%server, %name, "a listed name did not resolve; DNS answers it with no address");
+        }
+        resolved.insert(name, found);
+    }
+    let mut buffer = vec![0u8; 4096];
+    loop {
+        let (length, from) = match socket.recv_from(&mut buffer).await {
+            Ok(received) => received,
+            Err(error) => {
+                tracing::debug!(%server, %error, "DNS receive failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        if let Some(reply) = answer_dns(&buffer[..length], &resolved) {
+            let _ = socket.send_to(&reply, from).await;
+        }
+    }
+}
+
+/// The reply to one DNS query: A and AAAA records for a listed name (no
+/// records for other types), REFUSED for any other name, FORMERR for a
+/// query that is not exactly one question. `None` for what is not a query.
+fn answer_dns(query: &[u8], names: &HashMap<String, Vec<IpAddr>>) -> Option<Vec<u8>> {
+    use simple_dns::rdata::{A, AAAA, RData};
+    use simple_dns::{CLASS, Packet, PacketFlag, QTYPE, RCODE, ResourceRecord, TYPE};
+    let packet = Packet::parse(query).ok()?;
+    if packet.has_flags(PacketFlag::RESPONSE) {
+        return None;
+    }
+    let mut reply = Packet::new_reply(packet.id());
+    if packet.has_flags(PacketFlag::RECURSION_DESIRED) {
+        reply.set_flags(PacketFlag::RECURSION_DESIRED | PacketFlag::RECURSION_AVAILABLE);
+    }
+    let [question] = packet.questions.as_slice() else {
+        *reply.rcode_mut() = RCODE::FormatError;
+        return reply.build_bytes_vec().ok();
+    };
+    reply.questions.push(question.clone());
+    match names.get(&normalize(&question.qname.to_string())) {
+        None => *reply.rcode_mut() = RCODE::Refused,
+        Some(addresses) => {
+            for address in addresses {
+                let data = match (question.qtype, address) {
+                    (QTYPE::TYPE(TYPE::A) | QTYPE::ANY, IpAddr::V4(v4)) => RData::A(A::from(*v4)),
+                    (QTYPE::TYPE(TYPE::AAAA) | QTYPE::ANY, IpAddr::V6(v6)) => {
+                        RData::AAAA(AAAA::from(*v6))
+                    }
+                    _ => continue,
+                };
+                reply.answers.push(ResourceRecord::new(
+                    question.qname.clone(),
+                    CLASS::IN,
+                    DNS_TTL,
+                    data,
+                ));
+            }
+        }
+    }
+    reply.build_bytes_vec().ok()
 }
 
 /// A request the proxy understood.
@@ -279,6 +394,60 @@ async fn relay(mut client: TcpStream, allowed: &[NetGrant]) -> std::io::Result<(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dns_answers_listed_names_and_refuses_the_rest() {
+        use simple_dns::{CLASS, Name, Packet, PacketFlag, QCLASS, QTYPE, Question, RCODE, TYPE};
+        let names = HashMap::from([(
+            "api.example".to_owned(),
+            vec!["192.0.2.7".parse().unwrap(), "2001:db8::7".parse().unwrap()],
+        )]);
+        let query = |name: &str, kind: TYPE| {
+            let mut packet = Packet::new_query(42);
+            packet.set_flags(PacketFlag::RECURSION_DESIRED);
+            packet.questions.push(Question::new(
+                Name::new_unchecked(name),
+                QTYPE::TYPE(kind),
+                QCLASS::CLASS(CLASS::IN),
+                false,
+            ));
+            packet.build_bytes_vec().unwrap()
+        };
+        let reply = |bytes: Vec<u8>| {
+            let answer = answer_dns(&bytes, &names).unwrap();
+            let packet = Packet::parse(&answer).unwrap();
+            let records: Vec<String> = packet
+                .answers
+                .iter()
+                .map(|r| format!("{:?}", r.rdata))
+                .collect();
+            (packet.id(), packet.rcode(), records)
+        };
+        let (id, rcode, records) = reply(query("API.example.", TYPE::A));
+        assert_eq!((id, rcode), (42, RCODE::NoError));
+        assert_eq!(records.len(), 1, "{records:?}");
+        let address = u32::from("192.0.2.7".parse::<std::net::Ipv4Addr>().unwrap());
+        assert!(records[0].contains(&address.to_string()), "{records:?}");
+        let (_, rcode, records) = reply(query("api.example", TYPE::AAAA));
+        assert_eq!((rcode, records.len()), (RCODE::NoError, 1));
+        let (_, rcode, records) = reply(query("api.example", TYPE::TXT));
+        assert_eq!((rcode, records.len()), (RCODE::NoError, 0));
+        let (_, rcode, records) = reply(query("exfil.attacker.example", TYPE::A));
+        assert_eq!((rcode, records.len()), (RCODE::Refused, 0));
+        let mut empty = Packet::new_query(7);
+        empty.set_flags(PacketFlag::RECURSION_DESIRED);
+        let (_, rcode, _) = reply(empty.build_bytes_vec().unwrap());
+        assert_eq!(rcode, RCODE::FormatError);
+        assert!(answer_dns(b"not dns", &names).is_none());
+        let response = Packet::parse(&answer_dns(&query("api.example", TYPE::A), &names).unwrap())
+            .unwrap()
+            .build_bytes_vec()
+            .unwrap();
+        assert!(
+            answer_dns(&response, &names).is_none(),
+            "a reply is not answered"
+        );
+    }
 
     #[test]
     fn heads_are_parsed_and_destinations_matched_by_name() {

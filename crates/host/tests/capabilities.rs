@@ -490,6 +490,62 @@ async fn a_grant_over_what_moat_keeps_is_refused(launcher: Launcher) {
         .unwrap();
 }
 
+/// Behind the egress proxy, DNS is Moat's: /etc/resolv.conf points at
+/// 127.0.0.1 in the server's namespace, where a name its `net` lists gets
+/// the addresses Moat resolved at launch and any other name is refused, so
+/// no query reaches a resolver. (The registry is the name: the only network
+/// the tests use.)
+#[tokio::test]
+async fn native_dns_answers_the_listed_names_only() {
+    let listed = "registry.npmjs.org";
+    let mut spec = spec(Launcher::Native, guests::PROBE);
+    spec.net = vec![NetGrant {
+        host: listed.into(),
+        port: 443,
+    }];
+    let session = connect(&spec).await;
+    let sandbox = session.shared().identity().unwrap().sandbox;
+    assert!(
+        sandbox.iter().any(|l| l.starts_with(
+            "enforced: DNS: answered by Moat at 127.0.0.1:53 (resolv.conf covered, read-only), for registry.npmjs.org only"
+        )),
+        "{sandbox:?}"
+    );
+    let mut expected: Vec<String> = tokio::net::lookup_host((listed, 0))
+        .await
+        .unwrap()
+        .map(|a| a.ip().to_string())
+        .collect();
+    expected.sort();
+    let answer = attempt(
+        &session,
+        json!({"op": "resolve", "addr": format!("{listed}:443")}),
+    )
+    .await
+    .unwrap();
+    let mut found: Vec<String> = answer.split(',').map(str::to_owned).collect();
+    found.sort();
+    found.dedup();
+    expected.dedup();
+    assert_eq!(
+        found, expected,
+        "the listed name resolves to Moat's addresses"
+    );
+    let refused = attempt(&session, json!({"op": "resolve", "addr": "pypi.org:443"})).await;
+    // REFUSED, which the C library reports as a temporary failure.
+    assert_eq!(
+        refused,
+        Err(
+            "failed to lookup address information: Temporary failure in name resolution".to_owned()
+        )
+    );
+    let conf = attempt(&session, json!({"op": "read", "path": "/etc/resolv.conf"})).await;
+    assert!(conf.unwrap().contains("nameserver 127.0.0.1"));
+    let write = attempt(&session, json!({"op": "write", "path": "/etc/resolv.conf"})).await;
+    assert!(write.is_err(), "{write:?}");
+    session.close().await.unwrap();
+}
+
 /// A native server's private /tmp is writable, and Landlock follows a path
 /// bound into it up through the mount point: a read-only grant under the
 /// host's /tmp is bound read-only, so writing there fails (EROFS) and

@@ -711,14 +711,19 @@ fn spawn(
     let egress = match channel {
         Some((moat, child_end)) => {
             drop(child_end);
-            let listener = spawn::receive_listener(&moat).map_err(|source| NativeError::Io {
-                syscall: "recvmsg of the egress listener",
-                path: path.clone(),
-                source,
-            })?;
+            let received = |what| {
+                spawn::receive_listener(&moat).map_err(|source| NativeError::Io {
+                    syscall: what,
+                    path: path.clone(),
+                    source,
+                })
+            };
+            let listener = received("recvmsg of the egress listener")?;
+            let dns = received("recvmsg of the DNS socket")?;
             let task = crate::egress::serve(
                 launch.name.clone(),
                 std::net::TcpListener::from(listener),
+                std::net::UdpSocket::from(dns),
                 launch.net.clone(),
             )
             .map_err(|source| NativeError::Io {
@@ -935,10 +940,30 @@ fn isolation(launch: &NativeLaunch) -> Result<Isolation, NativeError> {
             );
         } else if net {
             enforced.push(format!(
-                "network namespace: out only through Moat's egress proxy (HTTP CONNECT and plain HTTP at 127.0.0.1:{}, HTTP_PROXY and HTTPS_PROXY set), to {} by the name asked for; no DNS, no UDP, nothing else",
+                "network namespace: out only through Moat's egress proxy (HTTP CONNECT and plain HTTP at 127.0.0.1:{}, HTTP_PROXY and HTTPS_PROXY set), to {} by the name asked for; nothing else leaves",
                 crate::egress::PROXY_PORT,
                 crate::config::net_line(&launch.net)
             ));
+        }
+        // Behind the proxy, names resolve through Moat: listed ones only.
+        let resolv = net
+            && !launch.net.is_empty()
+            && tmp.is_some()
+            && Path::new("/etc/resolv.conf").exists();
+        if net && !launch.net.is_empty() {
+            let names = crate::egress::listed_names(&launch.net);
+            if resolv || !Path::new("/etc/resolv.conf").exists() {
+                enforced.push(format!(
+                    "DNS: answered by Moat at 127.0.0.1:{} (resolv.conf{}), for {} only; any other name is refused",
+                    crate::egress::DNS_PORT,
+                    if resolv { " covered, read-only" } else { " absent: the default" },
+                    if names.is_empty() { "no name".to_owned() } else { names.join(", ") }
+                ));
+            } else {
+                not_enforced.push(
+                    "DNS through Moat (no private /tmp to hold its resolv.conf): names do not resolve inside the namespace".to_owned(),
+                );
+            }
         }
         // Granted paths under /tmp stay where they were: each is bound into
         // the private /tmp.
@@ -989,6 +1014,7 @@ fn isolation(launch: &NativeLaunch) -> Result<Isolation, NativeError> {
             net,
             tmp,
             binds,
+            resolv,
         })
     } else {
         let why = std::io::Error::from_raw_os_error(support.errno);

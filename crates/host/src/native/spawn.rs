@@ -124,10 +124,12 @@ pub enum Step {
     ProxyListen,
     ProxyHandOver,
     BindReadOnly,
+    DnsListen,
+    Resolv,
 }
 
 impl Step {
-    const ALL: [Step; 25] = [
+    const ALL: [Step; 27] = [
         Step::Stdio,
         Step::DeathSignal,
         Step::ParentGone,
@@ -153,6 +155,8 @@ impl Step {
         Step::ProxyListen,
         Step::ProxyHandOver,
         Step::BindReadOnly,
+        Step::DnsListen,
+        Step::Resolv,
     ];
 
     /// The system call and what it was for.
@@ -167,6 +171,8 @@ impl Step {
             Step::MountPrivate => "mount(/, MS_REC|MS_PRIVATE)",
             Step::MountTmp => "mount(tmpfs, /tmp)",
             Step::BindGrant => "mount(MS_BIND) of a granted path under /tmp",
+            Step::DnsListen => "bind UDP 127.0.0.1:53 for Moat's DNS answers",
+            Step::Resolv => "mount(MS_BIND) of Moat's resolv.conf over /etc/resolv.conf",
             Step::BindReadOnly => {
                 "mount(MS_REMOUNT|MS_BIND|MS_RDONLY) of a read-only path under /tmp"
             }
@@ -205,7 +211,14 @@ pub struct Namespaces {
     /// Granted paths under /tmp, bound into the private /tmp at the same
     /// place so the grant still reaches them.
     pub binds: Vec<Bind>,
+    /// Behind the egress proxy, with a private /tmp: `/etc/resolv.conf` is
+    /// covered (read-only) by one naming 127.0.0.1, where Moat answers DNS
+    /// for the listed names.
+    pub resolv: bool,
 }
+
+/// What a server behind the egress proxy finds in /etc/resolv.conf.
+const RESOLV_CONF: &[u8] = b"# Moat answers DNS here, for the names in this server's `net` only.\nnameserver 127.0.0.1\noptions attempts:1 timeout:2\n";
 
 /// Most granted paths under /tmp one server may have bound.
 pub const MAX_BINDS: usize = 64;
@@ -382,7 +395,93 @@ pub fn receive_listener(moat: &OwnedFd) -> std::io::Result<OwnedFd> {
     }
 }
 
-/// Makes the egress listener in the child and hands it to Moat.
+/// Covers /etc/resolv.conf with [`RESOLV_CONF`], read-only, through a file
+/// in the private /tmp that is unlinked once bound.
+///
+/// # Safety
+///
+/// Only in the cloned child, in its own mount namespace, after the private
+/// /tmp is mounted.
+unsafe fn bind_resolv_conf(report: RawFd) {
+    // SAFETY: raw system calls on static strings; see the contract.
+    unsafe {
+        let check = |ok: bool| {
+            if !ok {
+                fail(report, Step::Resolv, errno());
+            }
+        };
+        let source = c"/tmp/.moat-resolv.conf";
+        let file = libc::open(
+            source.as_ptr(),
+            libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY | libc::O_CLOEXEC,
+            0o444,
+        );
+        check(file >= 0);
+        let written = libc::write(file, RESOLV_CONF.as_ptr().cast(), RESOLV_CONF.len());
+        check(written == RESOLV_CONF.len() as isize);
+        libc::close(file);
+        let target = c"/etc/resolv.conf";
+        check(
+            libc::mount(
+                source.as_ptr(),
+                target.as_ptr(),
+                std::ptr::null(),
+                libc::MS_BIND,
+                std::ptr::null(),
+            ) == 0,
+        );
+        check(
+            libc::mount(
+                std::ptr::null(),
+                target.as_ptr(),
+                std::ptr::null(),
+                libc::MS_REMOUNT
+                    | libc::MS_BIND
+                    | libc::MS_RDONLY
+                    | libc::MS_NOSUID
+                    | libc::MS_NODEV,
+                std::ptr::null(),
+            ) == 0,
+        );
+        check(libc::unlink(source.as_ptr()) == 0);
+    }
+}
+
+/// Sends `fd` over `channel` with one byte, as SCM_RIGHTS.
+///
+/// # Safety
+///
+/// Only in the cloned child; `fd` and `channel` are open descriptors.
+unsafe fn send_fd(channel: RawFd, fd: RawFd, report: RawFd) {
+    // SAFETY: sendmsg reads stack memory that lives for the call; the
+    // control message is written through libc's CMSG accessors within the
+    // buffer's bounds.
+    unsafe {
+        let mut byte = [b'l'];
+        let mut iov = libc::iovec {
+            iov_base: byte.as_mut_ptr().cast(),
+            iov_len: 1,
+        };
+        let mut control = OneFdControl([0; 32]);
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control.0.as_mut_ptr().cast();
+        msg.msg_controllen = libc::CMSG_SPACE(std::mem::size_of::<i32>() as u32) as _;
+        let header = libc::CMSG_FIRSTHDR(&msg);
+        (*header).cmsg_level = libc::SOL_SOCKET;
+        (*header).cmsg_type = libc::SCM_RIGHTS;
+        (*header).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<i32>() as u32) as _;
+        std::ptr::write_unaligned(libc::CMSG_DATA(header).cast::<i32>(), fd);
+        if libc::sendmsg(channel, &msg, 0) != 1 {
+            fail(report, Step::ProxyHandOver, errno());
+        }
+        libc::close(fd);
+    }
+}
+
+/// Makes the egress listener and the DNS socket in the child and hands
+/// them to Moat, in that order.
 ///
 /// # Safety
 ///
@@ -422,27 +521,21 @@ unsafe fn hand_over_listener(proxy: &ProxyPlan, report: RawFd) {
             Step::ProxyListen,
         );
         check(libc::listen(listener, 128) == 0, Step::ProxyListen);
-        let mut byte = [b'l'];
-        let mut iov = libc::iovec {
-            iov_base: byte.as_mut_ptr().cast(),
-            iov_len: 1,
-        };
-        let mut control = OneFdControl([0; 32]);
-        let mut msg: libc::msghdr = std::mem::zeroed();
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = control.0.as_mut_ptr().cast();
-        msg.msg_controllen = libc::CMSG_SPACE(std::mem::size_of::<i32>() as u32) as _;
-        let header = libc::CMSG_FIRSTHDR(&msg);
-        (*header).cmsg_level = libc::SOL_SOCKET;
-        (*header).cmsg_type = libc::SCM_RIGHTS;
-        (*header).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<i32>() as u32) as _;
-        std::ptr::write_unaligned(libc::CMSG_DATA(header).cast::<i32>(), listener);
+        // The DNS socket: 127.0.0.1:53 of the namespace, where its
+        // resolv.conf points.
+        let dns = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+        check(dns >= 0, Step::DnsListen);
+        address.sin_port = crate::egress::DNS_PORT.to_be();
         check(
-            libc::sendmsg(proxy.channel, &msg, 0) == 1,
-            Step::ProxyHandOver,
+            libc::bind(
+                dns,
+                (&address as *const libc::sockaddr_in).cast(),
+                std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+            ) == 0,
+            Step::DnsListen,
         );
-        libc::close(listener);
+        send_fd(proxy.channel, listener, report);
+        send_fd(proxy.channel, dns, report);
         libc::close(proxy.channel);
     }
 }
@@ -888,6 +981,9 @@ unsafe fn child(
                         );
                     }
                 }
+                if ns.resolv {
+                    bind_resolv_conf(report);
+                }
             }
         }
         check(libc::setpgid(0, 0) == 0, Step::ProcessGroup);
@@ -907,7 +1003,8 @@ unsafe fn child(
                 .as_ref()
                 .and_then(|ns| ns.tmp.as_ref())
                 .map(|_| tmp);
-            if let Err(error) = crate::sandbox::restrict_child(ruleset, proc_self, tmp) {
+            let resolv = plan.namespaces.as_ref().is_some_and(|ns| ns.resolv);
+            if let Err(error) = crate::sandbox::restrict_child(ruleset, proc_self, tmp, resolv) {
                 fail(report, Step::Landlock, error.raw_os_error().unwrap_or(0));
             }
         }

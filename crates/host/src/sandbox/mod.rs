@@ -448,7 +448,8 @@ pub fn plan_for_abi(grants: &Grants<'_>, version: i32) -> Result<Plan, SandboxEr
 
 /// In the child, between fork and exec: allow reading its own /proc/self
 /// (and, with `tmp`, everything in its private /tmp, mounted after the
-/// ruleset was built), then restrict itself with `ruleset`.
+/// ruleset was built), Moat's `/etc/resolv.conf` when `resolv_conf`, then
+/// restrict itself with `ruleset`.
 /// Async-signal-safe: raw system calls on values prepared before the fork;
 /// no allocation.
 ///
@@ -460,7 +461,10 @@ pub unsafe fn restrict_child(
     ruleset: RawFd,
     proc_self_access: u64,
     tmp_access: Option<u64>,
+    resolv_conf: bool,
 ) -> std::io::Result<()> {
+    /// LANDLOCK_ACCESS_FS_READ_FILE.
+    const READ_FILE: u64 = 1 << 2;
     #[repr(C, packed)]
     struct PathBeneathAttr {
         allowed_access: u64,
@@ -468,13 +472,13 @@ pub unsafe fn restrict_child(
     }
     const LANDLOCK_RULE_PATH_BENEATH: libc::c_int = 1;
     let add = |path: &std::ffi::CStr, access: u64| -> std::io::Result<()> {
-        // SAFETY: a static NUL-terminated path; O_PATH opens without reading.
-        let fd = unsafe {
-            libc::open(
-                path.as_ptr(),
-                libc::O_PATH | libc::O_CLOEXEC | libc::O_DIRECTORY,
-            )
+        let directory = if access == READ_FILE {
+            0
+        } else {
+            libc::O_DIRECTORY
         };
+        // SAFETY: a static NUL-terminated path; O_PATH opens without reading.
+        let fd = unsafe { libc::open(path.as_ptr(), libc::O_PATH | libc::O_CLOEXEC | directory) };
         if fd < 0 {
             return Err(std::io::Error::last_os_error());
         }
@@ -505,6 +509,12 @@ pub unsafe fn restrict_child(
     let _ = add(c"/proc/self", proc_self_access);
     if let Some(access) = tmp_access {
         add(c"/tmp", access)?;
+    }
+    // Moat's resolv.conf, bound over the host's in this mount namespace:
+    // Landlock skips a mount point on its way up, so the rule the parent
+    // made for the host's file does not cover it.
+    if resolv_conf {
+        add(c"/etc/resolv.conf", READ_FILE)?;
     }
     // SAFETY: restricts only the calling (child) thread, which is about to exec.
     let result = unsafe { libc::syscall(libc::SYS_landlock_restrict_self, ruleset, 0u32) };
