@@ -255,14 +255,19 @@ fn launcher_request(
         (_, None) => return Err(arguments(launcher, "no package is named")),
     };
     let (name, version) = split_spec(ecosystem, &spec);
-    if name.is_empty()
-        || name.starts_with('.')
-        || name.contains(['/', '\\']) && !name.starts_with('@')
-    {
+    if !valid_name(ecosystem, &name) {
         return Err(arguments(
             launcher,
             format!(
                 "{spec:?} is not a registry package name (paths, URLs and git sources are not installed by Moat)"
+            ),
+        ));
+    }
+    if let Some(version) = version.as_deref().filter(|v| !valid_version(v)) {
+        return Err(arguments(
+            launcher,
+            format!(
+                "{version:?} is not a version (URLs, markers and extras are not installed by Moat)"
             ),
         ));
     }
@@ -280,6 +285,46 @@ fn launcher_request(
         args: rest,
         launcher: launcher.to_owned(),
     })
+}
+
+/// Whether `name` is a registry package name: npm's `[@scope/]name`
+/// (lower case, digits, `-._~`), or a Python distribution name (PEP 508:
+/// letters, digits, `-._`, alphanumeric at both ends). Nothing that could
+/// be a path, a URL or an option.
+fn valid_name(ecosystem: Ecosystem, name: &str) -> bool {
+    let part = |p: &str, extra: &str| {
+        !p.is_empty()
+            && !p.starts_with(['.', '-', '_'])
+            && p.chars()
+                .all(|c| c.is_ascii_alphanumeric() || extra.contains(c))
+    };
+    match ecosystem {
+        Ecosystem::Npm => {
+            let lower = name.chars().all(|c| !c.is_ascii_uppercase());
+            let unscoped = match name.strip_prefix('@') {
+                Some(scoped) => match scoped.split_once('/') {
+                    Some((scope, rest)) if part(scope, "-._~") => rest,
+                    _ => return false,
+                },
+                None => name,
+            };
+            lower && name.len() <= 214 && part(unscoped, "-._~")
+        }
+        Ecosystem::Python => {
+            part(name, "-._") && !name.ends_with(['.', '-', '_']) && name.len() <= 200
+        }
+    }
+}
+
+/// Whether `version` is a version or range in either ecosystem's syntax:
+/// digits, letters, `.*+!<>=~^,-` and `|` or spaces between npm ranges;
+/// never `@`, `/`, `:` or `;` (a URL, a path or an environment marker).
+fn valid_version(version: &str) -> bool {
+    !version.is_empty()
+        && version.len() <= 100
+        && version
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || ".*+!<>=~^,-| ".contains(c))
 }
 
 /// `name@version` (npm; a scope's `@` is not a separator), or for Python
@@ -932,6 +977,27 @@ mod tests {
                 "more than one package",
             ),
             ("python3", &["-m", "os;x"][..], "expected a module name"),
+            (
+                "npx",
+                &["@x/../../etc"][..],
+                "is not a registry package name",
+            ),
+            ("npx", &["Upper"][..], "is not a registry package name"),
+            (
+                "uvx",
+                &["pkg@ https://evil.example/x.whl"][..],
+                "is not a version",
+            ),
+            (
+                "uvx",
+                &["--from", "pkg==1.0;python_version>'3'", "x"][..],
+                "is not a version",
+            ),
+            (
+                "uvx",
+                &["git+https://example.com/x"][..],
+                "is not a registry package name",
+            ),
         ] {
             let error = recognise(command, &strings(args))
                 .unwrap()
