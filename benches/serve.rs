@@ -67,14 +67,14 @@ impl Driver {
         let mut line = String::new();
         loop {
             line.clear();
-            let n = self.stdout.read_line(&mut line).expect("reading the server");
+            let n = self
+                .stdout
+                .read_line(&mut line)
+                .expect("reading the server");
             assert!(n > 0, "the server closed its stdout during {method}");
             let message: Value = serde_json::from_str(&line).expect("a JSON-RPC line");
             if message["id"] == json!(id) {
-                assert!(
-                    message.get("error").is_none(),
-                    "{method} failed: {message}"
-                );
+                assert!(message.get("error").is_none(), "{method} failed: {message}");
                 return message;
             }
         }
@@ -94,10 +94,7 @@ impl Driver {
             "tools/call",
             json!({"name": tool, "arguments": {"message": "bench"}}),
         );
-        assert_eq!(
-            answer["result"]["content"][0]["text"], "bench",
-            "{answer}"
-        );
+        assert_eq!(answer["result"]["content"][0]["text"], "bench", "{answer}");
     }
 
     /// Peak RSS in bytes of the child and every process below it.
@@ -110,7 +107,9 @@ impl Driver {
                 .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse::<u64>().ok())
                 .unwrap_or(0)
                 * 1024;
-            let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).into_iter().flatten();
+            let tasks = std::fs::read_dir(format!("/proc/{pid}/task"))
+                .into_iter()
+                .flatten();
             for task in tasks.flatten() {
                 let children =
                     std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
@@ -212,7 +211,11 @@ fn main() {
             digest(guests::EVERYTHING_WASM)
         ),
     );
-    let locked = write_config(dir.path(), "locked", &std::fs::read_to_string(&wasm).unwrap());
+    let locked = write_config(
+        dir.path(),
+        "locked",
+        &std::fs::read_to_string(&wasm).unwrap(),
+    );
     let native = write_config(
         dir.path(),
         "native",
@@ -233,9 +236,19 @@ fn main() {
         .status()
         .unwrap();
     assert!(status.success(), "moat lock");
+    // The steady state: cache files older than the seal rule's settling
+    // time, sealed by one start.
+    std::thread::sleep(moat_host::seal::SETTLED + Duration::from_millis(200));
+    for config in [&wasm, &locked] {
+        let mut driver = Driver::spawn(moat(config, &cache, &state));
+        driver.initialize();
+        driver.close();
+    }
 
     let rows = [
-        measure("native", "echo", &|| Command::new(guests::EVERYTHING_NATIVE)),
+        measure("native", "echo", &|| {
+            Command::new(guests::EVERYTHING_NATIVE)
+        }),
         measure("serve → wasm", "everything__echo", &|| {
             moat(&wasm, &cache, &state)
         }),

@@ -81,6 +81,29 @@ pub fn read_private(path: &Path) -> std::io::Result<Vec<u8>> {
     }
 }
 
+/// Writes `bytes` to `path` through a file beside it (mode 0600, no link
+/// followed) renamed into place, so a reader sees the old file or the new
+/// one, never half of one.
+pub fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(format!(".tmp{}", std::process::id()));
+    let tmp = std::path::PathBuf::from(tmp);
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options
+            .mode(0o600)
+            .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32);
+    }
+    {
+        use std::io::Write;
+        options.open(&tmp)?.write_all(bytes)?;
+    }
+    std::fs::rename(&tmp, path)
+}
+
 /// The key `name` in `dir`: read, or made there (with `dir`, mode 0700)
 /// when there is none. Two processes making it at once agree on one.
 pub fn user_key(dir: &Path, name: &str) -> std::io::Result<Key> {

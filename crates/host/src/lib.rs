@@ -31,6 +31,7 @@ pub mod policy;
 pub mod remote;
 #[cfg(target_os = "linux")]
 pub mod sandbox;
+pub mod seal;
 pub mod transport;
 pub mod wasm;
 

@@ -38,11 +38,9 @@ use crate::transport::{Exit, Launched, Metrics, Tracker};
 /// Bytes buffered in each in-memory stdio pipe.
 const PIPE_BYTES: usize = 64 * 1024;
 /// First bytes of every cache file Moat writes.
-const CACHE_MAGIC: &[u8; 12] = b"MOAT-CWASM2\n";
+const CACHE_MAGIC: &[u8; 12] = b"MOAT-CWASM3\n";
 /// The cache key's file name, inside the cache directory.
 const CACHE_KEY_FILE: &str = "cache.key";
-/// Bytes in the MAC.
-const MAC_BYTES: usize = crate::keys::KEY_BYTES;
 
 /// Errors of the wasm launcher, naming the operation and its subject.
 #[derive(Debug, thiserror::Error)]
@@ -85,8 +83,12 @@ pub enum WasmError {
 /// Where a compiled component came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CacheOutcome {
-    /// Loaded from a cache file whose payload matched its recorded digest.
+    /// Loaded from a cache file whose payload was read and its MAC
+    /// verified (and the file then sealed).
     Hit,
+    /// Mapped straight from a cache file whose seal says it is the file
+    /// verified before: nothing read or hashed.
+    Mapped,
     /// Compiled: no cache file, or no cache configured.
     Compiled,
     /// A cache file existed but was corrupt or foreign: compiled afresh and
@@ -165,21 +167,69 @@ impl WasmEngine {
             .map(|dir| dir.join(format!("{digest}-{}.cwasm", self.compatibility_hash())))
     }
 
-    /// Reads the component at `path` once, checks its digest against
-    /// `expected`, compiles those same bytes (or loads them from the cache)
-    /// and pre-instantiates them. Compilation runs off the async runtime.
+    /// The seal of `path`'s digest in the cache directory.
+    fn digest_seal_path(&self, path: &Path) -> Option<PathBuf> {
+        let name = Digest::of(path.as_os_str().as_encoded_bytes());
+        Some(
+            self.cache_dir
+                .as_ref()?
+                .join("seals")
+                .join(format!("{name}.digest")),
+        )
+    }
+
+    /// The component's digest: from its seal when the file is unchanged
+    /// since it was last hashed (no read), else hashed from the bytes read
+    /// through one descriptor (and sealed). The bytes, when they were read.
+    fn measure(&self, path: &Path) -> Result<(Digest, Option<Vec<u8>>, DigestSource), WasmError> {
+        use std::io::Read as _;
+        let read_error = |source| WasmError::Read {
+            path: path.to_owned(),
+            source,
+        };
+        let mut file = std::fs::File::open(path).map_err(read_error)?;
+        let meta = file.metadata().map_err(read_error)?;
+        let stat = crate::seal::Stat::of(&meta);
+        let seal_path = self.digest_seal_path(path);
+        let key = self.key();
+        if let (Some(stat), Some(seal_path), Some(key)) = (&stat, &seal_path, &key)
+            && let Some(claim) = crate::seal::read(seal_path, key, b"component digest", stat)
+            && let Ok(bytes) = <[u8; 32]>::try_from(claim.as_slice())
+        {
+            return Ok((Digest::from_bytes(bytes), None, DigestSource::Sealed));
+        }
+        let mut bytes = Vec::with_capacity(meta.len() as usize);
+        file.read_to_end(&mut bytes).map_err(read_error)?;
+        let digest = Digest::of(&bytes);
+        if let (Some(stat), Some(seal_path), Some(key)) = (&stat, &seal_path, &key)
+            && let Err(error) =
+                crate::seal::write(seal_path, key, b"component digest", stat, digest.as_bytes())
+        {
+            tracing::debug!(path = %seal_path.display(), %error, "could not seal a digest");
+        }
+        Ok((digest, Some(bytes), DigestSource::Hashed))
+    }
+
+    /// Measures the component at `path` (see [`Self::measure`]), checks its
+    /// digest against `expected`, and loads its compiled form from the cache
+    /// (mapped, not copied, when its seal holds) or compiles the very bytes
+    /// that were hashed, then pre-instantiates it. Compilation runs off the
+    /// async runtime.
     pub async fn prepare(
         &self,
         path: &Path,
         expected: Expectation,
     ) -> Result<PreparedComponent, WasmError> {
-        let bytes = tokio::fs::read(path)
-            .await
-            .map_err(|source| WasmError::Read {
-                path: path.to_owned(),
-                source,
-            })?;
-        let digest = Digest::of(&bytes);
+        let (digest, bytes, source) = {
+            let this = self.clone();
+            let owned = path.to_owned();
+            tokio::task::spawn_blocking(move || this.measure(&owned))
+                .await
+                .map_err(|e| WasmError::Compile {
+                    path: path.to_owned(),
+                    detail: e.to_string(),
+                })??
+        };
         expected
             .check(digest)
             .map_err(|mismatch| WasmError::Digest {
@@ -194,12 +244,13 @@ impl WasmEngine {
             .cloned();
         if let Some(mut prepared) = known {
             prepared.cache = CacheOutcome::Memory;
+            prepared.digest_source = source;
             return Ok(prepared);
         }
         let this = self.clone();
         let owned_path = path.to_owned();
         let (component, cache) =
-            tokio::task::spawn_blocking(move || this.compile_or_load(&owned_path, digest, &bytes))
+            tokio::task::spawn_blocking(move || this.compile_or_load(&owned_path, digest, bytes))
                 .await
                 .map_err(|e| WasmError::Compile {
                     path: path.to_owned(),
@@ -220,6 +271,7 @@ impl WasmEngine {
             engine: self.engine.clone(),
             digest,
             cache,
+            digest_source: source,
             pre,
         };
         self.prepared
@@ -233,51 +285,54 @@ impl WasmEngine {
         &self,
         path: &Path,
         digest: Digest,
-        bytes: &[u8],
+        bytes: Option<Vec<u8>>,
     ) -> Result<(Component, CacheOutcome), WasmError> {
-        let Some(cache_path) = self.cache_path(digest) else {
-            return Ok((self.compile(path, bytes)?, CacheOutcome::Compiled));
+        let cached = match (self.cache_path(digest), self.key()) {
+            (Some(cache_path), Some(key)) => Some((cache_path, key)),
+            _ => None,
         };
-        let Some(key) = self.key() else {
-            return Ok((self.compile(path, bytes)?, CacheOutcome::Compiled));
-        };
-        let context = MacContext {
-            key: &key,
-            digest,
-            engine: self.compatibility_hash(),
-        };
-        let outcome = match crate::keys::read_private(&cache_path) {
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => CacheOutcome::Compiled,
-            Err(error) => {
-                tracing::warn!(path = %cache_path.display(), %error, "unreadable cache file; recompiling");
-                CacheOutcome::Recompiled
+        let outcome = match &cached {
+            None => CacheOutcome::Compiled,
+            Some((cache_path, key)) => {
+                let context = MacContext {
+                    key,
+                    digest,
+                    engine: self.compatibility_hash(),
+                };
+                match context.load(&self.engine, cache_path) {
+                    Ok(loaded) => return Ok(loaded),
+                    Err(outcome) => outcome,
+                }
             }
-            Ok(file) => match context.verified_payload(&file) {
-                Some(payload) => {
-                    // SAFETY: `Component::deserialize` runs the payload as
-                    // native code. The payload is only used when its MAC,
-                    // under the per-user key that only Moat reads, matches
-                    // this component's digest, this engine's compatibility
-                    // hash and the payload: Moat wrote it for exactly this
-                    // component and engine. Wasmtime additionally checks the
-                    // header for engine compatibility.
-                    match unsafe { Component::deserialize(&self.engine, payload) } {
-                        Ok(component) => return Ok((component, CacheOutcome::Hit)),
-                        Err(error) => {
-                            tracing::warn!(path = %cache_path.display(), %error, "foreign cache file; recompiling");
-                            CacheOutcome::Recompiled
-                        }
-                    }
-                }
-                None => {
-                    tracing::warn!(path = %cache_path.display(), "cache file not written by Moat for this component and engine; recompiling");
-                    CacheOutcome::Recompiled
-                }
-            },
         };
-        let component = self.compile(path, bytes)?;
-        if let Err(error) = write_cache(&cache_path, &context, &component) {
-            tracing::warn!(path = %cache_path.display(), %error, "could not write cache file");
+        // Compile exactly the bytes whose digest was checked: read them now
+        // if the digest came from a seal, and hash them again.
+        let bytes = match bytes {
+            Some(bytes) => bytes,
+            None => {
+                let bytes = std::fs::read(path).map_err(|source| WasmError::Read {
+                    path: path.to_owned(),
+                    source,
+                })?;
+                if Digest::of(&bytes) != digest {
+                    return Err(WasmError::Read {
+                        path: path.to_owned(),
+                        source: std::io::Error::other("the file changed while it was prepared"),
+                    });
+                }
+                bytes
+            }
+        };
+        let component = self.compile(path, &bytes)?;
+        if let Some((cache_path, key)) = &cached {
+            let context = MacContext {
+                key,
+                digest,
+                engine: self.compatibility_hash(),
+            };
+            if let Err(error) = write_cache(cache_path, &context, &component) {
+                tracing::warn!(path = %cache_path.display(), %error, "could not write cache file");
+            }
         }
         Ok((component, outcome))
     }
@@ -309,20 +364,128 @@ impl MacContext<'_> {
         mac
     }
 
-    /// The payload of a cache file if its MAC is right, compared in
-    /// constant time.
-    fn verified_payload<'f>(&self, file: &'f [u8]) -> Option<&'f [u8]> {
+    /// What the seal of a verified cache file is for: this component on
+    /// this engine.
+    fn purpose(&self) -> Vec<u8> {
+        let mut purpose = b"compiled component\n".to_vec();
+        purpose.extend_from_slice(self.digest.as_bytes());
+        purpose.extend_from_slice(self.engine.as_bytes());
+        purpose
+    }
+
+    /// The component in `cache_path`: mapped straight from the file when
+    /// its seal says it is the file verified before; else read, its MAC
+    /// (in `cache_path.mac`) checked in constant time, and sealed. The
+    /// outcome to report when it cannot be used.
+    fn load(
+        &self,
+        engine: &Engine,
+        cache_path: &Path,
+    ) -> Result<(Component, CacheOutcome), CacheOutcome> {
         use hmac::Mac;
-        let rest = file.strip_prefix(CACHE_MAGIC.as_slice())?;
-        if rest.len() < MAC_BYTES {
-            return None;
+        use std::io::Read as _;
+        let mac_path = with_suffix(cache_path, ".mac");
+        let seal_path = with_suffix(cache_path, ".seal");
+        let mut file = match open_private(cache_path) {
+            Ok(file) => file,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+                return Err(CacheOutcome::Compiled);
+            }
+            Err(error) => {
+                tracing::warn!(path = %cache_path.display(), %error, "unreadable cache file; recompiling");
+                return Err(CacheOutcome::Recompiled);
+            }
+        };
+        let stat = file
+            .metadata()
+            .ok()
+            .as_ref()
+            .and_then(crate::seal::Stat::of);
+        let recorded = crate::keys::read_private(&mac_path).unwrap_or_default();
+        let sealed = stat.as_ref().is_some_and(|stat| {
+            crate::seal::read(&seal_path, self.key, &self.purpose(), stat)
+                .is_some_and(|claim| !recorded.is_empty() && claim == recorded)
+        });
+        if sealed {
+            // SAFETY: `Component::deserialize_file` maps the file and runs it
+            // as native code. The file is the one whose payload MAC, under the
+            // per-user key that only Moat reads, was verified for exactly this
+            // component and engine, and it has not changed since (same inode,
+            // size, mtime and ctime, sealed under the same key). Wasmtime
+            // also checks the header for engine compatibility.
+            match unsafe { Component::deserialize_file(engine, cache_path) } {
+                Ok(component) => return Ok((component, CacheOutcome::Mapped)),
+                Err(error) => {
+                    tracing::warn!(path = %cache_path.display(), %error, "sealed cache file did not load; recompiling");
+                    return Err(CacheOutcome::Recompiled);
+                }
+            }
         }
-        let (recorded, payload) = rest.split_at(MAC_BYTES);
-        self.mac(payload).verify_slice(recorded).ok()?;
-        Some(payload)
+        let mut payload = Vec::new();
+        if let Err(error) = file.read_to_end(&mut payload) {
+            tracing::warn!(path = %cache_path.display(), %error, "unreadable cache file; recompiling");
+            return Err(CacheOutcome::Recompiled);
+        }
+        if self.mac(&payload).verify_slice(&recorded).is_err() {
+            tracing::warn!(path = %cache_path.display(), "cache file not written by Moat for this component and engine; recompiling");
+            return Err(CacheOutcome::Recompiled);
+        }
+        // SAFETY: `Component::deserialize` runs the payload as native code.
+        // The payload is only used when its MAC, under the per-user key that
+        // only Moat reads, matches this component's digest, this engine's
+        // compatibility hash and the payload: Moat wrote it for exactly this
+        // component and engine. Wasmtime additionally checks the header for
+        // engine compatibility.
+        match unsafe { Component::deserialize(engine, &payload) } {
+            Ok(component) => {
+                if let Some(stat) = &stat
+                    && let Err(error) =
+                        crate::seal::write(&seal_path, self.key, &self.purpose(), stat, &recorded)
+                {
+                    tracing::debug!(path = %seal_path.display(), %error, "could not seal a cache file");
+                }
+                Ok((component, CacheOutcome::Hit))
+            }
+            Err(error) => {
+                tracing::warn!(path = %cache_path.display(), %error, "foreign cache file; recompiling");
+                Err(CacheOutcome::Recompiled)
+            }
+        }
     }
 }
 
+/// `path` with `suffix` appended to its file name.
+fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(suffix);
+    PathBuf::from(name)
+}
+
+/// Opens `path` for reading without following a link, if it is a regular
+/// file owned by this user.
+fn open_private(path: &Path) -> std::io::Result<std::fs::File> {
+    let mut options = std::fs::OpenOptions::new();
+    options.read(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+        options.custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32);
+        let file = options.open(path)?;
+        let meta = file.metadata()?;
+        if !meta.is_file() || meta.uid() != rustix::process::geteuid().as_raw() {
+            return Err(std::io::Error::other(
+                "not a regular file owned by this user",
+            ));
+        }
+        Ok(file)
+    }
+    #[cfg(not(unix))]
+    options.open(path)
+}
+
+/// Writes the compiled component as wasmtime serialized it (so it can be
+/// mapped), with its MAC in `cache_path.mac`; the MAC goes first, so a
+/// reader between the two sees a mismatch, never a match for other bytes.
 fn write_cache(
     cache_path: &Path,
     context: &MacContext<'_>,
@@ -332,25 +495,9 @@ fn write_cache(
     let payload = component
         .serialize()
         .map_err(|e| std::io::Error::other(e.to_string()))?;
-    let mut file = Vec::with_capacity(CACHE_MAGIC.len() + MAC_BYTES + payload.len());
-    file.extend_from_slice(CACHE_MAGIC);
-    file.extend_from_slice(&context.mac(&payload).finalize().into_bytes());
-    file.extend_from_slice(&payload);
-    let tmp = cache_path.with_extension(format!("tmp{}", std::process::id()));
-    let mut options = std::fs::OpenOptions::new();
-    options.write(true).create(true).truncate(true);
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        options
-            .mode(0o600)
-            .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32);
-    }
-    {
-        use std::io::Write;
-        options.open(&tmp)?.write_all(&file)?;
-    }
-    std::fs::rename(&tmp, cache_path)
+    let mac = context.mac(&payload).finalize().into_bytes();
+    crate::keys::write_private(&with_suffix(cache_path, ".mac"), &mac)?;
+    crate::keys::write_private(cache_path, &payload)
 }
 
 /// A measured, compiled and pre-instantiated component, ready to launch as
@@ -360,7 +507,17 @@ pub struct PreparedComponent {
     engine: Engine,
     digest: Digest,
     cache: CacheOutcome,
+    digest_source: DigestSource,
     pre: CommandPre<HostState>,
+}
+
+/// How a prepared component's digest was known.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DigestSource {
+    /// Its bytes were read and hashed.
+    Hashed,
+    /// From its seal: the file is unchanged since it was last hashed.
+    Sealed,
 }
 
 /// What one instance gets: argv, exact environment, and its limits.
@@ -472,6 +629,11 @@ impl PreparedComponent {
     /// The sha256 of the component's bytes.
     pub fn digest(&self) -> Digest {
         self.digest
+    }
+
+    /// How the component's digest was known: hashed, or from its seal.
+    pub fn digest_source(&self) -> DigestSource {
+        self.digest_source
     }
 
     /// Whether compilation was served from the cache.

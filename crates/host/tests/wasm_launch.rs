@@ -119,11 +119,11 @@ async fn a_corrupt_or_foreign_cache_file_is_recompiled_not_loaded() {
 
     // A file made without the key: its MAC recomputed as a plain sha256,
     // the way the first cache format recorded it.
-    let payload = std::fs::read(&other_file).unwrap()[12 + 32..].to_vec();
-    let mut forged = b"MOAT-CWASM2\n".to_vec();
-    forged.extend_from_slice(Digest::of(&payload).as_bytes());
-    forged.extend_from_slice(&payload);
-    std::fs::write(&cache_file, &forged).unwrap();
+    let payload = std::fs::read(&other_file).unwrap();
+    std::fs::write(&cache_file, &payload).unwrap();
+    let mut mac_file = cache_file.as_os_str().to_owned();
+    mac_file.push(".mac");
+    std::fs::write(&mac_file, Digest::of(&payload).as_bytes()).unwrap();
     assert_eq!(fresh_outcome().await, CacheOutcome::Recompiled);
 
     // The key is private to the user, and a cache from another key (a key
@@ -172,4 +172,83 @@ async fn an_idle_guest_burns_no_fuel_and_makes_no_busy_host_calls() {
         "{fuel} fuel used during a 300 ms idle sleep"
     );
     session.close().await.unwrap();
+}
+
+/// The hot path reads and hashes nothing the identity does not need: a
+/// component file unchanged since it was hashed is known by its seal, and
+/// a compiled file unchanged since it was verified is mapped as it is. A
+/// file that changed just now is not sealed (its timestamps may not yet
+/// tell a second change apart), and a sealed file that changes is read and
+/// verified again.
+#[tokio::test]
+async fn unchanged_files_are_known_by_their_seals_and_changed_ones_are_verified() {
+    use moat_host::seal::{Stat, now_ns};
+    use moat_host::wasm::DigestSource;
+    let cache = tempfile::tempdir().unwrap();
+    let prepare = |path: PathBuf| {
+        let cache = cache.path().to_owned();
+        async move {
+            let prepared = Host::new(Some(cache))
+                .unwrap()
+                .wasm()
+                .prepare(&path, Expectation::Unpinned)
+                .await
+                .unwrap();
+            (prepared.digest_source(), prepared.cache_outcome())
+        }
+    };
+    let settled = |path: &Path| {
+        Stat::of(&std::fs::metadata(path).unwrap())
+            .unwrap()
+            .settled(now_ns())
+    };
+
+    // A component that changed just now (a fresh copy) is hashed every time.
+    let dir = tempfile::tempdir().unwrap();
+    let copy = dir.path().join("non-json.wasm");
+    std::fs::copy(guests::NON_JSON_WASM, &copy).unwrap();
+    assert_eq!(
+        prepare(copy.clone()).await,
+        (DigestSource::Hashed, CacheOutcome::Compiled)
+    );
+    assert_eq!(
+        prepare(copy.clone()).await,
+        (DigestSource::Hashed, CacheOutcome::Hit),
+        "the compiled file was just written: read and verified"
+    );
+
+    // Once both files have settled, the first start seals them and the next
+    // one reads neither.
+    let cache_file = Host::new(Some(cache.path().to_owned()))
+        .unwrap()
+        .wasm()
+        .cache_path(Digest::of(&std::fs::read(&copy).unwrap()))
+        .unwrap();
+    let deadline = std::time::Instant::now() + moat_host::seal::SETTLED * 3;
+    while !(settled(&copy) && settled(&cache_file)) {
+        // Waiting on the clock itself: the rule is about the files' age.
+        assert!(std::time::Instant::now() < deadline, "files never settled");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert_eq!(
+        prepare(copy.clone()).await,
+        (DigestSource::Hashed, CacheOutcome::Hit)
+    );
+    assert_eq!(
+        prepare(copy.clone()).await,
+        (DigestSource::Sealed, CacheOutcome::Mapped)
+    );
+
+    // A change to either file breaks its seal.
+    let mut compiled = std::fs::read(&cache_file).unwrap();
+    let middle = compiled.len() / 2;
+    compiled[middle] ^= 0xff;
+    std::fs::write(&cache_file, &compiled).unwrap();
+    assert_eq!(
+        prepare(copy.clone()).await,
+        (DigestSource::Sealed, CacheOutcome::Recompiled)
+    );
+    std::fs::write(&copy, std::fs::read(guests::EVERYTHING_WASM).unwrap()).unwrap();
+    let (source, _) = prepare(copy.clone()).await;
+    assert_eq!(source, DigestSource::Hashed, "other bytes under the name");
 }
