@@ -186,9 +186,17 @@ pub struct Host {
     /// adds with [`Host::protect`] (the config, the audit log).
     #[cfg(unix)]
     protected: Vec<crate::grants::Protected>,
+    /// Connects attempted through this host (and its clones): each starts
+    /// one instance.
+    launches: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Host {
+    /// How many instances this host (and its clones) has started.
+    pub fn launches(&self) -> u64 {
+        self.launches.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// A host caching compiled components in `cache_dir`, when given.
     pub fn new(cache_dir: Option<PathBuf>) -> Result<Self, LaunchError> {
         let mut host = Self {
@@ -196,6 +204,7 @@ impl Host {
             lock: None,
             #[cfg(unix)]
             protected: Vec::new(),
+            launches: Arc::default(),
         };
         if let Some(dir) = cache_dir {
             host = host.protect(crate::grants::CACHE, dir);
@@ -405,6 +414,8 @@ impl Host {
         spec: &ServerSpec,
         handshake: Handshake,
     ) -> Result<Session, ClientError> {
+        self.launches
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let Some((lock, lock_path)) = &self.lock else {
             let transport = self.transport(spec)?;
             return Session::connect(transport, handshake).await;

@@ -5,7 +5,7 @@
 //! `server__tool`; calls are routed to the right child and audited. It never
 //! matches on the launcher kind.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -44,6 +44,10 @@ pub struct Gateway {
     audit: Option<Arc<AuditLog>>,
     sessions: Arc<AtomicU64>,
     live: Arc<std::sync::Mutex<Vec<std::sync::Weak<SessionState>>>>,
+    /// Servers the name check started, kept for the first session that
+    /// needs each one, so start-up never pays for an instance it throws
+    /// away.
+    spares: Arc<std::sync::Mutex<HashMap<String, Session>>>,
 }
 
 /// Why a gateway cannot start.
@@ -147,6 +151,27 @@ impl Gateway {
             audit,
             sessions: Arc::default(),
             live: Arc::default(),
+            spares: Arc::default(),
+        }
+    }
+
+    /// The instance the name check started for `server`, if it is still
+    /// healthy; each is handed out once.
+    fn take_spare(&self, server: &str) -> Option<Session> {
+        let spare = self
+            .spares
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(server)?;
+        match spare.shared().fault() {
+            None => Some(spare),
+            Some(fault) => {
+                tracing::debug!(%server, ?fault, "the name check's instance faulted; starting afresh");
+                tokio::spawn(async move {
+                    let _ = spare.close().await;
+                });
+                None
+            }
         }
     }
 
@@ -166,8 +191,16 @@ impl Gateway {
             let tools = session.list_tools().await;
             // A server without prompts answers prompts/list with an error.
             let prompts = session.list_prompts().await.unwrap_or_default();
-            if let Err(error) = session.close().await {
-                tracing::warn!(%server, %error, "closing after the name check");
+            // Kept for the first session that needs this server.
+            if let Some(replaced) = self
+                .spares
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(server.clone(), session)
+            {
+                tokio::spawn(async move {
+                    let _ = replaced.close().await;
+                });
             }
             let tools = match tools {
                 Ok(tools) => tools,
@@ -186,6 +219,18 @@ impl Gateway {
     /// in-flight calls, cancels what outlives the drain timeout, and stops
     /// its children. Reports what failed to close, by session and server.
     pub async fn close_all(&self) -> Vec<(String, ClientError)> {
+        let spares: Vec<(String, Session)> = self
+            .spares
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain()
+            .collect();
+        let mut failures = Vec::new();
+        for (server, spare) in spares {
+            if let Err(error) = spare.close().await {
+                failures.push((format!("name-check/{server}"), error));
+            }
+        }
         let live: Vec<Arc<SessionState>> = {
             let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
             let open = live.iter().filter_map(std::sync::Weak::upgrade).collect();
@@ -204,7 +249,6 @@ impl Gateway {
                     .collect::<Vec<_>>()
             });
         }
-        let mut failures = Vec::new();
         while let Some(closed) = closing.join_next().await {
             match closed {
                 Ok(closed) => failures.extend(closed),
@@ -437,7 +481,17 @@ impl AgentSession {
             tracing::warn!(%server, restarts, ?backoff, "restarting a crashed server");
             tokio::time::sleep(backoff).await;
         }
-        let session = Arc::new(self.gateway.host.connect(spec).await?);
+        let session = match (restarts, self.gateway.take_spare(server)) {
+            (0, Some(spare)) => Arc::new(spare),
+            (_, spare) => {
+                if let Some(spare) = spare {
+                    tokio::spawn(async move {
+                        let _ = spare.close().await;
+                    });
+                }
+                Arc::new(self.gateway.host.connect(spec).await?)
+            }
+        };
         let identity = session
             .execution_identity(spec)
             .ok_or_else(|| ClientError::Protocol {

@@ -24,10 +24,40 @@ both_launchers!(
     concurrent_sessions_have_their_own_children_and_answers,
     a_crash_in_one_session_leaves_the_identical_server_of_another_mid_call,
     servers_on_one_binary_with_other_tokens_and_grants_never_share_a_child,
+    the_name_checks_instance_serves_the_first_session,
 );
 
 fn gateway(servers: &[moat_host::ServerSpec]) -> Gateway {
     gateway_audited(servers, 30_000, None)
+}
+
+/// Start-up never pays for an instance it throws away: the instance the
+/// name check started (no lock) serves the first session that needs that
+/// server; the next session starts its own.
+async fn the_name_checks_instance_serves_the_first_session(launcher: Launcher) {
+    let host = host();
+    let config = Config {
+        path: "moat.toml".into(),
+        servers: [("everything".to_owned(), spec(launcher, guests::EVERYTHING))].into(),
+        serve: Default::default(),
+    };
+    let gateway = Gateway::new(host.clone(), config, None);
+    gateway.check_names().await.unwrap();
+    assert_eq!(host.launches(), 1);
+    let first = gateway.session();
+    let result = first.call("everything__calls", None).await.unwrap();
+    assert_eq!(
+        text(&result),
+        "1",
+        "the same instance, fresh: its first call"
+    );
+    assert_eq!(host.launches(), 1, "adopted, not started again");
+    let second = gateway.session();
+    second.tools().await.unwrap();
+    assert_eq!(host.launches(), 2, "the next session starts its own");
+    assert!(first.close().await.is_empty());
+    assert!(second.close().await.is_empty());
+    assert!(gateway.close_all().await.is_empty());
 }
 
 fn gateway_audited(
