@@ -307,7 +307,7 @@ impl Host {
             }
             #[cfg(unix)]
             ServerKind::Native { .. } => {
-                let launch = native_launch(spec, expected, None)?;
+                let launch = native_launch(spec, expected, None, self.wasm.sealer())?;
                 Ok(ServerTransport::new(
                     spec.name.clone(),
                     spec.limits.clone(),
@@ -362,7 +362,7 @@ impl Host {
         let observed = Arc::new(std::sync::Mutex::new(
             crate::native::learn::Observed::default(),
         ));
-        let launch = native_launch(spec, expected, Some(observed.clone()))?;
+        let launch = native_launch(spec, expected, Some(observed.clone()), self.wasm.sealer())?;
         let executable = launch.resolved.target.clone();
         let transport =
             ServerTransport::new(spec.name.clone(), spec.limits.clone(), move |tracker| {
@@ -675,6 +675,7 @@ fn native_launch(
     spec: &ServerSpec,
     expected: Expectation,
     learn: Option<Arc<std::sync::Mutex<crate::native::learn::Observed>>>,
+    sealer: Option<crate::seal::Sealer>,
 ) -> Result<crate::native::NativeLaunch, LaunchError> {
     let ServerKind::Native {
         command,
@@ -703,6 +704,7 @@ fn native_launch(
         net: spec.net.clone(),
         sandbox: spec.sandbox,
         learn,
+        sealer,
     })
 }
 

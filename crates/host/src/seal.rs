@@ -125,6 +125,77 @@ pub fn write(
     crate::keys::write_private(seal_path, &body)
 }
 
+/// Seals file digests in one directory under one key: what the launchers
+/// use to skip hashing an executable, an interpreter or a component that
+/// has not changed since it was hashed.
+#[derive(Clone)]
+pub struct Sealer {
+    key: Key,
+    dir: std::path::PathBuf,
+}
+
+impl std::fmt::Debug for Sealer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sealer").field("dir", &self.dir).finish()
+    }
+}
+
+/// How a digest was known.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DigestSource {
+    /// The bytes were read and hashed.
+    Hashed,
+    /// From the file's seal: unchanged since it was last hashed.
+    Sealed,
+}
+
+impl Sealer {
+    /// Seals kept in `dir` under `key`.
+    pub fn new(key: Key, dir: std::path::PathBuf) -> Self {
+        Self { key, dir }
+    }
+
+    fn path_for(&self, path: &Path) -> std::path::PathBuf {
+        let name = crate::identity::Digest::of(path.as_os_str().as_encoded_bytes());
+        self.dir.join(format!("{name}.digest"))
+    }
+
+    /// The digest of the file at `path` whose metadata is `meta`: from its
+    /// seal when the file is unchanged since it was sealed, else `hash()`,
+    /// which is then sealed.
+    pub fn digest<E>(
+        &self,
+        path: &Path,
+        meta: &std::fs::Metadata,
+        hash: impl FnOnce() -> Result<crate::identity::Digest, E>,
+    ) -> Result<(crate::identity::Digest, DigestSource), E> {
+        let seal_path = self.path_for(path);
+        let stat = Stat::of(meta);
+        if let Some(stat) = &stat
+            && let Some(claim) = read(&seal_path, &self.key, b"file digest", stat)
+            && let Ok(bytes) = <[u8; 32]>::try_from(claim.as_slice())
+        {
+            return Ok((
+                crate::identity::Digest::from_bytes(bytes),
+                DigestSource::Sealed,
+            ));
+        }
+        let digest = hash()?;
+        if let Some(stat) = &stat
+            && let Err(error) = write(
+                &seal_path,
+                &self.key,
+                b"file digest",
+                stat,
+                digest.as_bytes(),
+            )
+        {
+            tracing::debug!(path = %seal_path.display(), %error, "could not seal a digest");
+        }
+        Ok((digest, DigestSource::Hashed))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -167,15 +167,12 @@ impl WasmEngine {
             .map(|dir| dir.join(format!("{digest}-{}.cwasm", self.compatibility_hash())))
     }
 
-    /// The seal of `path`'s digest in the cache directory.
-    fn digest_seal_path(&self, path: &Path) -> Option<PathBuf> {
-        let name = Digest::of(path.as_os_str().as_encoded_bytes());
-        Some(
-            self.cache_dir
-                .as_ref()?
-                .join("seals")
-                .join(format!("{name}.digest")),
-        )
+    /// Seals of file digests, in the cache directory under the cache key.
+    pub fn sealer(&self) -> Option<crate::seal::Sealer> {
+        Some(crate::seal::Sealer::new(
+            self.key()?,
+            self.cache_dir.as_ref()?.join("seals"),
+        ))
     }
 
     /// The component's digest: from its seal when the file is unchanged
@@ -189,25 +186,19 @@ impl WasmEngine {
         };
         let mut file = std::fs::File::open(path).map_err(read_error)?;
         let meta = file.metadata().map_err(read_error)?;
-        let stat = crate::seal::Stat::of(&meta);
-        let seal_path = self.digest_seal_path(path);
-        let key = self.key();
-        if let (Some(stat), Some(seal_path), Some(key)) = (&stat, &seal_path, &key)
-            && let Some(claim) = crate::seal::read(seal_path, key, b"component digest", stat)
-            && let Ok(bytes) = <[u8; 32]>::try_from(claim.as_slice())
-        {
-            return Ok((Digest::from_bytes(bytes), None, DigestSource::Sealed));
-        }
-        let mut bytes = Vec::with_capacity(meta.len() as usize);
-        file.read_to_end(&mut bytes).map_err(read_error)?;
-        let digest = Digest::of(&bytes);
-        if let (Some(stat), Some(seal_path), Some(key)) = (&stat, &seal_path, &key)
-            && let Err(error) =
-                crate::seal::write(seal_path, key, b"component digest", stat, digest.as_bytes())
-        {
-            tracing::debug!(path = %seal_path.display(), %error, "could not seal a digest");
-        }
-        Ok((digest, Some(bytes), DigestSource::Hashed))
+        let mut bytes = None;
+        let mut hash = || {
+            let mut read = Vec::with_capacity(meta.len() as usize);
+            file.read_to_end(&mut read).map_err(read_error)?;
+            let digest = Digest::of(&read);
+            bytes = Some(read);
+            Ok::<_, WasmError>(digest)
+        };
+        let (digest, source) = match self.sealer() {
+            Some(sealer) => sealer.digest(path, &meta, hash)?,
+            None => (hash()?, DigestSource::Hashed),
+        };
+        Ok((digest, bytes, source))
     }
 
     /// Measures the component at `path` (see [`Self::measure`]), checks its
@@ -511,14 +502,7 @@ pub struct PreparedComponent {
     pre: CommandPre<HostState>,
 }
 
-/// How a prepared component's digest was known.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DigestSource {
-    /// Its bytes were read and hashed.
-    Hashed,
-    /// From its seal: the file is unchanged since it was last hashed.
-    Sealed,
-}
+pub use crate::seal::DigestSource;
 
 /// What one instance gets: argv, exact environment, and its limits.
 #[derive(Clone, Debug, Default)]

@@ -53,6 +53,7 @@ fn pinned_launch(name: &str, path: &Path, digest: Digest, cwd: PathBuf) -> Nativ
         net: Vec::new(),
         sandbox: Default::default(),
         learn: None,
+        sealer: None,
     }
 }
 
@@ -132,7 +133,7 @@ async fn a_configured_link_is_resolved_once_and_argv0_kept() {
 async fn replacing_the_file_after_the_check_still_runs_the_measured_bytes() {
     let (_dir, path) = copy_guest(guests::EVERYTHING_NATIVE);
     let digest = digest_of(&path);
-    let executable = native::open_measured(&path, Expectation::Pinned(digest)).unwrap();
+    let executable = native::open_measured(&path, Expectation::Pinned(digest), None).unwrap();
     assert_eq!(executable.digest(), Some(digest));
 
     // Swap in other bytes (a different server) under the same name.
@@ -361,7 +362,7 @@ async fn a_script_runs_its_measured_bytes_through_its_measured_interpreter() {
     let shebang = format!("/usr/bin/env -S {} -u", interpreter.display());
     let path = script_server(dir.path(), "server.py", &shebang, "measured");
     let digest = digest_of(&path);
-    let executable = native::open_measured(&path, Expectation::Pinned(digest)).unwrap();
+    let executable = native::open_measured(&path, Expectation::Pinned(digest), None).unwrap();
     let found = executable
         .interpreter()
         .expect("a script has an interpreter");
@@ -457,5 +458,46 @@ async fn nested_and_missing_interpreters_are_refused_by_name() {
             "{detail}"
         ),
         other => panic!("{other}"),
+    }
+}
+
+/// An executable unchanged since it was hashed is known by its seal; one
+/// byte changed in place afterwards (same size, same inode) breaks the
+/// seal, is hashed again, and the launch is refused.
+#[tokio::test]
+async fn a_sealed_executable_changed_in_place_is_hashed_again_and_refused() {
+    use std::io::{Seek, SeekFrom, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("everything");
+    std::fs::copy(guests::EVERYTHING_NATIVE, &path).unwrap();
+    let digest = digest_of(&path);
+    let cache = dir.path().join("cache");
+    let mut spec = ServerSpec::native("sealed", path.to_str().unwrap());
+    spec.sha256 = Some(digest);
+    // The seal rule is about the file's age: wait on the clock for it.
+    let deadline = std::time::Instant::now() + moat_host::seal::SETTLED * 3;
+    while !moat_host::seal::Stat::of(&std::fs::metadata(&path).unwrap())
+        .unwrap()
+        .settled(moat_host::seal::now_ns())
+    {
+        assert!(std::time::Instant::now() < deadline);
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    for _ in 0..2 {
+        let host = Host::new(Some(cache.clone())).unwrap();
+        let session = host.connect(&spec).await.unwrap();
+        session.close().await.unwrap();
+    }
+    let seals: Vec<_> = std::fs::read_dir(cache.join("seals")).unwrap().collect();
+    assert_eq!(seals.len(), 1, "the executable's digest is sealed");
+
+    let mut file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    file.seek(SeekFrom::Start(100)).unwrap();
+    file.write_all(&[0xAB]).unwrap();
+    drop(file);
+    let host = Host::new(Some(cache.clone())).unwrap();
+    match expect_native_error(host.connect(&spec).await) {
+        NativeError::Digest { mismatch, .. } => assert_eq!(mismatch.expected, digest),
+        other => panic!("expected a digest mismatch, got {other}"),
     }
 }

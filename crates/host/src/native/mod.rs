@@ -111,6 +111,9 @@ pub struct NativeLaunch {
     /// A learn run (`moat learn`): no file or network rules, and every file
     /// and address the server names is recorded here.
     pub learn: Option<Arc<std::sync::Mutex<learn::Observed>>>,
+    /// Seals of executables' digests: an executable or interpreter
+    /// unchanged since it was hashed is not hashed again.
+    pub sealer: Option<crate::seal::Sealer>,
 }
 
 /// The executable, opened without following links, with its digest when
@@ -208,7 +211,7 @@ fn open_interpreter(
     path: &Path,
     interpreter: &str,
     argument: Option<String>,
-    measure: bool,
+    measure: Option<Option<&crate::seal::Sealer>>,
 ) -> Result<Interpreter, NativeError> {
     let script = |detail: String| NativeError::Script {
         path: path.to_owned(),
@@ -262,15 +265,9 @@ fn open_interpreter(
             target.display()
         )));
     }
-    let digest = if measure {
-        let dup = fd.try_clone().map_err(|source| NativeError::Io {
-            syscall: "dup",
-            path: target.clone(),
-            source,
-        })?;
-        Some(hash_reader(std::fs::File::from(dup), &target)?)
-    } else {
-        None
+    let digest = match measure {
+        Some(sealer) => Some(hash_fd(&fd, &target, sealer)?),
+        None => None,
     };
     let argv0 = if is_env {
         target.to_string_lossy().into_owned()
@@ -292,6 +289,7 @@ fn open_interpreter(
 pub fn open_measured(
     path: &Path,
     expected: Expectation,
+    sealer: Option<&crate::seal::Sealer>,
 ) -> Result<MeasuredExecutable, NativeError> {
     let fd = rustix::fs::open(
         path,
@@ -326,7 +324,7 @@ pub fn open_measured(
             path,
             &interpreter,
             argument,
-            !matches!(expected, Expectation::Unpinned),
+            (!matches!(expected, Expectation::Unpinned)).then_some(sealer),
         )?),
         None => None,
     };
@@ -334,12 +332,7 @@ pub fn open_measured(
         Expectation::Unpinned => None,
         Expectation::Pinned(_) | Expectation::Record => {
             // Read through a duplicate so the descriptor we execute stays put.
-            let dup = fd.try_clone().map_err(|source| NativeError::Io {
-                syscall: "dup",
-                path: path.to_owned(),
-                source,
-            })?;
-            let actual = hash_reader(std::fs::File::from(dup), path)?;
+            let actual = hash_fd(&fd, path, sealer)?;
             expected
                 .check(actual)
                 .map_err(|mismatch| NativeError::Digest {
@@ -354,6 +347,31 @@ pub fn open_measured(
         digest,
         interpreter,
     })
+}
+
+/// The digest of the file behind `fd` (at `path`): from its seal when it
+/// is unchanged since it was hashed, else read through a duplicate (so the
+/// descriptor to execute keeps its offset) and hashed.
+fn hash_fd(
+    fd: &OwnedFd,
+    path: &Path,
+    sealer: Option<&crate::seal::Sealer>,
+) -> Result<Digest, NativeError> {
+    let io = |syscall: &'static str| {
+        move |source| NativeError::Io {
+            syscall,
+            path: path.to_owned(),
+            source,
+        }
+    };
+    let file = std::fs::File::from(fd.try_clone().map_err(io("dup"))?);
+    let Some(sealer) = sealer else {
+        return hash_reader(file, path);
+    };
+    let meta = file.metadata().map_err(io("fstat"))?;
+    let (digest, source) = sealer.digest(path, &meta, || hash_reader(&file, path))?;
+    tracing::trace!(path = %path.display(), ?source, "executable digest");
+    Ok(digest)
 }
 
 fn hash_reader(mut reader: impl Read, path: &Path) -> Result<Digest, NativeError> {
@@ -554,12 +572,14 @@ pub(crate) async fn launch(
 ) -> Result<Launched, LaunchError> {
     let target = launch.resolved.target.clone();
     let expected = launch.expected;
-    let executable = tokio::task::spawn_blocking(move || open_measured(&target, expected))
-        .await
-        .map_err(|error| NativeError::Spawn {
-            path: launch.resolved.target.clone(),
-            source: std::io::Error::other(error.to_string()),
-        })??;
+    let sealer = launch.sealer.clone();
+    let executable =
+        tokio::task::spawn_blocking(move || open_measured(&target, expected, sealer.as_ref()))
+            .await
+            .map_err(|error| NativeError::Spawn {
+                path: launch.resolved.target.clone(),
+                source: std::io::Error::other(error.to_string()),
+            })??;
     let also = executable.measured_files(&launch.resolved.target);
     let measured = measure_all(launch.measure.clone(), &launch.resolved.target, also).await?;
     for (path, digest) in &measured {
