@@ -39,6 +39,8 @@ use crate::transport::{Exit, Launched, Metrics, Tracker};
 const PIPE_BYTES: usize = 64 * 1024;
 /// First bytes of every cache file Moat writes.
 const CACHE_MAGIC: &[u8; 12] = b"MOAT-CWASM3\n";
+/// How long a compile runs before a terminal is told it is happening.
+const COMPILE_NOTICE_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
 /// The cache key's file name, inside the cache directory.
 const CACHE_KEY_FILE: &str = "cache.key";
 
@@ -328,12 +330,44 @@ impl WasmEngine {
         Ok((component, outcome))
     }
 
+    /// Compiles `bytes`. A compile that takes longer than
+    /// [`COMPILE_NOTICE_AFTER`] says so on stderr when that is a terminal,
+    /// and says when it is done: a first start is then never a silent wait.
     fn compile(&self, path: &Path, bytes: &[u8]) -> Result<Component, WasmError> {
+        use std::io::IsTerminal as _;
         tracing::debug!(path = %path.display(), bytes = bytes.len(), "compiling component");
-        Component::new(&self.engine, bytes).map_err(|e| WasmError::Compile {
+        let started = std::time::Instant::now();
+        let (done, finished) = std::sync::mpsc::channel::<()>();
+        let notice = std::io::stderr().is_terminal().then(|| {
+            let shown = crate::lock::printable(&path.display().to_string());
+            let size = bytes.len();
+            std::thread::spawn(move || {
+                match finished.recv_timeout(COMPILE_NOTICE_AFTER) {
+                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                        eprintln!(
+                            "moat: compiling {shown} ({} KiB; the first start only, it is cached afterwards)...",
+                            size / 1024
+                        );
+                        let _ = finished.recv();
+                        true
+                    }
+                    _ => false,
+                }
+            })
+        });
+        let compiled = Component::new(&self.engine, bytes).map_err(|e| WasmError::Compile {
             path: path.to_owned(),
             detail: format!("{e:#}"),
-        })
+        });
+        drop(done);
+        if notice.is_some_and(|n| n.join().unwrap_or(false)) {
+            eprintln!(
+                "moat: compiled {} in {:.1} s",
+                crate::lock::printable(&path.display().to_string()),
+                started.elapsed().as_secs_f64()
+            );
+        }
+        compiled
     }
 }
 
