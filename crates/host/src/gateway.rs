@@ -634,7 +634,11 @@ impl AgentSession {
             ));
         }
         let _in_flight = self.admit()?;
-        let arguments_json = serde_json::to_vec(&arguments).unwrap_or_default();
+        // What the audit records of the call: only computed for a log.
+        let audited = self.gateway.audit.is_some();
+        let arguments_json = audited
+            .then(|| serde_json::to_vec(&arguments).unwrap_or_default())
+            .unwrap_or_default();
         let started = Instant::now();
         let child = self.child(server).await.map_err(to_error)?;
         let fuel_before = child.shared().metrics().fuel_consumed();
@@ -649,6 +653,9 @@ impl AgentSession {
             }
         };
         let fuel = child.shared().metrics().fuel_consumed() - fuel_before;
+        if !audited {
+            return result.map_err(to_error);
+        }
         let (outcome, result_json) = match &result {
             Ok(result) if result.is_error == Some(true) => (
                 Outcome::plain("tool-error"),
