@@ -636,9 +636,11 @@ impl AgentSession {
         let _in_flight = self.admit()?;
         // What the audit records of the call: only computed for a log.
         let audited = self.gateway.audit.is_some();
-        let arguments_json = audited
-            .then(|| serde_json::to_vec(&arguments).unwrap_or_default())
-            .unwrap_or_default();
+        let arguments_json = if audited {
+            serde_json::to_vec(&arguments).unwrap_or_default()
+        } else {
+            Vec::new()
+        };
         let started = Instant::now();
         let child = self.child(server).await.map_err(to_error)?;
         let fuel_before = child.shared().metrics().fuel_consumed();
