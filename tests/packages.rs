@@ -263,17 +263,8 @@ fn reference_servers_from_client_configs_run_installed_under_the_required_sandbo
         {"name": "fetch__fetch", "arguments": {"url": page, "raw": true}},
         {"name": "fetch__fetch", "arguments": {"url": format!("http://localhost:{port}/page"), "raw": true}},
     ]);
-    let output = Command::new("node")
-        .arg(root.join("tests/clients/ts_calls.mjs"))
-        .arg(&sdk)
-        .arg(env!("CARGO_BIN_EXE_moat"))
-        .arg(&config_path)
+    let output = common::ts_client("ts_calls.mjs", &config_path)
         .arg(calls.to_string())
-        .env(
-            "MOAT_CACHE_DIR",
-            Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-cache"),
-        )
-        .env("MOAT_STATE_DIR", common::state_dir())
         .output()
         .expect("running node");
     let report: serde_json::Value =

@@ -114,17 +114,8 @@ fn the_typescript_sdk_drives_moat_serve_over_stdio() {
     let dir = tempfile::tempdir().unwrap();
     let config = hybrid_config(dir.path());
     let audit = dir.path().join("audit.jsonl");
-    let output = Command::new("node")
-        .arg(root.join("tests/clients/ts_agent.mjs"))
-        .arg(&sdk)
-        .arg(env!("CARGO_BIN_EXE_moat"))
-        .arg(&config)
+    let output = common::ts_client("ts_agent.mjs", &config)
         .env("MOAT_AUDIT", &audit)
-        .env(
-            "MOAT_CACHE_DIR",
-            Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-cache"),
-        )
-        .env("MOAT_STATE_DIR", common::state_dir())
         .output()
         .expect("running node");
     let stderr = String::from_utf8_lossy(&output.stderr);
@@ -342,20 +333,9 @@ fn the_python_sdk_drives_the_reference_servers_under_the_required_sandbox() {
 /// The same, driven by the official TypeScript SDK.
 #[test]
 fn the_typescript_sdk_drives_the_reference_servers_under_the_required_sandbox() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let sdk = root.join("target/npm/node_modules/@modelcontextprotocol/sdk");
     let dir = tempfile::tempdir().unwrap();
     let config = reference_config(dir.path());
-    let output = Command::new("node")
-        .arg(root.join("tests/clients/ts_reference.mjs"))
-        .arg(&sdk)
-        .arg(env!("CARGO_BIN_EXE_moat"))
-        .arg(&config)
-        .env(
-            "MOAT_CACHE_DIR",
-            Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-cache"),
-        )
-        .env("MOAT_STATE_DIR", common::state_dir())
+    let output = common::ts_client("ts_reference.mjs", &config)
         .output()
         .expect("running node");
     check_reference_report(&output, "TypeScript");

@@ -51,3 +51,22 @@ pub fn state_dir() -> std::path::PathBuf {
 pub fn audit_key() -> moat_host::keys::Key {
     moat_host::audit::key_in(&state_dir(), true).unwrap()
 }
+
+/// `node tests/clients/SCRIPT SDK MOAT CONFIG`: the official TypeScript SDK
+/// (installed by tests/setup.sh) driving `moat serve` over stdio, with the
+/// CLI tests' cache and state directories. Callers add arguments after.
+pub fn ts_client(script: &str, config: &Path) -> Command {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut command = Command::new("node");
+    command
+        .arg(root.join("tests/clients").join(script))
+        .arg(root.join("target/npm/node_modules/@modelcontextprotocol/sdk"))
+        .arg(env!("CARGO_BIN_EXE_moat"))
+        .arg(config)
+        .env(
+            "MOAT_CACHE_DIR",
+            Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-cache"),
+        )
+        .env("MOAT_STATE_DIR", state_dir());
+    command
+}

@@ -53,32 +53,33 @@ impl Key {
     }
 }
 
-/// Opens `path` without following a link and reads it whole, refusing a
-/// file that is not regular or that another user owns.
-pub fn read_private(path: &Path) -> std::io::Result<Vec<u8>> {
+/// Opens `path` for reading without following a link, refusing a file
+/// that is not regular or that another user owns.
+pub fn open_private(path: &Path) -> std::io::Result<std::fs::File> {
     let mut options = std::fs::OpenOptions::new();
     options.read(true);
     #[cfg(unix)]
     {
         use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
         options.custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32);
-        let mut file = options.open(path)?;
+        let file = options.open(path)?;
         let meta = file.metadata()?;
         if !meta.is_file() || meta.uid() != rustix::process::geteuid().as_raw() {
             return Err(std::io::Error::other(
                 "not a regular file owned by this user",
             ));
         }
-        let mut bytes = Vec::with_capacity(meta.len() as usize);
-        file.read_to_end(&mut bytes)?;
-        Ok(bytes)
+        Ok(file)
     }
     #[cfg(not(unix))]
-    {
-        let mut bytes = Vec::new();
-        options.open(path)?.read_to_end(&mut bytes)?;
-        Ok(bytes)
-    }
+    options.open(path)
+}
+
+/// Reads `path` whole through [`open_private`].
+pub fn read_private(path: &Path) -> std::io::Result<Vec<u8>> {
+    let mut bytes = Vec::new();
+    open_private(path)?.read_to_end(&mut bytes)?;
+    Ok(bytes)
 }
 
 /// Writes `bytes` to `path` through a file beside it (mode 0600, no link

@@ -13,6 +13,8 @@
 
 use std::path::Path;
 
+use hmac::Mac as _;
+
 use crate::keys::Key;
 
 /// How old a file's ctime must be before its verification is sealed.
@@ -72,33 +74,27 @@ pub fn now_ns() -> i128 {
         .map_or(0, |d| d.as_nanos() as i128)
 }
 
-fn mac(key: &Key, purpose: &[u8], stat: &Stat, claim: &[u8]) -> [u8; 32] {
-    use hmac::Mac;
+/// The MAC of a seal: `purpose`, the file's stat bytes and the claim.
+fn mac(key: &Key, purpose: &[u8], stat: &[u8], claim: &[u8]) -> hmac::Hmac<sha2::Sha256> {
     let mut mac = key.mac();
     mac.update(b"moat-seal\n");
     mac.update(&(purpose.len() as u64).to_le_bytes());
     mac.update(purpose);
-    mac.update(&stat.bytes());
+    mac.update(stat);
     mac.update(claim);
-    mac.finalize().into_bytes().into()
+    mac
 }
 
 /// The claim sealed at `seal_path` for a file that now has `stat`, if the
 /// seal is for exactly that file state and its MAC holds.
 pub fn read(seal_path: &Path, key: &Key, purpose: &[u8], stat: &Stat) -> Option<Vec<u8>> {
-    use hmac::Mac;
     let file = crate::keys::read_private(seal_path).ok()?;
     let (body, recorded) = file.split_at(file.len().checked_sub(32)?);
     let (sealed_stat, claim) = body.split_at_checked(64)?;
     if sealed_stat != stat.bytes() {
         return None;
     }
-    let mut check = key.mac();
-    check.update(b"moat-seal\n");
-    check.update(&(purpose.len() as u64).to_le_bytes());
-    check.update(purpose);
-    check.update(sealed_stat);
-    check.update(claim);
+    let check = mac(key, purpose, sealed_stat, claim);
     check.verify_slice(recorded).ok()?;
     Some(claim.to_vec())
 }
@@ -118,7 +114,11 @@ pub fn write(
     }
     let mut body = stat.bytes().to_vec();
     body.extend_from_slice(claim);
-    body.extend_from_slice(&mac(key, purpose, stat, claim));
+    body.extend_from_slice(
+        &mac(key, purpose, &stat.bytes(), claim)
+            .finalize()
+            .into_bytes(),
+    );
     if let Some(parent) = seal_path.parent() {
         std::fs::create_dir_all(parent)?;
     }

@@ -411,7 +411,7 @@ impl MacContext<'_> {
         use std::io::Read as _;
         let mac_path = with_suffix(cache_path, ".mac");
         let seal_path = with_suffix(cache_path, ".seal");
-        let mut file = match open_private(cache_path) {
+        let mut file = match crate::keys::open_private(cache_path) {
             Ok(file) => file,
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
                 return Err(CacheOutcome::Compiled);
@@ -484,28 +484,6 @@ fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
     let mut name = path.as_os_str().to_owned();
     name.push(suffix);
     PathBuf::from(name)
-}
-
-/// Opens `path` for reading without following a link, if it is a regular
-/// file owned by this user.
-fn open_private(path: &Path) -> std::io::Result<std::fs::File> {
-    let mut options = std::fs::OpenOptions::new();
-    options.read(true);
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
-        options.custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32);
-        let file = options.open(path)?;
-        let meta = file.metadata()?;
-        if !meta.is_file() || meta.uid() != rustix::process::geteuid().as_raw() {
-            return Err(std::io::Error::other(
-                "not a regular file owned by this user",
-            ));
-        }
-        Ok(file)
-    }
-    #[cfg(not(unix))]
-    options.open(path)
 }
 
 /// Writes the compiled component as wasmtime serialized it (so it can be

@@ -506,34 +506,29 @@ unsafe fn hand_over_listener(proxy: &ProxyPlan, report: RawFd) {
             Step::ProxyLoopback,
         );
         libc::close(control_socket);
-        let listener = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
-        check(listener >= 0, Step::ProxyListen);
-        let mut address: libc::sockaddr_in = std::mem::zeroed();
-        address.sin_family = libc::AF_INET as libc::sa_family_t;
-        address.sin_port = proxy.port.to_be();
-        address.sin_addr.s_addr = u32::from_be_bytes([127, 0, 0, 1]).to_be();
-        check(
-            libc::bind(
-                listener,
-                (&address as *const libc::sockaddr_in).cast(),
-                std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
-            ) == 0,
-            Step::ProxyListen,
-        );
+        // A socket of `kind` bound to 127.0.0.1:`port` of the namespace.
+        let bound = |kind: i32, port: u16, step: Step| {
+            let fd = libc::socket(libc::AF_INET, kind | libc::SOCK_CLOEXEC, 0);
+            check(fd >= 0, step);
+            let mut address: libc::sockaddr_in = std::mem::zeroed();
+            address.sin_family = libc::AF_INET as libc::sa_family_t;
+            address.sin_port = port.to_be();
+            address.sin_addr.s_addr = u32::from_be_bytes([127, 0, 0, 1]).to_be();
+            check(
+                libc::bind(
+                    fd,
+                    (&address as *const libc::sockaddr_in).cast(),
+                    std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+                ) == 0,
+                step,
+            );
+            fd
+        };
+        let listener = bound(libc::SOCK_STREAM, proxy.port, Step::ProxyListen);
         check(libc::listen(listener, 128) == 0, Step::ProxyListen);
         // The DNS socket: 127.0.0.1:53 of the namespace, where its
         // resolv.conf points.
-        let dns = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
-        check(dns >= 0, Step::DnsListen);
-        address.sin_port = crate::egress::DNS_PORT.to_be();
-        check(
-            libc::bind(
-                dns,
-                (&address as *const libc::sockaddr_in).cast(),
-                std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
-            ) == 0,
-            Step::DnsListen,
-        );
+        let dns = bound(libc::SOCK_DGRAM, crate::egress::DNS_PORT, Step::DnsListen);
         send_fd(proxy.channel, listener, report);
         send_fd(proxy.channel, dns, report);
         libc::close(proxy.channel);
