@@ -266,6 +266,7 @@ impl Gateway {
             gateway: self.clone(),
             children: Arc::default(),
             restarts: Arc::default(),
+            slots: Arc::default(),
             resource_owners: Arc::default(),
             closing: CancellationToken::new(),
             cancel_calls: CancellationToken::new(),
@@ -332,6 +333,10 @@ pub struct SessionState {
     gateway: Gateway,
     children: Arc<Mutex<Children>>,
     restarts: Arc<Mutex<BTreeMap<String, u32>>>,
+    /// One launch slot per configured server: a start or a restart backoff
+    /// holds its server's slot only, never `children`, so a slow start
+    /// never stalls the session's calls to other servers.
+    slots: Arc<std::sync::Mutex<BTreeMap<String, Arc<Mutex<()>>>>>,
     resource_owners: Arc<Mutex<BTreeMap<String, String>>>,
     /// Set when close begins: no new calls are admitted.
     closing: CancellationToken,
@@ -434,6 +439,10 @@ impl AgentSession {
     /// and the same configuration (apart from the name) serves it too.
     /// A child that crashed is restarted on the next call, after a backoff
     /// (100 ms, doubling), at most [`MAX_RESTARTS`] times per session.
+    ///
+    /// Starting holds only `server`'s launch slot: calls to the session's
+    /// other servers go on meanwhile, and `children` is locked only to look
+    /// up and to insert.
     async fn child(&self, server: &str) -> Result<Arc<Session>, ClientError> {
         let spec = self
             .gateway
@@ -444,38 +453,22 @@ impl AgentSession {
                 operation: "route".into(),
                 detail: e.to_string(),
             })?;
-        let mut children = self.children.lock().await;
-        let mut restarts = 0;
-        if let Some(key) = children.by_server.get(server).copied() {
-            let child = &children.by_key[&key];
-            let Some(fault) = child.session.shared().fault() else {
-                return Ok(child.session.clone());
-            };
-            let mut counts = self.restarts.lock().await;
-            let count = counts.entry(server.to_owned()).or_insert(0);
-            if *count >= MAX_RESTARTS {
-                return Err(ClientError::GaveUp {
-                    server: server.to_owned(),
-                    restarts: *count,
-                    fault,
-                });
-            }
-            *count += 1;
-            restarts = *count;
-            if let Some(child) = children.forget(&key) {
-                self.audit(Event::ServerExit {
-                    session: self.id.clone(),
-                    server: server.to_owned(),
-                    identity: child.identity.to_string(),
-                    evidence: evidence_of(&child.session),
-                    outcome: Outcome::of_fault(&fault),
-                });
-            }
-        } else if let Some((key, child)) = self.shareable(&children, spec) {
-            tracing::debug!(%server, %key, "served by a running child of the same process key");
-            children.by_server.insert(server.to_owned(), key);
+        if let Some(child) = self.running(server, spec).await {
             return Ok(child);
         }
+        let slot = self
+            .slots
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(server.to_owned())
+            .or_default()
+            .clone();
+        let _slot = slot.lock().await;
+        // Another call may have started it while this one waited.
+        if let Some(child) = self.running(server, spec).await {
+            return Ok(child);
+        }
+        let restarts = self.forget_crashed(server).await?;
         if restarts > 0 {
             let backoff = Duration::from_millis(100 << (restarts - 1));
             tracing::warn!(%server, restarts, ?backoff, "restarting a crashed server");
@@ -499,6 +492,24 @@ impl AgentSession {
                 operation: "launch".into(),
                 detail: "the server reported no identity".into(),
             })?;
+        let key = process_key(&identity, spec, self.gateway.host.locked(server));
+        let mut children = self.children.lock().await;
+        // A name of the same process key, started meanwhile under its own
+        // slot, is already healthy: it serves this name too, and the new
+        // child goes. A live child is never replaced.
+        if let Some(old) = children.by_key.get(&key)
+            && old.session.shared().fault().is_none()
+        {
+            let existing = old.session.clone();
+            children.by_server.insert(server.to_owned(), key);
+            drop(children);
+            if let Ok(extra) = Arc::try_unwrap(session) {
+                tokio::spawn(async move {
+                    let _ = extra.close().await;
+                });
+            }
+            return Ok(existing);
+        }
         if let Some(measured) = session.shared().identity() {
             self.audit(Event::ServerLaunch {
                 session: self.id.clone(),
@@ -509,19 +520,8 @@ impl AgentSession {
             });
         }
         self.pass_on_tool_changes(server, &session);
-        let key = process_key(&identity, spec, self.gateway.host.locked(server));
-        // A child already under this key is one that `shareable` passed over
-        // (it has faulted): the names it served restart with the new one. A
-        // live child is never replaced.
-        if let Some(old) = children.by_key.get(&key)
-            && old.session.shared().fault().is_none()
-        {
-            return Err(ClientError::Protocol {
-                server: server.to_owned(),
-                operation: "launch".into(),
-                detail: "a healthy child of the same process key is already running".into(),
-            });
-        }
+        // A faulted child under this key is replaced: the names it served
+        // restart with the new one.
         children.by_key.insert(
             key,
             Child {
@@ -531,6 +531,58 @@ impl AgentSession {
         );
         children.by_server.insert(server.to_owned(), key);
         Ok(session)
+    }
+
+    /// The healthy child serving `server` already, or a healthy child of the
+    /// same process key that can (then recorded as serving it).
+    async fn running(&self, server: &str, spec: &ServerSpec) -> Option<Arc<Session>> {
+        let mut children = self.children.lock().await;
+        if let Some(key) = children.by_server.get(server) {
+            let child = &children.by_key[key];
+            return child
+                .session
+                .shared()
+                .fault()
+                .is_none()
+                .then(|| child.session.clone());
+        }
+        let (key, child) = self.shareable(&children, spec)?;
+        tracing::debug!(%server, %key, "served by a running child of the same process key");
+        children.by_server.insert(server.to_owned(), key);
+        Some(child)
+    }
+
+    /// When `server`'s child has faulted: counts a restart (refusing past
+    /// [`MAX_RESTARTS`]), forgets the child and audits its exit. Returns
+    /// this session's restart count for `server` (0: a first start).
+    async fn forget_crashed(&self, server: &str) -> Result<u32, ClientError> {
+        let mut children = self.children.lock().await;
+        let Some(key) = children.by_server.get(server).copied() else {
+            return Ok(0);
+        };
+        let Some(fault) = children.by_key[&key].session.shared().fault() else {
+            return Ok(0);
+        };
+        let mut counts = self.restarts.lock().await;
+        let count = counts.entry(server.to_owned()).or_insert(0);
+        if *count >= MAX_RESTARTS {
+            return Err(ClientError::GaveUp {
+                server: server.to_owned(),
+                restarts: *count,
+                fault,
+            });
+        }
+        *count += 1;
+        if let Some(child) = children.forget(&key) {
+            self.audit(Event::ServerExit {
+                session: self.id.clone(),
+                server: server.to_owned(),
+                identity: child.identity.to_string(),
+                evidence: evidence_of(&child.session),
+                outcome: Outcome::of_fault(&fault),
+            });
+        }
+        Ok(*count)
     }
 
     /// A running, healthy child that can serve `spec`: same process key
@@ -642,10 +694,15 @@ impl AgentSession {
             Vec::new()
         };
         let started = Instant::now();
-        let child = self.child(server).await.map_err(to_error)?;
-        let fuel_before = child.shared().metrics().fuel_consumed();
-        // Cancelled by the agent, or by close once the drain timeout passes.
+        // Cancelled by the agent, or by close once the drain timeout passes;
+        // a start still under way is dropped, which leaves nothing running.
         let cancel_call = self.cancel_calls.child_token();
+        let child = tokio::select! {
+            child = self.child(server) => child.map_err(to_error)?,
+            () = cancel_call.cancelled() => return Err(cancelled(server, tool)),
+            () = cancel.cancelled() => return Err(cancelled(server, tool)),
+        };
+        let fuel_before = child.shared().metrics().fuel_consumed();
         let call = child.call_tool_with(tool, arguments, progress, cancel_call.clone());
         tokio::pin!(call);
         let result = loop {
@@ -879,6 +936,14 @@ fn outcome_of(error: &ClientError) -> Outcome {
         // paths its stderr named).
         other => Outcome::with_server_text("error", Some(&other.to_string())),
     }
+}
+
+/// The error of a call cancelled before its server had started.
+fn cancelled(server: &str, tool: &str) -> ErrorData {
+    to_error(ClientError::Cancelled {
+        server: server.to_owned(),
+        tool: tool.to_owned(),
+    })
 }
 
 fn to_error(error: ClientError) -> ErrorData {

@@ -25,6 +25,7 @@ both_launchers!(
     a_crash_in_one_session_leaves_the_identical_server_of_another_mid_call,
     servers_on_one_binary_with_other_tokens_and_grants_never_share_a_child,
     the_name_checks_instance_serves_the_first_session,
+    a_slow_start_never_holds_the_sessions_calls_to_other_servers,
 );
 
 fn gateway(servers: &[moat_host::ServerSpec]) -> Gateway {
@@ -58,6 +59,48 @@ async fn the_name_checks_instance_serves_the_first_session(launcher: Launcher) {
     assert!(first.close().await.is_empty());
     assert!(second.close().await.is_empty());
     assert!(gateway.close_all().await.is_empty());
+}
+
+/// A server that never finishes starting holds only its own launch slot:
+/// the session's calls to another server are answered meanwhile, and close
+/// cancels the start at the drain timeout.
+async fn a_slow_start_never_holds_the_sessions_calls_to_other_servers(launcher: Launcher) {
+    let host = host();
+    let config = Config {
+        path: "moat.toml".into(),
+        servers: [
+            ("mute".to_owned(), spec(launcher, guests::MUTE)),
+            ("everything".to_owned(), spec(launcher, guests::EVERYTHING)),
+        ]
+        .into(),
+        serve: moat_host::config::ServeSettings {
+            drain_timeout_ms: 100,
+            ..Default::default()
+        },
+    };
+    let gateway = Gateway::new(host.clone(), config, None);
+    let session = gateway.session();
+    let stuck = {
+        let session = session.clone();
+        tokio::spawn(async move { session.call("mute__anything", None).await })
+    };
+    // The mute server's start has begun: it answers nothing, so its
+    // handshake waits out the 30 s request timeout.
+    while host.launches() < 1 {
+        tokio::task::yield_now().await;
+    }
+    let result = session
+        .call("everything__add", args(json!({"a": 1, "b": 2})))
+        .await
+        .unwrap();
+    assert_eq!(text(&result), "3");
+    assert!(!stuck.is_finished(), "the mute server is still starting");
+    assert!(session.close().await.is_empty());
+    let error = stuck.await.unwrap().unwrap_err();
+    assert_eq!(
+        error.message,
+        "tool `anything` on server `mute`: the call was cancelled"
+    );
 }
 
 fn gateway_audited(
