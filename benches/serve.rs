@@ -14,6 +14,15 @@
 //! are p50 and p99 of `CALLS`; RSS is the sum of VmHWM over the process and
 //! its children just before stdin closes. Ratios are against `native`.
 //!
+//! Over streamable HTTP (`moat serve --http`, driven by rmcp's HTTP client):
+//!
+//! - throughput: `AGENTS` agent sessions each make `CALLS_PER_AGENT`
+//!   calls, all sessions at once, in front of the wasm guest and in front of
+//!   the native guest (a child per session);
+//! - idle sessions: `IDLE_SESSIONS` sessions (or `$MOAT_BENCH_IDLE_SESSIONS`)
+//!   each call the wasm guest once and stay open; the bench prints the
+//!   RSS of the process tree and what one more session costs.
+//!
 //! `cargo bench --bench serve`
 
 use std::io::{BufRead, BufReader, Write};
@@ -26,6 +35,12 @@ use serde_json::{Value, json};
 
 const STARTS: usize = 15;
 const CALLS: usize = 500;
+/// Concurrent agent sessions in the throughput run.
+const AGENTS: usize = 100;
+/// Calls each of them makes.
+const CALLS_PER_AGENT: usize = 50;
+/// Sessions held open in the idle-memory run.
+const IDLE_SESSIONS: usize = 10_000;
 
 /// One MCP client over a child's stdio, line-delimited JSON-RPC.
 struct Driver {
@@ -99,34 +114,40 @@ impl Driver {
 
     /// Peak RSS in bytes of the child and every process below it.
     fn peak_rss(&self) -> u64 {
-        fn tree(pid: u32, total: &mut u64) {
-            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-            *total += status
-                .lines()
-                .find_map(|l| l.strip_prefix("VmHWM:"))
-                .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse::<u64>().ok())
-                .unwrap_or(0)
-                * 1024;
-            let tasks = std::fs::read_dir(format!("/proc/{pid}/task"))
-                .into_iter()
-                .flatten();
-            for task in tasks.flatten() {
-                let children =
-                    std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
-                for child in children.split_whitespace().filter_map(|c| c.parse().ok()) {
-                    tree(child, total);
-                }
-            }
-        }
-        let mut total = 0;
-        tree(self.child.id(), &mut total);
-        total
+        tree_rss(self.child.id(), "VmHWM:")
     }
 
     fn close(mut self) {
         drop(self.stdin);
         let _ = self.child.wait();
     }
+}
+
+/// The sum of `field` (`VmHWM:` for the peak, `VmRSS:` for now) over `pid`
+/// and every process below it, in bytes.
+fn tree_rss(pid: u32, field: &str) -> u64 {
+    fn tree(pid: u32, field: &str, total: &mut u64) {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        *total += status
+            .lines()
+            .find_map(|l| l.strip_prefix(field))
+            .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse::<u64>().ok())
+            .unwrap_or(0)
+            * 1024;
+        let tasks = std::fs::read_dir(format!("/proc/{pid}/task"))
+            .into_iter()
+            .flatten();
+        for task in tasks.flatten() {
+            let children =
+                std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+            for child in children.split_whitespace().filter_map(|c| c.parse().ok()) {
+                tree(child, field, total);
+            }
+        }
+    }
+    let mut total = 0;
+    tree(pid, field, &mut total);
+    total
 }
 
 /// What one row measured.
@@ -188,6 +209,143 @@ fn write_config(dir: &Path, name: &str, body: &str) -> PathBuf {
     let path = sub.join("moat.toml");
     std::fs::write(&path, body).unwrap();
     path
+}
+
+/// `moat serve --http` on a free loopback port.
+struct HttpServe {
+    child: Child,
+    url: String,
+}
+
+impl HttpServe {
+    fn spawn(mut command: Command) -> Self {
+        command
+            .args(["--http", "127.0.0.1:0"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let mut child = command.spawn().expect("spawning moat serve --http");
+        let mut stderr = BufReader::new(child.stderr.take().unwrap());
+        let mut line = String::new();
+        let url = loop {
+            line.clear();
+            let n = stderr.read_line(&mut line).expect("reading moat's stderr");
+            assert!(n > 0, "moat serve --http ended before serving");
+            if let Some(url) = line.trim().strip_prefix("moat: serving MCP at ") {
+                break url.to_owned();
+            }
+        };
+        std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
+        Self { child, url }
+    }
+
+    fn rss(&self) -> u64 {
+        tree_rss(self.child.id(), "VmRSS:")
+    }
+
+    fn stop(mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let _ = self.child.wait();
+    }
+}
+
+type Agent = rmcp::service::RunningService<rmcp::RoleClient, ()>;
+
+async fn agent(url: &str) -> Agent {
+    use rmcp::ServiceExt;
+    let transport = rmcp::transport::StreamableHttpClientTransport::from_uri(url.to_owned());
+    ().serve(transport)
+        .await
+        .expect("an agent session over HTTP")
+}
+
+async fn echo(agent: &Agent) {
+    let mut params = rmcp::model::CallToolRequestParams::new("everything__echo");
+    params.arguments = json!({"message": "bench"}).as_object().cloned();
+    let result = agent.call_tool(params).await.expect("tools/call");
+    assert_ne!(result.is_error, Some(true), "{result:?}");
+}
+
+/// Calls per second with `AGENTS` sessions calling at once, each session
+/// opened (and its server started) before the clock starts.
+fn throughput(runtime: &tokio::runtime::Runtime, serve: &HttpServe) -> f64 {
+    runtime.block_on(async {
+        let mut agents = Vec::with_capacity(AGENTS);
+        for _ in 0..AGENTS {
+            let agent = agent(&serve.url).await;
+            echo(&agent).await;
+            agents.push(std::sync::Arc::new(agent));
+        }
+        let started = Instant::now();
+        let mut calls = tokio::task::JoinSet::new();
+        for agent in &agents {
+            let agent = agent.clone();
+            calls.spawn(async move {
+                for _ in 0..CALLS_PER_AGENT {
+                    echo(&agent).await;
+                }
+            });
+        }
+        while let Some(done) = calls.join_next().await {
+            done.expect("an agent's calls");
+        }
+        let rate = (AGENTS * CALLS_PER_AGENT) as f64 / started.elapsed().as_secs_f64();
+        for agent in agents {
+            if let Ok(agent) = std::sync::Arc::try_unwrap(agent) {
+                let _ = agent.cancel().await;
+            }
+        }
+        rate
+    })
+}
+
+/// The RSS of `moat serve` with no session, then with `sessions` idle
+/// sessions that have each called the wasm guest once.
+fn idle_sessions(
+    runtime: &tokio::runtime::Runtime,
+    serve: &HttpServe,
+    sessions: usize,
+) -> (u64, u64) {
+    let before = serve.rss();
+    let agents = runtime.block_on(async {
+        let mut agents = Vec::with_capacity(sessions);
+        for n in 0..sessions {
+            let agent = agent(&serve.url).await;
+            echo(&agent).await;
+            agents.push(agent);
+            if (n + 1) % 1000 == 0 {
+                eprintln!("  {} idle sessions open", n + 1);
+            }
+        }
+        agents
+    });
+    let after = serve.rss();
+    runtime.block_on(async {
+        for agent in agents {
+            let _ = agent.cancel().await;
+        }
+    });
+    (before, after)
+}
+
+/// Raises this process's open-file limit to its hard limit: every idle
+/// session holds connections on both ends.
+fn raise_open_files() {
+    let output = Command::new("sh")
+        .args(["-c", "ulimit -Hn"])
+        .output()
+        .expect("ulimit");
+    let hard: u64 = String::from_utf8_lossy(&output.stdout)
+        .trim()
+        .parse()
+        .unwrap_or(1024);
+    // `prlimit` on our own pid: no unsafe and no libc binding needed.
+    let _ = Command::new("prlimit")
+        .arg(format!("--pid={}", std::process::id()))
+        .arg(format!("--nofile={hard}:{hard}"))
+        .status();
 }
 
 fn main() {
@@ -282,5 +440,55 @@ fn main() {
     }
     println!(
         "(start: median of {STARTS} runs; calls: {CALLS} sequential `echo`; RSS: VmHWM of the process tree)"
+    );
+
+    // Over streamable HTTP.
+    raise_open_files();
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let idle: usize = std::env::var("MOAT_BENCH_IDLE_SESSIONS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(IDLE_SESSIONS);
+    let room = idle.max(AGENTS) + 1;
+    let serve_settings = format!(
+        "\n[serve]\nmax_sessions = {room}\nmax_connections = {}\n",
+        4 * room
+    );
+    let wasm_http = write_config(
+        dir.path(),
+        "wasm-http",
+        &(std::fs::read_to_string(&wasm).unwrap() + &serve_settings),
+    );
+    let native_http = write_config(
+        dir.path(),
+        "native-http",
+        &(std::fs::read_to_string(&native).unwrap() + &serve_settings),
+    );
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let rate = |config: &Path| {
+        let serve = HttpServe::spawn(moat(config, &cache, &state));
+        let rate = throughput(&runtime, &serve);
+        serve.stop();
+        rate
+    };
+    let wasm_rate = rate(&wasm_http);
+    let native_rate = rate(&native_http);
+    println!(
+        "\nthroughput over HTTP, {AGENTS} agent sessions × {CALLS_PER_AGENT} calls at once:\n\
+         serve → wasm          {wasm_rate:>8.0} calls/s {:>5.2}×\n\
+         serve → native child  {native_rate:>8.0} calls/s",
+        wasm_rate / native_rate
+    );
+    let serve = HttpServe::spawn(moat(&wasm_http, &cache, &state));
+    let (before, after) = idle_sessions(&runtime, &serve, idle);
+    serve.stop();
+    println!(
+        "\n{idle} idle wasm sessions over HTTP (each called once): RSS {:.1} MB → {:.1} MB, {:.0} KB a session",
+        before as f64 / 1e6,
+        after as f64 / 1e6,
+        after.saturating_sub(before) as f64 / 1e3 / idle as f64
     );
 }

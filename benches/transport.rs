@@ -197,7 +197,12 @@ fn start_to_initialized(c: &mut Criterion) {
                     let mut total = Duration::ZERO;
                     for _ in 0..iters {
                         let started = Instant::now();
-                        let transport = prepared.transport(WasmLaunch::from_spec(&spec()));
+                        let spec = spec();
+                        let transport = moat_host::launch::Planned::WasmPrepared {
+                            prepared: prepared.clone(),
+                            launch: WasmLaunch::from_spec(&spec),
+                        }
+                        .transport(&spec.name, spec.limits.clone());
                         let session = Session::connect(transport, Handshake::Initialize)
                             .await
                             .expect("connect");

@@ -12,7 +12,6 @@ use moat_host::rmcp::model::JsonObject;
 use moat_host::{Config, Digest, Host, Session};
 
 mod fuzz;
-mod http;
 mod packages;
 mod stdio;
 
@@ -313,7 +312,7 @@ async fn run(command: Command) -> Result<ExitCode> {
             allow_hosts,
             allow_origins,
         } => {
-            let allowed = http::Allowed {
+            let allowed = moat_host::http::Allowed {
                 hosts: allow_hosts,
                 origins: allow_origins,
             };
@@ -462,7 +461,7 @@ async fn run(command: Command) -> Result<ExitCode> {
                             .unwrap_or_else(|| "not measured".into()),
                         i.evidence.to_string(),
                         i.measured,
-                        i.sandbox,
+                        i.sandbox.lines(),
                     )
                 })
                 .unwrap_or_default();
@@ -669,7 +668,7 @@ async fn inspect(config_path: &Path, json: bool) -> Result<ExitCode> {
                 if let Some(identity) = identity {
                     report["evidence"] = identity.evidence.to_string().into();
                     report["sha256"] = identity.digest.map(|d| d.to_string()).into();
-                    report["rules"] = identity.sandbox.into();
+                    report["rules"] = identity.sandbox.lines().into();
                 }
                 report["tools"] = match (tools?, live?) {
                     (Some(pins), _) => pins
@@ -749,26 +748,32 @@ fn audit_key_dir() -> Result<PathBuf> {
 /// `moat serve --http ADDR`: streamable HTTP at /mcp, one agent session per
 /// MCP session. Loopback by default; Host (and Origin) checked against DNS
 /// rebinding; a bearer token is required when bound beyond loopback. The
-/// limits are in [`http`].
+/// limits are in [`moat_host::http`].
 async fn serve_http(
     config_path: &Path,
     locked: bool,
     audit: Option<&Path>,
     addr: std::net::SocketAddr,
     token: Option<String>,
-    allowed: http::Allowed,
+    allowed: moat_host::http::Allowed,
 ) -> Result<ExitCode> {
     if !addr.ip().is_loopback() && token.is_none() {
-        bail!(
-            "--http {addr} is not a loopback address: set a bearer token with --token or MOAT_HTTP_TOKEN"
-        );
+        bail!(moat_host::http::HttpError::TokenRequired { addr });
     }
     let gateway = gateway_for(config_path, locked, audit).await?;
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("binding {addr}"))?;
     eprintln!("moat: serving MCP at http://{}/mcp", listener.local_addr()?);
-    let failures = http::serve(gateway, listener, token, allowed).await?;
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("installing the SIGTERM handler")?;
+    let shutdown = async move {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = terminate.recv() => {}
+        }
+    };
+    let failures = moat_host::http::serve(gateway, listener, token, allowed, shutdown).await?;
     Ok(close_status(&failures))
 }
 

@@ -10,9 +10,9 @@
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
+use moat_host::instance::{Exit, Identity, Launched, Metrics, Tracker};
 use moat_host::lock::{Lock, LockedServer, LockedTool, canonical_json, tool_pin};
 use moat_host::policy::Pins;
-use moat_host::transport::{Exit, Launched, Metrics, Tracker};
 use moat_host::{Config, Digest, Evidence, Handshake, Host, Limits, ServerSpec, Session};
 
 /// A fuzz target's body: one input, checked by assertion.
@@ -90,10 +90,12 @@ fn scripted(stdout: Vec<u8>, tracker: &Arc<Tracker>) -> Launched {
         stop: Box::new(|| {}),
         on_request: Box::new(|| {}),
         metrics: Arc::new(Metrics::default()),
-        digest: None,
-        measured: Vec::new(),
-        sandbox: Vec::new(),
-        evidence: Evidence::NativeUnmeasured,
+        identity: Identity {
+            digest: None,
+            measured: Vec::new(),
+            sandbox: Default::default(),
+            evidence: Evidence::NativeUnmeasured,
+        },
     }
 }
 

@@ -17,14 +17,15 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::LaunchError;
+use crate::ServerTransport;
 use crate::config::{ServerKind, ServerSpec};
 use crate::identity::{Digest, Expectation};
 use crate::lock::{
     IdentityParts, Lock, LockedServer, LockedTool, canonical_tool, execution_identity, tool_pin,
 };
 use crate::policy::{Pins, ToolReport, ToolStatus};
-use crate::transport::{Fault, ServerTransport, Shared};
-use crate::wasm::{WasmEngine, WasmLaunch};
+use crate::transport::{Fault, Shared};
+use crate::wasm::WasmEngine;
 
 /// Which handshake the client uses.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -294,48 +295,14 @@ impl Host {
                 store: package.store.clone(),
             });
         }
-        match &spec.kind {
-            ServerKind::Wasm { path } => {
-                let launch = WasmLaunch::from_spec(spec);
-                let engine = self.wasm.clone();
-                let path = path.clone();
-                Ok(ServerTransport::new(
-                    spec.name.clone(),
-                    spec.limits.clone(),
-                    move |tracker| crate::wasm::launch(engine, path, expected, launch, tracker),
-                ))
-            }
+        let planned = crate::launch::plan(
+            &self.wasm,
+            spec,
+            expected,
             #[cfg(unix)]
-            ServerKind::Native { .. } => {
-                let launch = native_launch(spec, expected, None, self.wasm.sealer())?;
-                Ok(ServerTransport::new(
-                    spec.name.clone(),
-                    spec.limits.clone(),
-                    move |tracker| crate::native::launch(launch, tracker),
-                ))
-            }
-            #[cfg(not(unix))]
-            ServerKind::Native { .. } => Err(LaunchError::Unsupported {
-                server: spec.name.clone(),
-            }),
-            ServerKind::Remote {
-                url,
-                bearer_token_env,
-            } => {
-                let launch = crate::remote::RemoteLaunch {
-                    name: spec.name.clone(),
-                    url: url.clone(),
-                    bearer_token_env: bearer_token_env.clone(),
-                    limits: spec.limits.clone(),
-                };
-                let _ = expected; // nothing to measure
-                Ok(ServerTransport::new(
-                    spec.name.clone(),
-                    spec.limits.clone(),
-                    move |tracker| crate::remote::launch(launch, tracker),
-                ))
-            }
-        }
+            None,
+        )?;
+        Ok(planned.transport(&spec.name, spec.limits.clone()))
     }
 
     /// `moat learn`: runs the native server `spec` once without its file and
@@ -362,12 +329,18 @@ impl Host {
         let observed = Arc::new(std::sync::Mutex::new(
             crate::native::learn::Observed::default(),
         ));
-        let launch = native_launch(spec, expected, Some(observed.clone()), self.wasm.sealer())?;
-        let executable = launch.resolved.target.clone();
-        let transport =
-            ServerTransport::new(spec.name.clone(), spec.limits.clone(), move |tracker| {
-                crate::native::launch(launch, tracker)
-            });
+        let planned = crate::launch::plan(&self.wasm, spec, expected, Some(observed.clone()))?;
+        let executable = match &planned {
+            crate::launch::Planned::Native(launch) => launch.resolved.target.clone(),
+            _ => {
+                return Err(ClientError::Protocol {
+                    server: spec.name.clone(),
+                    operation: "learn".into(),
+                    detail: "a native server planned another launcher".into(),
+                });
+            }
+        };
+        let transport = planned.transport(&spec.name, spec.limits.clone());
         let outcome = async {
             let session = Session::connect(transport, Handshake::Auto).await?;
             let listed = session.live_tools().await.map(drop);
@@ -418,7 +391,9 @@ impl Host {
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let Some((lock, lock_path)) = &self.lock else {
             let transport = self.transport(spec)?;
-            return Session::connect(transport, handshake).await;
+            let mut session = Session::connect(transport, handshake).await?;
+            session.execution = session.execution_identity(spec);
+            return Ok(session);
         };
         let lock_name = lock_path.display().to_string();
         let locked = lock
@@ -456,7 +431,8 @@ impl Host {
             self.transport_expecting(&spec, Expectation::Pinned(digest))?
         };
         let mut session = Session::connect(transport, handshake).await?;
-        if let Err(error) = session.enforce(spec, &locked).await {
+        session.execution = session.execution_identity(spec);
+        if let Err(error) = session.enforce(&locked).await {
             let _ = session.close_quietly().await;
             return Err(error);
         }
@@ -592,7 +568,7 @@ fn pin_grants(spec: &ServerSpec, locked: &LockedServer) -> Result<ServerSpec, St
 /// pass-through names alike), whether or not a pass-through is set.
 fn identity_parts<'a>(
     spec: &ServerSpec,
-    identity: &crate::transport::Identity,
+    identity: &crate::instance::Identity,
 ) -> IdentityParts<'a> {
     let (kind, argv0, cwd) = match &spec.kind {
         ServerKind::Wasm { .. } => ("wasm", spec.name.clone(), None),
@@ -653,6 +629,9 @@ pub struct Session {
     pins: Option<PinState>,
     prompt_pins: Option<ListingState>,
     resource_pins: Option<ListingState>,
+    /// The execution identity of the server as its spec launched it,
+    /// computed once at connect by [`Host::connect_with`].
+    execution: Option<Digest>,
 }
 
 /// Pins being enforced on a session, and the latest check of the live tools.
@@ -670,56 +649,15 @@ struct ListingState {
 
 /// The native launch `spec` describes: its command resolved on PATH, and,
 /// for `moat learn`, where the watched run records what it sees.
-#[cfg(unix)]
-fn native_launch(
-    spec: &ServerSpec,
-    expected: Expectation,
-    learn: Option<Arc<std::sync::Mutex<crate::native::learn::Observed>>>,
-    sealer: Option<crate::seal::Sealer>,
-) -> Result<crate::native::NativeLaunch, LaunchError> {
-    let ServerKind::Native {
-        command,
-        base_dir,
-        cwd,
-        measure,
-    } = &spec.kind
-    else {
-        return Err(LaunchError::Unsupported {
-            server: spec.name.clone(),
-        });
-    };
-    let path_var = std::env::var_os("PATH");
-    let resolved = crate::command::resolve(command, base_dir, path_var.as_deref())
-        .map_err(crate::native::NativeError::from)?;
-    Ok(crate::native::NativeLaunch {
-        name: spec.name.clone(),
-        resolved,
-        args: spec.args.clone(),
-        env: spec.environment(),
-        cwd: cwd.clone(),
-        measure: measure.clone(),
-        expected,
-        limits: spec.limits.clone(),
-        dirs: spec.dirs.clone(),
-        net: spec.net.clone(),
-        sandbox: spec.sandbox,
-        learn,
-        sealer,
-    })
-}
-
 /// How long a failed handshake waits for the transport to learn why (a
 /// server that exited is known a moment after the send that failed).
 const HANDSHAKE_SETTLE: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// Whether the server ran under the native filesystem sandbox.
 fn sandboxed(shared: &Shared) -> bool {
-    shared.identity().is_some_and(|identity| {
-        identity
-            .sandbox
-            .iter()
-            .any(|line| line.starts_with("enforced: filesystem (Landlock"))
-    })
+    shared
+        .identity()
+        .is_some_and(|identity| identity.sandbox.kernel_filesystem)
 }
 
 /// A server that died during the handshake under the sandbox: the error
@@ -834,6 +772,7 @@ impl Session {
                 pins: None,
                 prompt_pins: None,
                 resource_pins: None,
+                execution: None,
             }),
             Err(error) => Err(match shared.settled_fault(HANDSHAKE_SETTLE).await {
                 Some(fault) if sandboxed(&shared) => sandbox_hint(server, fault),
@@ -900,20 +839,12 @@ impl Session {
     /// Checks the running server against its lock entry: the execution
     /// identity must be the locked one; then the live tools are compared with
     /// the pins, which this session enforces from now on.
-    async fn enforce(
-        &mut self,
-        spec: &ServerSpec,
-        locked: &LockedServer,
-    ) -> Result<(), ClientError> {
-        let identity = self
-            .shared
-            .identity()
-            .ok_or_else(|| ClientError::Protocol {
-                server: self.server().to_owned(),
-                operation: "pin check".into(),
-                detail: "the server reported no identity".into(),
-            })?;
-        let live = execution_identity(&identity_parts(spec, &identity));
+    async fn enforce(&mut self, locked: &LockedServer) -> Result<(), ClientError> {
+        let live = self.execution.ok_or_else(|| ClientError::Protocol {
+            server: self.server().to_owned(),
+            operation: "pin check".into(),
+            detail: "the server reported no identity".into(),
+        })?;
         if live.to_string() != locked.identity {
             return Err(ClientError::IdentityChanged {
                 server: self.server().to_owned(),
@@ -1051,8 +982,15 @@ impl Session {
         Ok(Some(reports.clone()))
     }
 
-    /// The execution identity of this session's server as `spec` describes
-    /// it: what keys reuse of a running server.
+    /// The execution identity computed when [`Host::connect_with`] launched
+    /// this session's server: what the lock and the audit log name.
+    pub fn launched_identity(&self) -> Option<Digest> {
+        self.execution
+    }
+
+    /// The execution identity of this session's server as `spec` (another
+    /// server's, say) would describe it: what keys reuse of a running
+    /// server.
     pub fn execution_identity(&self, spec: &ServerSpec) -> Option<Digest> {
         self.shared
             .identity()

@@ -486,7 +486,7 @@ impl AgentSession {
             }
         };
         let identity = session
-            .execution_identity(spec)
+            .launched_identity()
             .ok_or_else(|| ClientError::Protocol {
                 server: server.to_owned(),
                 operation: "launch".into(),

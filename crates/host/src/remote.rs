@@ -22,10 +22,9 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::LaunchError;
 use crate::identity::Evidence;
+use crate::instance::{Exit, Identity, Launched, Metrics, SandboxReport, Tracker};
 use crate::limits::Limits;
-use crate::transport::{Exit, Launched, Metrics, Tracker};
 
 /// Bytes buffered in each in-memory pipe between the bridge and the transport.
 const PIPE_BYTES: usize = 64 << 10;
@@ -106,9 +105,10 @@ impl fmt::Debug for Secret {
     }
 }
 
-/// What a remote launch needs.
+/// What a remote launch needs: the endpoint, the environment variable holding
+/// its bearer token, and the limits on its messages.
 #[derive(Clone, Debug)]
-pub(crate) struct RemoteLaunch {
+pub struct RemoteLaunch {
     pub name: String,
     pub url: String,
     pub bearer_token_env: Option<String>,
@@ -199,7 +199,7 @@ fn chain(error: &dyn std::error::Error) -> String {
 pub(crate) async fn launch(
     launch: RemoteLaunch,
     tracker: Arc<Tracker>,
-) -> Result<Launched, LaunchError> {
+) -> Result<Launched, RemoteError> {
     let token = launch.token()?;
     let client = launch.client()?;
     let max = usize::try_from(launch.limits.max_line_bytes).unwrap_or(usize::MAX);
@@ -244,12 +244,16 @@ pub(crate) async fn launch(
         stop: Box::new(move || abort.abort()),
         on_request: Box::new(|| {}), // no CPU budget to refresh
         metrics: Arc::new(Metrics::default()),
-        digest: None,
-        measured: Vec::new(),
-        sandbox: vec![
-            "not enforced: remote server: no child process exists to sandbox; Moat bounds its messages and deadlines only".to_owned(),
-        ],
-        evidence: Evidence::Remote,
+        identity: Identity {
+            digest: None,
+            measured: Vec::new(),
+            sandbox: {
+                let mut report = SandboxReport::default();
+                report.not_enforced("remote server: no child process exists to sandbox; Moat bounds its messages and deadlines only");
+                report
+            },
+            evidence: Evidence::Remote,
+        },
     })
 }
 

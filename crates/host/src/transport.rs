@@ -24,87 +24,8 @@ use tokio::sync::{Notify, mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use crate::instance::{Exit, Identity, Launched, Metrics, Tracker};
 use crate::limits::{LimitHit, Limits};
-
-/// How a server stopped running.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Exit {
-    /// It exited (or its `run` returned) with this code.
-    Code(i32),
-    /// It hit a limit and was stopped.
-    Limit(LimitHit),
-    /// It trapped (wasm) or was killed by a signal (native).
-    Crashed(String),
-    /// The host stopped it (close or deadline).
-    Stopped,
-}
-
-/// What a launcher hands the transport: the server's stdio, how to learn of
-/// its exit, and how to stop it.
-pub struct Launched {
-    /// The server's stdin.
-    pub stdin: Box<dyn AsyncWrite + Send + Unpin>,
-    /// The server's stdout: protocol only.
-    pub stdout: Box<dyn AsyncRead + Send + Unpin>,
-    /// The server's stderr: diagnostics only.
-    pub stderr: Box<dyn AsyncRead + Send + Unpin>,
-    /// Becomes `Some` once the server has stopped.
-    pub exit: watch::Receiver<Option<Exit>>,
-    /// The task that owns the running server; it ends when the server does.
-    pub task: JoinHandle<()>,
-    /// Asks the server to stop (native: SIGTERM to its process group; wasm:
-    /// the same as `stop`).
-    pub terminate: Box<dyn Fn() + Send + Sync>,
-    /// Stops the server at once (drop the instance, or SIGKILL the group).
-    pub stop: Box<dyn Fn() + Send + Sync>,
-    /// Called each time a request is sent: starts a fresh CPU budget.
-    pub on_request: Box<dyn Fn() + Send + Sync>,
-    /// Counters the launcher keeps while the server runs.
-    pub metrics: Arc<Metrics>,
-    /// The digest of the bytes that run, when measured.
-    pub digest: Option<crate::identity::Digest>,
-    /// Extra files measured into the identity, with their digests.
-    pub measured: Vec<(std::path::PathBuf, crate::identity::Digest)>,
-    /// What the sandbox enforces, and what it could not, one line each.
-    pub sandbox: Vec<String>,
-    /// How the identity was obtained.
-    pub evidence: crate::identity::Evidence,
-}
-
-/// What was measured about a running server.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Identity {
-    /// The digest of the bytes that run, when measured.
-    pub digest: Option<crate::identity::Digest>,
-    /// Extra files measured into the identity, with their digests.
-    pub measured: Vec<(std::path::PathBuf, crate::identity::Digest)>,
-    /// What the sandbox enforces, and what it could not, one line each.
-    pub sandbox: Vec<String>,
-    /// The evidence class.
-    pub evidence: crate::identity::Evidence,
-}
-
-/// What a launcher counts while a server runs. A launcher that cannot count
-/// something leaves it at zero.
-#[derive(Debug, Default)]
-pub struct Metrics {
-    /// Calls from the guest into the host (wasm).
-    pub hostcalls: AtomicU64,
-    /// Fuel the guest has used, over its whole life (wasm).
-    pub fuel_consumed: AtomicU64,
-}
-
-impl Metrics {
-    /// Calls from the guest into the host so far.
-    pub fn hostcalls(&self) -> u64 {
-        self.hostcalls.load(Ordering::SeqCst)
-    }
-
-    /// Fuel used so far.
-    pub fn fuel_consumed(&self) -> u64 {
-        self.fuel_consumed.load(Ordering::SeqCst)
-    }
-}
 
 /// A fault that ended a session with a server. The first fault wins.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -188,68 +109,6 @@ pub enum TransportError {
     Closed { server: String },
     #[error("server `{server}`: encoding a message failed: {detail}")]
     Encode { server: String, detail: String },
-}
-
-/// Counts the live tasks and instances of one transport, so tests and the
-/// gateway can assert that nothing is left behind.
-#[derive(Debug, Default)]
-pub struct Tracker {
-    live: AtomicUsize,
-    started: AtomicUsize,
-    changed: Notify,
-}
-
-impl Tracker {
-    /// Tasks (and server instances) of this transport still alive.
-    pub fn live(&self) -> usize {
-        self.live.load(Ordering::SeqCst)
-    }
-
-    /// Tasks (and server instances) ever started.
-    pub fn started(&self) -> usize {
-        self.started.load(Ordering::SeqCst)
-    }
-
-    /// Resolves once something has been started.
-    pub async fn wait_started(&self) {
-        loop {
-            let notified = self.changed.notified();
-            if self.started() > 0 {
-                return;
-            }
-            notified.await;
-        }
-    }
-
-    /// Resolves once nothing is alive.
-    pub async fn wait_idle(&self) {
-        loop {
-            let notified = self.changed.notified();
-            if self.live() == 0 {
-                return;
-            }
-            notified.await;
-        }
-    }
-
-    /// Registers one live thing; it counts until the guard drops.
-    pub fn enter(self: &Arc<Self>) -> TrackGuard {
-        self.live.fetch_add(1, Ordering::SeqCst);
-        self.started.fetch_add(1, Ordering::SeqCst);
-        self.changed.notify_waiters();
-        TrackGuard(self.clone())
-    }
-}
-
-/// Keeps one tracked task counted while alive.
-#[derive(Debug)]
-pub struct TrackGuard(Arc<Tracker>);
-
-impl Drop for TrackGuard {
-    fn drop(&mut self) {
-        self.0.live.fetch_sub(1, Ordering::SeqCst);
-        self.0.changed.notify_waiters();
-    }
 }
 
 /// A bounded rolling buffer of a server's stderr, with a byte count.
@@ -533,17 +392,19 @@ impl Shared {
     }
 }
 
-type BoxFuture = Pin<Box<dyn Future<Output = Result<Launched, crate::LaunchError>> + Send>>;
+type BoxFuture<E> = Pin<Box<dyn Future<Output = Result<Launched, E>> + Send>>;
 
 /// The one client transport, before it is connected: built from a launch
-/// request, it connects at most once.
-pub struct ServerTransport {
+/// request, it connects at most once. `E` is the launch's error type, which
+/// the layer above defines; the transport adds only its own
+/// [`TransportError`] to it.
+pub struct ServerTransport<E> {
     shared: Arc<Shared>,
     limits: Limits,
-    launch: Mutex<Option<BoxFuture>>,
+    launch: Mutex<Option<BoxFuture<E>>>,
 }
 
-impl ServerTransport {
+impl<E: From<TransportError>> ServerTransport<E> {
     /// A transport that will run the launch `make_launch` builds when
     /// connected. The launch registers what it starts with the tracker.
     pub fn new<F>(
@@ -552,7 +413,7 @@ impl ServerTransport {
         make_launch: impl FnOnce(Arc<Tracker>) -> F,
     ) -> Self
     where
-        F: Future<Output = Result<Launched, crate::LaunchError>> + Send + 'static,
+        F: Future<Output = Result<Launched, E>> + Send + 'static,
     {
         let shared = Arc::new(Shared::new(server.into(), &limits));
         let launch = make_launch(shared.tracker.clone());
@@ -571,7 +432,7 @@ impl ServerTransport {
     /// Launches the server and returns the connected transport. A second call
     /// fails with [`TransportError::AlreadyConnected`]; it never launches twice.
     /// Dropping the returned future part-way leaves nothing running.
-    pub async fn connect(&self) -> Result<Connected, crate::LaunchError> {
+    pub async fn connect(&self) -> Result<Connected, E> {
         let launch = self
             .launch
             .lock()
@@ -617,17 +478,9 @@ impl Connected {
             stop,
             on_request,
             metrics,
-            digest,
-            measured,
-            sandbox,
-            evidence,
+            identity,
         } = launched;
-        let _ = shared.identity.set(Identity {
-            digest,
-            measured,
-            sandbox,
-            evidence,
-        });
+        let _ = shared.identity.set(identity);
         let _ = shared.metrics.set(metrics);
         let stop: Arc<dyn Fn() + Send + Sync> = Arc::from(stop);
         let (incoming_tx, incoming) = mpsc::channel(64);

@@ -291,7 +291,7 @@ async fn native_egress_goes_through_the_proxy_only(spec: ServerSpec, listed: u16
     let session = connect(&spec).await;
     let sandbox = session.shared().identity().unwrap().sandbox;
     assert!(
-        sandbox.iter().any(|l| l
+        sandbox.lines().iter().any(|l| l
             .starts_with("enforced: network namespace: out only through Moat's egress proxy")
             && l.contains(&format!("to 127.0.0.1:{listed} by the name asked for"))),
         "{sandbox:?}"
@@ -343,8 +343,11 @@ async fn no_network_without_a_grant(launcher: Launcher) {
     );
     let sandbox = session.shared().identity().unwrap().sandbox;
     assert!(
-        sandbox.iter().any(|l| l.starts_with("enforced: network")
-            && (l.ends_with("none") || l.ends_with("no TCP connect or bind"))),
+        sandbox
+            .lines()
+            .iter()
+            .any(|l| l.starts_with("enforced: network")
+                && (l.ends_with("none") || l.ends_with("no TCP connect or bind"))),
         "{sandbox:?}"
     );
     session.close().await.unwrap();
@@ -506,7 +509,7 @@ async fn native_dns_answers_the_listed_names_only() {
     let session = connect(&spec).await;
     let sandbox = session.shared().identity().unwrap().sandbox;
     assert!(
-        sandbox.iter().any(|l| l.starts_with(
+        sandbox.lines().iter().any(|l| l.starts_with(
             "enforced: DNS: answered by Moat at 127.0.0.1:53 (resolv.conf covered, read-only), for registry.npmjs.org only"
         )),
         "{sandbox:?}"

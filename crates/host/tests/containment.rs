@@ -141,7 +141,7 @@ async fn no_privilege_is_held_even_when_moat_is_root() {
         "enforced: descriptors: only stdin, stdout, stderr and the measured executable",
     ] {
         assert!(
-            identity.sandbox.iter().any(|l| l.starts_with(line)),
+            identity.sandbox.lines().iter().any(|l| l.starts_with(line)),
             "{line} missing from {:#?}",
             identity.sandbox
         );

@@ -142,7 +142,7 @@ async fn replacing_the_file_after_the_check_still_runs_the_measured_bytes() {
     std::fs::rename(&swapped, &path).unwrap();
 
     let launch = pinned_launch("everything", &path, digest, std::env::temp_dir());
-    let session = Session::connect(native::transport(launch, executable), Handshake::Auto)
+    let session = Session::connect(opened(launch, executable), Handshake::Auto)
         .await
         .unwrap();
     let mut tools: Vec<String> = session
@@ -241,11 +241,13 @@ async fn a_real_mcp_server_from_npm_runs_under_node() {
     assert!(
         identity
             .sandbox
+            .lines()
             .iter()
             .any(|l| l.starts_with("enforced: filesystem (Landlock")),
         "{:?}",
         identity.sandbox
     );
+    assert!(identity.sandbox.kernel_filesystem, "{:?}", identity.sandbox);
     let tools = session.list_tools().await.unwrap();
     assert!(tools.iter().any(|t| t.name == "echo"), "{tools:?}");
     let echoed = session
@@ -375,7 +377,7 @@ async fn a_script_runs_its_measured_bytes_through_its_measured_interpreter() {
     let swapped = script_server(dir.path(), "swapped.py", &shebang, "swapped");
     std::fs::rename(&swapped, &path).unwrap();
     let launch = pinned_launch("script", &path, digest, dir.path().to_owned());
-    let session = Session::connect(native::transport(launch, executable), Handshake::Auto)
+    let session = Session::connect(opened(launch, executable), Handshake::Auto)
         .await
         .unwrap();
     assert_eq!(tool_names(&session).await, ["measured"]);
@@ -390,6 +392,7 @@ async fn a_script_runs_its_measured_bytes_through_its_measured_interpreter() {
     assert!(
         identity
             .sandbox
+            .lines()
             .iter()
             .any(|l| l.starts_with(&format!("enforced: #! interpreter {} -u", real.display()))),
         "{:?}",
@@ -500,4 +503,14 @@ async fn a_sealed_executable_changed_in_place_is_hashed_again_and_refused() {
         NativeError::Digest { mismatch, .. } => assert_eq!(mismatch.expected, digest),
         other => panic!("expected a digest mismatch, got {other}"),
     }
+}
+
+/// A transport that spawns `executable`, already opened and measured.
+fn opened(
+    launch: native::NativeLaunch,
+    executable: native::MeasuredExecutable,
+) -> moat_host::ServerTransport {
+    let (name, limits) = (launch.name.clone(), launch.limits.clone());
+    moat_host::launch::Planned::NativeOpened(Box::new((launch, executable)))
+        .transport(&name, limits)
 }

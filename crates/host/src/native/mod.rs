@@ -28,11 +28,10 @@ use sha2::{Digest as _, Sha256};
 use tokio::io::{AsyncRead, ReadBuf};
 use tokio::sync::watch;
 
-use crate::LaunchError;
 use crate::command::{ResolveError, Resolved};
 use crate::identity::{Digest, DigestMismatch, Evidence, Expectation};
+use crate::instance::{Exit, Identity, Launched, Metrics, SandboxReport, Tracker};
 use crate::limits::{LimitHit, Limits};
-use crate::transport::{Exit, Launched, Metrics, Tracker};
 
 pub mod learn;
 mod spawn;
@@ -518,24 +517,20 @@ fn collect_files(
     Ok(())
 }
 
-/// A transport that runs an executable already opened (and measured) by
-/// [`open_measured`]: whatever happens to the path afterwards, the bytes
-/// behind the descriptor are what runs. `launch.measure` is measured at
-/// connect.
-pub fn transport(
+/// Starts an executable already opened (and measured) by [`open_measured`]:
+/// whatever happens to the path afterwards, the bytes behind the descriptor
+/// are what runs. `launch.measure` is measured now.
+pub async fn start_opened(
     launch: NativeLaunch,
     executable: MeasuredExecutable,
-) -> crate::transport::ServerTransport {
-    crate::transport::ServerTransport::new(
-        launch.name.clone(),
-        launch.limits.clone(),
-        move |tracker| async move {
-            let also = executable.measured_files(&launch.resolved.target);
-            let measured =
-                measure_all(launch.measure.clone(), &launch.resolved.target, also).await?;
-            Ok(spawn(&launch, executable, measured, &tracker)?)
-        },
-    )
+    tracker: Arc<Tracker>,
+) -> Result<Launched, NativeError> {
+    let also = executable.measured_files(&launch.resolved.target);
+    let measured = measure_all(launch.measure.clone(), &launch.resolved.target, also).await?;
+    for (path, digest) in &measured {
+        tracing::debug!(server = %launch.name, path = %path.display(), %digest, "measured");
+    }
+    spawn(&launch, executable, measured, &tracker)
 }
 
 /// Digests of every `measure` path, off the async runtime. `executable`
@@ -569,7 +564,7 @@ async fn measure_all(
 pub(crate) async fn launch(
     launch: NativeLaunch,
     tracker: Arc<Tracker>,
-) -> Result<Launched, LaunchError> {
+) -> Result<Launched, NativeError> {
     let target = launch.resolved.target.clone();
     let expected = launch.expected;
     let sealer = launch.sealer.clone();
@@ -580,12 +575,7 @@ pub(crate) async fn launch(
                 path: launch.resolved.target.clone(),
                 source: std::io::Error::other(error.to_string()),
             })??;
-    let also = executable.measured_files(&launch.resolved.target);
-    let measured = measure_all(launch.measure.clone(), &launch.resolved.target, also).await?;
-    for (path, digest) in &measured {
-        tracing::debug!(server = %launch.name, path = %path.display(), %digest, "measured");
-    }
-    Ok(spawn(&launch, executable, measured, &tracker)?)
+    start_opened(launch, executable, tracker).await
 }
 
 fn spawn(
@@ -598,13 +588,13 @@ fn spawn(
     // A script's interpreter is part of what runs: in the identity with its
     // digest, and named in the evidence.
     let mut measured = measured;
-    let mut interpreter_line = None;
+    let mut report = SandboxReport::default();
     if let Some(interpreter) = &executable.interpreter {
         if let Some(digest) = interpreter.digest {
             measured.push((interpreter.path.clone(), digest));
         }
-        interpreter_line = Some(format!(
-            "enforced: #! interpreter {}{}, run through the descriptor that was {}, with the script's own descriptor as its input",
+        report.enforced(format!(
+            "#! interpreter {}{}, run through the descriptor that was {}, with the script's own descriptor as its input",
             interpreter.path.display(),
             if interpreter.args.is_empty() {
                 String::new()
@@ -761,22 +751,13 @@ fn spawn(
     } else {
         &sandbox.enforced
     };
-    let mut sandbox_lines: Vec<String> = interpreter_line
-        .into_iter()
-        .chain(
-            landlock_lines
-                .iter()
-                .chain(&isolation.enforced)
-                .map(|l| format!("enforced: {l}")),
-        )
-        .collect();
-    sandbox_lines.extend(
-        sandbox
-            .not_enforced
-            .iter()
-            .chain(&isolation.not_enforced)
-            .map(|l| format!("not enforced: {l}")),
-    );
+    for rule in landlock_lines.iter().chain(&isolation.enforced) {
+        report.enforced(rule.clone());
+    }
+    for rule in sandbox.not_enforced.iter().chain(&isolation.not_enforced) {
+        report.not_enforced(rule.clone());
+    }
+    report.kernel_filesystem = sandbox.ruleset.is_some() && launch.learn.is_none();
     drop(sandbox);
     let spawn::Child {
         pidfd,
@@ -868,13 +849,15 @@ fn spawn(
         stop: Box::new(kill),
         on_request: Box::new(|| {}),
         metrics: Arc::new(Metrics::default()),
-        digest: executable.digest,
-        measured,
-        sandbox: sandbox_lines,
-        evidence: if executable.digest.is_some() {
-            Evidence::NativeMeasured
-        } else {
-            Evidence::NativeUnmeasured
+        identity: Identity {
+            digest: executable.digest,
+            measured,
+            sandbox: report,
+            evidence: if executable.digest.is_some() {
+                Evidence::NativeMeasured
+            } else {
+                Evidence::NativeUnmeasured
+            },
         },
     })
 }

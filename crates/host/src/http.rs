@@ -1,4 +1,6 @@
-//! `moat serve --http`: the streamable HTTP front, and what bounds it.
+//! The streamable HTTP front of `moat serve --http`, and what bounds it.
+//! The CLI binds the listener and says when to stop; everything between the
+//! socket and the gateway's agent sessions is here.
 //!
 //! Every limit comes from `[serve]` in the config and answers with a status
 //! the client can act on, plus an audit event (`http_refused`):
@@ -22,13 +24,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use crate::audit::Event;
+use crate::gateway::Gateway;
 use bytes::Bytes;
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Empty, Full, Limited};
 use hyper::{Request, Response, StatusCode};
-use moat_host::audit::Event;
-use moat_host::gateway::Gateway;
 use rmcp::transport::streamable_http_server::{
     StreamableHttpServerConfig, StreamableHttpService, session::local::LocalSessionManager,
 };
@@ -44,9 +45,23 @@ const REFUSAL_WRITE: Duration = Duration::from_secs(1);
 const EVICTION_WAIT: Duration = Duration::from_secs(1);
 
 /// What `moat serve --http` accepts beyond loopback Host names.
+#[derive(Clone, Debug, Default)]
 pub struct Allowed {
+    /// Host header values (`name` or `name:port`).
     pub hosts: Vec<String>,
+    /// Browser origins.
     pub origins: Vec<String>,
+}
+
+/// Why the HTTP front could not serve.
+#[derive(Debug, thiserror::Error)]
+pub enum HttpError {
+    #[error("--http: reading the listener's local address failed: {0}")]
+    LocalAddr(#[source] std::io::Error),
+    #[error(
+        "--http {addr} is not a loopback address: set a bearer token with --token or MOAT_HTTP_TOKEN"
+    )]
+    TokenRequired { addr: std::net::SocketAddr },
 }
 
 /// A connection that has been admitted but has not sent a request yet: the
@@ -167,16 +182,20 @@ fn token_matches(expected: &str, presented: Option<&[u8]>) -> bool {
     presented.is_some_and(|p| bool::from(expected.as_bytes().ct_eq(p)))
 }
 
-/// Serves `gateway` on `listener` until SIGINT or SIGTERM, then drains
-/// every session.
+/// Serves `gateway` on `listener` until `shutdown` resolves, then drains
+/// every session. A listener beyond loopback needs a `token`.
 pub async fn serve(
     gateway: Gateway,
     listener: tokio::net::TcpListener,
     token: Option<String>,
     allowed: Allowed,
-) -> Result<Vec<(String, moat_host::ClientError)>> {
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<Vec<(String, crate::ClientError)>, HttpError> {
     let settings = gateway.serve_settings().clone();
-    let addr = listener.local_addr()?;
+    let addr = listener.local_addr().map_err(HttpError::LocalAddr)?;
+    if !addr.ip().is_loopback() && token.is_none() {
+        return Err(HttpError::TokenRequired { addr });
+    }
     let cancel = CancellationToken::new();
     let mut http_config = StreamableHttpServerConfig::default();
     http_config.cancellation_token = cancel.clone();
@@ -210,14 +229,12 @@ pub async fn serve(
     );
     let expected = token.map(|t| format!("Bearer {t}"));
     let admission = Arc::new(Admission::new(settings.max_connections.get()));
-    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .context("installing the SIGTERM handler")?;
+    tokio::pin!(shutdown);
     let mut backoff = ACCEPT_BACKOFF.0;
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
-            _ = tokio::signal::ctrl_c() => break,
-            _ = terminate.recv() => break,
+            () = &mut shutdown => break,
         };
         let stream = match accepted {
             Ok((stream, _)) => {
@@ -230,8 +247,7 @@ pub async fn serve(
                 tracing::warn!(%error, ?backoff, "accept failed; retrying");
                 tokio::select! {
                     () = tokio::time::sleep(backoff) => {}
-                    _ = tokio::signal::ctrl_c() => break,
-                    _ = terminate.recv() => break,
+                    () = &mut shutdown => break,
                 }
                 backoff = (backoff * 2).min(ACCEPT_BACKOFF.1);
                 continue;
@@ -255,7 +271,7 @@ pub async fn serve(
     Ok(failures)
 }
 
-type Service = StreamableHttpService<moat_host::gateway::AgentSession, LocalSessionManager>;
+type Service = StreamableHttpService<crate::gateway::AgentSession, LocalSessionManager>;
 
 /// One accepted connection and what it needs.
 struct Connection {
@@ -385,11 +401,137 @@ impl Connection {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use tokio::io::AsyncReadExt;
+
     #[test]
     fn the_token_must_match_exactly() {
-        assert!(super::token_matches("Bearer abc", Some(b"Bearer abc")));
-        assert!(!super::token_matches("Bearer abc", Some(b"Bearer abd")));
-        assert!(!super::token_matches("Bearer abc", Some(b"Bearer ab")));
-        assert!(!super::token_matches("Bearer abc", None));
+        assert!(token_matches("Bearer abc", Some(b"Bearer abc")));
+        assert!(!token_matches("Bearer abc", Some(b"Bearer abd")));
+        assert!(!token_matches("Bearer abc", Some(b"Bearer ab")));
+        assert!(!token_matches("Bearer abc", None));
+    }
+
+    #[test]
+    fn refusals_say_when_to_retry_only_for_503() {
+        let busy = String::from_utf8(raw_refusal(StatusCode::SERVICE_UNAVAILABLE)).unwrap();
+        assert_eq!(
+            busy,
+            "HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\nRetry-After: 1\r\n\r\n"
+        );
+        let slow = String::from_utf8(raw_refusal(StatusCode::REQUEST_TIMEOUT)).unwrap();
+        assert!(!slow.contains("Retry-After"), "{slow}");
+        assert_eq!(
+            status(StatusCode::SERVICE_UNAVAILABLE).headers()[hyper::header::RETRY_AFTER],
+            "1"
+        );
+        assert!(status(StatusCode::NOT_FOUND).headers().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_full_house_evicts_the_oldest_connection_that_has_not_asked_anything() {
+        let admission = Arc::new(Admission::new(2));
+        let silent = (Arc::new(AtomicBool::new(false)), CancellationToken::new());
+        let asking = (Arc::new(AtomicBool::new(true)), CancellationToken::new());
+        let held_by_silent = admission.admit().await.unwrap();
+        let _held_by_asking = admission.admit().await.unwrap();
+        admission.enlist(&silent.0, &silent.1);
+        admission.enlist(&asking.0, &asking.1);
+        // The silent connection closes when told to, freeing its slot.
+        let evicted = silent.1.clone();
+        tokio::spawn(async move {
+            evicted.cancelled().await;
+            drop(held_by_silent);
+        });
+        assert!(admission.admit().await.is_some(), "room was made");
+        assert!(silent.1.is_cancelled(), "the silent one was evicted");
+        assert!(!asking.1.is_cancelled(), "one that asked is never evicted");
+    }
+
+    #[tokio::test]
+    async fn with_no_silent_connection_to_evict_a_new_one_is_refused() {
+        let admission = Admission::new(1);
+        let asking = (Arc::new(AtomicBool::new(true)), CancellationToken::new());
+        let _held = admission.admit().await.unwrap();
+        admission.enlist(&asking.0, &asking.1);
+        assert!(admission.admit().await.is_none());
+        assert!(!asking.1.is_cancelled());
+    }
+
+    fn gateway() -> Gateway {
+        let config = crate::Config {
+            path: "moat.toml".into(),
+            servers: Default::default(),
+            serve: Default::default(),
+        };
+        Gateway::new(crate::Host::new(None).unwrap(), config, None)
+    }
+
+    /// The status line's code of the answer to `request`, sent raw.
+    async fn status_of(addr: std::net::SocketAddr, request: &str) -> u16 {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut answer = Vec::new();
+        let mut buf = [0u8; 1024];
+        while !answer.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = stream.read(&mut buf).await.unwrap();
+            assert!(n > 0, "closed before an answer: {answer:?}");
+            answer.extend_from_slice(&buf[..n]);
+        }
+        let line = String::from_utf8_lossy(&answer);
+        line[9..12].parse().unwrap()
+    }
+
+    #[tokio::test]
+    async fn requests_are_refused_by_token_path_and_size_before_the_gateway() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stop = CancellationToken::new();
+        let served = tokio::spawn(serve(
+            gateway(),
+            listener,
+            Some("sesame".into()),
+            Allowed::default(),
+            stop.clone().cancelled_owned(),
+        ));
+        let host = format!("Host: {addr}\r\nConnection: close\r\n");
+        let no_token = format!("POST /mcp HTTP/1.1\r\n{host}Content-Length: 0\r\n\r\n");
+        assert_eq!(status_of(addr, &no_token).await, 401);
+        let wrong = format!(
+            "POST /mcp HTTP/1.1\r\n{host}Authorization: Bearer sesamf\r\nContent-Length: 0\r\n\r\n"
+        );
+        assert_eq!(status_of(addr, &wrong).await, 401);
+        let elsewhere =
+            format!("GET /other HTTP/1.1\r\n{host}Authorization: Bearer sesame\r\n\r\n");
+        assert_eq!(status_of(addr, &elsewhere).await, 404);
+        let huge = format!(
+            "POST /mcp HTTP/1.1\r\n{host}Authorization: Bearer sesame\r\nContent-Length: {}\r\n\r\n",
+            crate::config::ServeSettings::default().max_body_bytes.get() + 1
+        );
+        assert_eq!(status_of(addr, &huge).await, 413);
+        stop.cancel();
+        let failures = served.await.unwrap().unwrap();
+        assert!(failures.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_listener_beyond_loopback_needs_a_token() {
+        let listener = tokio::net::TcpListener::bind("0.0.0.0:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let error = serve(
+            gateway(),
+            listener,
+            None,
+            Allowed::default(),
+            std::future::pending(),
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            format!(
+                "--http {addr} is not a loopback address: set a bearer token with --token or MOAT_HTTP_TOKEN"
+            )
+        );
     }
 }

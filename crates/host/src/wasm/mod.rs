@@ -12,6 +12,8 @@
 //! loaded. Servers cannot reach the key: a grant that overlaps the cache is
 //! refused at launch (see `Host::check_grants`).
 
+pub mod lookup;
+
 use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 use std::net::SocketAddr;
@@ -30,10 +32,9 @@ use wasmtime_wasi::{FsPerms, I32Exit, WasiCtx, WasiCtxView, WasiView};
 
 use crate::config::DirMode;
 
-use crate::LaunchError;
 use crate::identity::{Digest, Evidence, Expectation};
+use crate::instance::{Exit, Identity, Launched, Metrics, SandboxReport, Tracker};
 use crate::limits::{LimitHit, Limits};
-use crate::transport::{Exit, Launched, Metrics, Tracker};
 
 /// Bytes buffered in each in-memory stdio pipe.
 const PIPE_BYTES: usize = 64 * 1024;
@@ -122,7 +123,8 @@ impl WasmEngine {
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker)
             .map_err(|e| WasmError::Engine(e.to_string()))?;
-        crate::lookup::add_to_linker(&mut linker).map_err(|e| WasmError::Engine(e.to_string()))?;
+        crate::wasm::lookup::add_to_linker(&mut linker)
+            .map_err(|e| WasmError::Engine(e.to_string()))?;
         Ok(Self {
             engine,
             linker: Arc::new(linker),
@@ -549,7 +551,7 @@ impl WasmLaunch {
     /// The socket addresses `net` allows, and the names the guest may look
     /// up: IP literals as they are, names resolved now, each within
     /// [`LOOKUP_TIMEOUT`]. These are the only lookups a wasm server causes:
-    /// its own are answered from this list (see [`crate::lookup`]).
+    /// its own are answered from this list (see [`crate::wasm::lookup`]).
     pub async fn resolve_net(&self) -> Result<ResolvedNet, WasmError> {
         let mut allowed = HashSet::new();
         let mut names = Vec::new();
@@ -578,7 +580,7 @@ impl WasmLaunch {
         }
         Ok(ResolvedNet {
             allowed,
-            names: crate::lookup::Names::new(names),
+            names: crate::wasm::lookup::Names::new(names),
         })
     }
 }
@@ -592,7 +594,7 @@ pub struct ResolvedNet {
     /// The socket addresses a guest may connect to.
     pub allowed: HashSet<SocketAddr>,
     /// The names it may look up, with their addresses.
-    pub names: crate::lookup::Names,
+    pub names: crate::wasm::lookup::Names,
 }
 
 /// Whether a socket operation is allowed: connects (and listens) only to
@@ -608,20 +610,6 @@ fn socket_allowed(allowed: &HashSet<SocketAddr>, addr: SocketAddr, use_: SocketA
 }
 
 impl PreparedComponent {
-    /// A transport that launches an instance of this already measured and
-    /// pre-instantiated component when connected: no file is read again.
-    pub fn transport(&self, launch: WasmLaunch) -> crate::transport::ServerTransport {
-        let prepared = self.clone();
-        crate::transport::ServerTransport::new(
-            launch.name.clone(),
-            launch.limits.clone(),
-            move |tracker| async move {
-                let net = launch.resolve_net().await?;
-                Ok(prepared.launch(&launch, net, &tracker)?)
-            },
-        )
-    }
-
     /// The sha256 of the component's bytes.
     pub fn digest(&self) -> Digest {
         self.digest
@@ -689,11 +677,12 @@ impl PreparedComponent {
                     detail: format!("{e:#}"),
                 })?;
         }
-        let mut sandbox_lines = vec![if launch.dirs.is_empty() {
-            "enforced: filesystem (wasi): no directories".to_owned()
+        let mut sandbox = SandboxReport::default();
+        sandbox.enforced(if launch.dirs.is_empty() {
+            "filesystem (wasi): no directories".to_owned()
         } else {
             format!(
-                "enforced: filesystem (wasi preopens): {}",
+                "filesystem (wasi preopens): {}",
                 launch
                     .dirs
                     .iter()
@@ -706,12 +695,12 @@ impl PreparedComponent {
                     .collect::<Vec<_>>()
                     .join(", ")
             )
-        }];
-        sandbox_lines.push(if launch.net.is_empty() {
-            "enforced: network (wasi): none".to_owned()
+        });
+        sandbox.enforced(if launch.net.is_empty() {
+            "network (wasi): none".to_owned()
         } else {
             format!(
-                "enforced: network (wasi socket check): connect only to {}",
+                "network (wasi socket check): connect only to {}",
                 crate::config::net_line(&launch.net)
             )
         });
@@ -776,10 +765,12 @@ impl PreparedComponent {
                 requests.fetch_add(1, Ordering::SeqCst);
             }),
             metrics,
-            digest: Some(self.digest),
-            measured: Vec::new(),
-            sandbox: sandbox_lines,
-            evidence: Evidence::WasmMeasured,
+            identity: Identity {
+                digest: Some(self.digest),
+                measured: Vec::new(),
+                sandbox,
+                evidence: Evidence::WasmMeasured,
+            },
         })
     }
 }
@@ -889,7 +880,7 @@ pub struct HostState {
     fuel_at_last_hook: u64,
     metrics: Arc<Metrics>,
     /// The names the guest may look up.
-    names: crate::lookup::Names,
+    names: crate::wasm::lookup::Names,
 }
 
 impl HostState {
@@ -897,7 +888,7 @@ impl HostState {
         &mut self.table
     }
 
-    pub(crate) fn names(&self) -> &crate::lookup::Names {
+    pub(crate) fn names(&self) -> &crate::wasm::lookup::Names {
         &self.names
     }
 }
@@ -978,20 +969,6 @@ impl ResourceLimiter for Limiter {
     fn memories(&self) -> usize {
         self.memories
     }
-}
-
-/// Launches a wasm server for the transport: prepare (measure, compile or
-/// load, pre-instantiate), then start an instance.
-pub(crate) async fn launch(
-    engine: WasmEngine,
-    path: PathBuf,
-    expected: Expectation,
-    launch: WasmLaunch,
-    tracker: Arc<Tracker>,
-) -> Result<Launched, LaunchError> {
-    let prepared = engine.prepare(&path, expected).await?;
-    let net = launch.resolve_net().await?;
-    Ok(prepared.launch(&launch, net, &tracker)?)
 }
 
 #[cfg(unix)]

@@ -1,0 +1,209 @@
+//! The launch contract: what a launcher hands the transport and the layers
+//! above. A launched instance (its stdio, how to learn of its exit and how to
+//! stop it), its identity (the digests of what runs, the evidence class, and
+//! a typed report of what the sandbox enforces), its exit, the counters a
+//! launcher keeps while it runs, and the tracker that proves nothing is left
+//! behind. Nothing here knows a launcher or the protocol: the transport
+//! imports only this module and [`crate::limits`].
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::{Notify, watch};
+use tokio::task::JoinHandle;
+
+use crate::identity::{Digest, Evidence};
+use crate::limits::LimitHit;
+
+/// How a server stopped running.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Exit {
+    /// It exited (or its `run` returned) with this code.
+    Code(i32),
+    /// It hit a limit and was stopped.
+    Limit(LimitHit),
+    /// It trapped (wasm) or was killed by a signal (native).
+    Crashed(String),
+    /// The host stopped it (close or deadline).
+    Stopped,
+}
+
+/// What a launcher hands the transport: the server's stdio, how to learn of
+/// its exit, and how to stop it.
+pub struct Launched {
+    /// The server's stdin.
+    pub stdin: Box<dyn AsyncWrite + Send + Unpin>,
+    /// The server's stdout: protocol only.
+    pub stdout: Box<dyn AsyncRead + Send + Unpin>,
+    /// The server's stderr: diagnostics only.
+    pub stderr: Box<dyn AsyncRead + Send + Unpin>,
+    /// Becomes `Some` once the server has stopped.
+    pub exit: watch::Receiver<Option<Exit>>,
+    /// The task that owns the running server; it ends when the server does.
+    pub task: JoinHandle<()>,
+    /// Asks the server to stop (native: SIGTERM to its process group; wasm:
+    /// the same as `stop`).
+    pub terminate: Box<dyn Fn() + Send + Sync>,
+    /// Stops the server at once (drop the instance, or SIGKILL the group).
+    pub stop: Box<dyn Fn() + Send + Sync>,
+    /// Called each time a request is sent: starts a fresh CPU budget.
+    pub on_request: Box<dyn Fn() + Send + Sync>,
+    /// Counters the launcher keeps while the server runs.
+    pub metrics: Arc<Metrics>,
+    /// What was measured about it, computed once by its launcher.
+    pub identity: Identity,
+}
+
+/// What was measured about a running server.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Identity {
+    /// The digest of the bytes that run, when measured.
+    pub digest: Option<Digest>,
+    /// Extra files measured into the identity, with their digests.
+    pub measured: Vec<(PathBuf, Digest)>,
+    /// What the sandbox enforces, and what it could not.
+    pub sandbox: SandboxReport,
+    /// The evidence class.
+    pub evidence: Evidence,
+}
+
+/// What a launcher's sandbox enforces for one instance, and what it could
+/// not, in the order the launcher applied it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SandboxReport {
+    /// Every rule, enforced or not.
+    pub rules: Vec<SandboxRule>,
+    /// Whether the instance's filesystem access is confined by the kernel
+    /// (Landlock) rather than by the wasm host's preopens or not at all.
+    pub kernel_filesystem: bool,
+}
+
+/// One rule of a [`SandboxReport`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SandboxRule {
+    /// Whether it holds for this instance.
+    pub enforced: bool,
+    /// What it is: the mechanism and what it covers.
+    pub what: String,
+}
+
+impl SandboxReport {
+    /// Adds a rule that holds.
+    pub fn enforced(&mut self, what: impl Into<String>) {
+        self.rules.push(SandboxRule {
+            enforced: true,
+            what: what.into(),
+        });
+    }
+
+    /// Adds a rule that could not be applied.
+    pub fn not_enforced(&mut self, what: impl Into<String>) {
+        self.rules.push(SandboxRule {
+            enforced: false,
+            what: what.into(),
+        });
+    }
+
+    /// One line a rule, as `moat inspect` prints them: `enforced: …` or
+    /// `not enforced: …`.
+    pub fn lines(&self) -> Vec<String> {
+        self.rules.iter().map(SandboxRule::to_string).collect()
+    }
+}
+
+impl std::fmt::Display for SandboxRule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = if self.enforced {
+            "enforced"
+        } else {
+            "not enforced"
+        };
+        write!(f, "{state}: {}", self.what)
+    }
+}
+
+/// What a launcher counts while a server runs. A launcher that cannot count
+/// something leaves it at zero.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    /// Calls from the guest into the host (wasm).
+    pub hostcalls: AtomicU64,
+    /// Fuel the guest has used, over its whole life (wasm).
+    pub fuel_consumed: AtomicU64,
+}
+
+impl Metrics {
+    /// Calls from the guest into the host so far.
+    pub fn hostcalls(&self) -> u64 {
+        self.hostcalls.load(Ordering::SeqCst)
+    }
+
+    /// Fuel used so far.
+    pub fn fuel_consumed(&self) -> u64 {
+        self.fuel_consumed.load(Ordering::SeqCst)
+    }
+}
+
+/// Counts the live tasks and instances of one transport, so tests and the
+/// gateway can assert that nothing is left behind.
+#[derive(Debug, Default)]
+pub struct Tracker {
+    live: AtomicUsize,
+    started: AtomicUsize,
+    changed: Notify,
+}
+
+impl Tracker {
+    /// Tasks (and server instances) of this transport still alive.
+    pub fn live(&self) -> usize {
+        self.live.load(Ordering::SeqCst)
+    }
+
+    /// Tasks (and server instances) ever started.
+    pub fn started(&self) -> usize {
+        self.started.load(Ordering::SeqCst)
+    }
+
+    /// Resolves once something has been started.
+    pub async fn wait_started(&self) {
+        loop {
+            let notified = self.changed.notified();
+            if self.started() > 0 {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// Resolves once nothing is alive.
+    pub async fn wait_idle(&self) {
+        loop {
+            let notified = self.changed.notified();
+            if self.live() == 0 {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// Registers one live thing; it counts until the guard drops.
+    pub fn enter(self: &Arc<Self>) -> TrackGuard {
+        self.live.fetch_add(1, Ordering::SeqCst);
+        self.started.fetch_add(1, Ordering::SeqCst);
+        self.changed.notify_waiters();
+        TrackGuard(self.clone())
+    }
+}
+
+/// Keeps one tracked task counted while alive.
+#[derive(Debug)]
+pub struct TrackGuard(Arc<Tracker>);
+
+impl Drop for TrackGuard {
+    fn drop(&mut self) {
+        self.0.live.fetch_sub(1, Ordering::SeqCst);
+        self.0.changed.notify_waiters();
+    }
+}

@@ -1,0 +1,189 @@
+//! Launching, one layer above the launchers: which launcher runs a
+//! configured server, what it prepares once (wasm: measure, compile or load
+//! and pre-instantiate; native: resolve the command; remote: the endpoint)
+//! and what it starts per instance, and [`LaunchError`], which wraps each
+//! launcher's own error type. The launchers ([`crate::wasm`], `native`,
+//! [`crate::remote`]) import only the contract ([`crate::instance`]) and
+//! their own dependencies, never this module or the transport.
+
+use std::sync::Arc;
+
+use crate::config::{ServerKind, ServerSpec};
+use crate::identity::Expectation;
+use crate::transport::{ServerTransport, TransportError};
+use crate::wasm::{WasmEngine, WasmLaunch};
+
+/// Why a server could not be launched.
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    #[error(
+        "server `{server}` has no sha256 pinned: refusing an unmeasured launch (pin it with `sha256 = \"...\"` from `moat digest`, or set `allow_unmeasured = true`)"
+    )]
+    Unmeasured { server: String },
+    #[error(transparent)]
+    Wasm(#[from] crate::wasm::WasmError),
+    #[cfg(unix)]
+    #[error(transparent)]
+    Native(#[from] crate::native::NativeError),
+    #[cfg(unix)]
+    #[error(transparent)]
+    Grant(Box<crate::grants::GrantError>),
+    #[error(
+        "server `{server}`: its package {package} {version} is not installed at {store} (the store was moved or cleaned): run `moat update {server} --version {version} --yes` to install it again", store = store.display()
+    )]
+    PackageMissing {
+        server: String,
+        package: String,
+        version: String,
+        store: std::path::PathBuf,
+    },
+    #[error("server `{server}`: native servers are not supported on this platform yet")]
+    Unsupported { server: String },
+    #[error(transparent)]
+    Remote(#[from] crate::remote::RemoteError),
+    #[error(transparent)]
+    Transport(#[from] TransportError),
+}
+
+#[cfg(unix)]
+impl From<crate::grants::GrantError> for LaunchError {
+    fn from(error: crate::grants::GrantError) -> Self {
+        Self::Grant(Box::new(error))
+    }
+}
+
+/// What is known of a server before any instance runs: its launcher and
+/// everything resolved without starting it. [`Planned::start`] runs the
+/// per-instance part; [`Planned::transport`] defers that to the connect.
+pub enum Planned {
+    /// A component: measured, compiled or loaded and pre-instantiated on
+    /// the first start (the engine keeps it by digest), then instantiated.
+    Wasm {
+        engine: WasmEngine,
+        path: std::path::PathBuf,
+        expected: Expectation,
+        launch: WasmLaunch,
+    },
+    /// An executable whose command is resolved: measured and spawned at
+    /// start.
+    #[cfg(unix)]
+    Native(Box<crate::native::NativeLaunch>),
+    /// An executable already opened and measured: spawned at start through
+    /// its descriptor.
+    #[cfg(unix)]
+    NativeOpened(
+        Box<(
+            crate::native::NativeLaunch,
+            crate::native::MeasuredExecutable,
+        )>,
+    ),
+    /// A component already prepared: only its instance remains to start.
+    WasmPrepared {
+        prepared: crate::wasm::PreparedComponent,
+        launch: WasmLaunch,
+    },
+    /// An endpoint: connected at start. Nothing of it runs here, so there
+    /// are no bytes to measure.
+    Remote(crate::remote::RemoteLaunch),
+}
+
+/// Plans `spec` on the launcher its kind names; its bytes must meet
+/// `expected`. `learn`, for a native server, runs it unconfined and records
+/// what it uses.
+pub fn plan(
+    wasm: &WasmEngine,
+    spec: &ServerSpec,
+    expected: Expectation,
+    #[cfg(unix)] learn: Option<Arc<std::sync::Mutex<crate::native::learn::Observed>>>,
+) -> Result<Planned, LaunchError> {
+    match &spec.kind {
+        ServerKind::Wasm { path } => Ok(Planned::Wasm {
+            engine: wasm.clone(),
+            path: path.clone(),
+            expected,
+            launch: WasmLaunch::from_spec(spec),
+        }),
+        #[cfg(unix)]
+        ServerKind::Native {
+            command,
+            base_dir,
+            cwd,
+            measure,
+        } => {
+            let path_var = std::env::var_os("PATH");
+            let resolved = crate::command::resolve(command, base_dir, path_var.as_deref())
+                .map_err(crate::native::NativeError::from)?;
+            Ok(Planned::Native(Box::new(crate::native::NativeLaunch {
+                name: spec.name.clone(),
+                resolved,
+                args: spec.args.clone(),
+                env: spec.environment(),
+                cwd: cwd.clone(),
+                measure: measure.clone(),
+                expected,
+                limits: spec.limits.clone(),
+                dirs: spec.dirs.clone(),
+                net: spec.net.clone(),
+                sandbox: spec.sandbox,
+                learn,
+                sealer: wasm.sealer(),
+            })))
+        }
+        #[cfg(not(unix))]
+        ServerKind::Native { .. } => Err(LaunchError::Unsupported {
+            server: spec.name.clone(),
+        }),
+        ServerKind::Remote {
+            url,
+            bearer_token_env,
+        } => Ok(Planned::Remote(crate::remote::RemoteLaunch {
+            name: spec.name.clone(),
+            url: url.clone(),
+            bearer_token_env: bearer_token_env.clone(),
+            limits: spec.limits.clone(),
+        })),
+    }
+}
+
+impl Planned {
+    /// Starts one instance, registering what it runs with `tracker`.
+    pub async fn start(
+        self,
+        tracker: Arc<crate::instance::Tracker>,
+    ) -> Result<crate::instance::Launched, LaunchError> {
+        match self {
+            Self::Wasm {
+                engine,
+                path,
+                expected,
+                launch,
+            } => {
+                let prepared = engine.prepare(&path, expected).await?;
+                let net = launch.resolve_net().await?;
+                Ok(prepared.launch(&launch, net, &tracker)?)
+            }
+            Self::WasmPrepared { prepared, launch } => {
+                let net = launch.resolve_net().await?;
+                Ok(prepared.launch(&launch, net, &tracker)?)
+            }
+            #[cfg(unix)]
+            Self::Native(launch) => Ok(crate::native::launch(*launch, tracker).await?),
+            #[cfg(unix)]
+            Self::NativeOpened(opened) => {
+                let (launch, executable) = *opened;
+                Ok(crate::native::start_opened(launch, executable, tracker).await?)
+            }
+            Self::Remote(launch) => Ok(crate::remote::launch(launch, tracker).await?),
+        }
+    }
+
+    /// A transport for server `name` that starts one instance when
+    /// connected.
+    pub fn transport(
+        self,
+        name: &str,
+        limits: crate::limits::Limits,
+    ) -> ServerTransport<LaunchError> {
+        ServerTransport::new(name, limits, move |tracker| self.start(tracker))
+    }
+}
