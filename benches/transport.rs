@@ -7,6 +7,8 @@
 //! the same binary, so the cost of containment is read off one run.
 //!
 //! Each group runs on a current-thread and on a multi-thread tokio runtime.
+//! `cpu_limits` compares the wasm engine's CPU metering (fuel, epoch, none)
+//! on the same calls.
 //!
 //! `cargo bench --bench transport`
 
@@ -289,5 +291,49 @@ fn tool_call_round_trip(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, start_to_initialized, tool_call_round_trip);
+/// The cost of bounding guest CPU: the same calls on engines metering by
+/// fuel (the default), by epoch interruption, and not at all, side by side.
+/// `add` is mostly the transport; `blob` (64 KiB of text) is mostly guest
+/// work, where per-operator metering shows.
+fn cpu_limits(c: &mut Criterion) {
+    use moat_host::wasm::Metering;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let blob_args = serde_json::json!({"n": 64 * 1024}).as_object().cloned();
+    let mut group = c.benchmark_group("cpu_limits");
+    for (label, metering) in [
+        ("fuel", Metering::Fuel),
+        ("epoch", Metering::Epoch),
+        ("unmetered", Metering::Unmetered),
+    ] {
+        let host = Host::with_metering(
+            Some(Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("bench-cache-{label}"))),
+            metering,
+        )
+        .unwrap();
+        let session: Session = runtime
+            .block_on(host.connect_with(&spec(), Handshake::Initialize))
+            .unwrap();
+        group.bench_function(format!("add/{label}"), |b| {
+            b.to_async(&runtime)
+                .iter(|| async { session.call_tool("add", add_args()).await.unwrap() })
+        });
+        group.bench_function(format!("blob_64k/{label}"), |b| {
+            b.to_async(&runtime)
+                .iter(|| async { session.call_tool("blob", blob_args.clone()).await.unwrap() })
+        });
+        runtime.block_on(session.close()).unwrap();
+    }
+    group.finish();
+}
+
+criterion_group!(
+    benches,
+    start_to_initialized,
+    tool_call_round_trip,
+    cpu_limits
+);
 criterion_main!(benches);

@@ -200,8 +200,16 @@ impl Host {
 
     /// A host caching compiled components in `cache_dir`, when given.
     pub fn new(cache_dir: Option<PathBuf>) -> Result<Self, LaunchError> {
+        Self::with_metering(cache_dir, crate::wasm::Metering::default())
+    }
+
+    /// A host whose wasm engine bounds guests' CPU by `metering`.
+    pub fn with_metering(
+        cache_dir: Option<PathBuf>,
+        metering: crate::wasm::Metering,
+    ) -> Result<Self, LaunchError> {
         let mut host = Self {
-            wasm: WasmEngine::new(cache_dir.clone())?,
+            wasm: WasmEngine::with_metering(cache_dir.clone(), metering)?,
             lock: None,
             #[cfg(unix)]
             protected: Vec::new(),

@@ -111,6 +111,12 @@ pub enum TransportError {
     Encode { server: String, detail: String },
 }
 
+/// Bytes read from a server's stdout or stderr at a time. Each session holds
+/// one such buffer per stream for its whole life, idle or not (the buffers
+/// are zeroed, so resident), so they are kept small: a longer line is
+/// gathered across reads, up to `max_line_bytes`.
+const STDIO_CHUNK_BYTES: usize = 4096;
+
 /// A bounded rolling buffer of a server's stderr, with a byte count.
 #[derive(Debug)]
 pub struct StderrBuffer {
@@ -122,7 +128,9 @@ impl StderrBuffer {
     fn new(capacity: usize) -> Self {
         Self {
             capacity,
-            inner: Mutex::new((VecDeque::with_capacity(capacity.min(1 << 16)), 0)),
+            // Grown as stderr arrives: most servers write little or
+            // nothing, and an idle session should not hold the capacity.
+            inner: Mutex::new((VecDeque::new(), 0)),
         }
     }
 
@@ -748,7 +756,7 @@ async fn drain_stderr(shared: Arc<Shared>, stderr: Box<dyn AsyncRead + Send + Un
     /// Longest stderr line echoed to the log; the buffer keeps the rest.
     const LOG_LINE_BYTES: usize = 1024;
     let mut stderr = stderr;
-    let mut chunk = vec![0u8; 8192];
+    let mut chunk = vec![0u8; STDIO_CHUNK_BYTES];
     let mut partial: Vec<u8> = Vec::new();
     loop {
         let n = match stderr.read(&mut chunk).await {
@@ -782,7 +790,7 @@ async fn read_stdout(
     incoming: mpsc::Sender<ServerJsonRpcMessage>,
     stop: Arc<dyn Fn() + Send + Sync>,
 ) {
-    let mut reader = BufReader::with_capacity(64 * 1024, stdout);
+    let mut reader = BufReader::with_capacity(STDIO_CHUNK_BYTES, stdout);
     let mut line: Vec<u8> = Vec::new();
     let fault = loop {
         let buf = match reader.fill_buf().await {

@@ -252,3 +252,82 @@ async fn unchanged_files_are_known_by_their_seals_and_changed_ones_are_verified(
     let (source, _) = prepare(copy.clone()).await;
     assert_eq!(source, DigestSource::Hashed, "other bytes under the name");
 }
+
+/// Under epoch metering a spinning guest has no fuel to run out of: it is
+/// stopped by its deadline, because it yields to the runtime at every epoch
+/// tick (on this current-thread runtime nothing else would run, the deadline
+/// timer included). The sandbox report says that the per-request CPU budget
+/// is not enforced, and the same host keeps serving.
+#[tokio::test]
+async fn an_epoch_metered_engine_stops_a_spinning_guest_at_its_deadline() {
+    let host = Host::with_metering(
+        Some(Path::new(env!("CARGO_TARGET_TMPDIR")).join("component-cache-epoch")),
+        moat_host::wasm::Metering::Epoch,
+    )
+    .expect("host");
+    let mut spin = ServerSpec::wasm("spin", guests::SPIN_WASM);
+    spin.allow_unmeasured = true;
+    spin.limits.fuel_per_request = 1_000;
+    spin.limits.request_timeout_ms = 500;
+    let session = host.connect(&spin).await.expect("connect");
+    let sandbox = session.shared().identity().expect("identity").sandbox;
+    assert!(
+        sandbox.lines().contains(
+            &"not enforced: CPU budget per request (fuel_per_request): this engine meters by \
+              epoch, which bounds time (request_timeout_ms), not work"
+                .to_owned()
+        ),
+        "{:?}",
+        sandbox.lines()
+    );
+    let ticks = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let heartbeat = tokio::spawn({
+        let ticks = ticks.clone();
+        async move {
+            let mut interval = tokio::time::interval(std::time::Duration::from_millis(1));
+            loop {
+                interval.tick().await;
+                ticks.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
+    });
+    let error = session.call_tool("attack", None).await.unwrap_err();
+    let during = ticks.load(std::sync::atomic::Ordering::SeqCst);
+    heartbeat.abort();
+    match error {
+        ClientError::Fault { fault, .. } => assert_eq!(
+            fault,
+            moat_host::Fault::Limit {
+                server: "spin".into(),
+                limit: moat_host::LimitHit::Deadline {
+                    request_timeout_ms: 500
+                }
+            }
+        ),
+        other => panic!("expected the deadline, got {other:?}"),
+    }
+    assert!(
+        during >= 5,
+        "heartbeat ticked only {during} times during the spin"
+    );
+    let _ = session.close().await;
+
+    let mut everything = ServerSpec::wasm("everything", guests::EVERYTHING_WASM);
+    everything.allow_unmeasured = true;
+    let session = host.connect(&everything).await.expect("connect");
+    let result = session
+        .call_tool("add", args(json!({"a": 2, "b": 40})))
+        .await
+        .expect("add");
+    assert_eq!(text(&result), "42");
+    assert_eq!(
+        session
+            .shared()
+            .metrics()
+            .fuel_consumed
+            .load(std::sync::atomic::Ordering::Relaxed),
+        0,
+        "an epoch-metered engine counts no fuel"
+    );
+    session.close().await.expect("close");
+}

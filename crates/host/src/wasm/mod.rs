@@ -44,6 +44,40 @@ const CACHE_MAGIC: &[u8; 12] = b"MOAT-CWASM3\n";
 const COMPILE_NOTICE_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
 /// The cache key's file name, inside the cache directory.
 const CACHE_KEY_FILE: &str = "cache.key";
+/// How often an epoch-metered engine's timer advances its epoch. It bounds
+/// how late a deadline can stop a spinning guest: one tick after the guest
+/// last yielded, at most.
+pub const EPOCH_TICK: std::time::Duration = std::time::Duration::from_millis(2);
+/// Ticks a guest runs between yields to the runtime under epoch metering.
+/// At each yield the runtime may abort the instance (its deadline passed)
+/// or run another task on the thread.
+const EPOCH_YIELD_TICKS: u64 = 1;
+
+/// How an engine bounds the CPU its guests use.
+///
+/// Both bound wall clock: a running guest yields to the runtime at regular
+/// points, where the per-request deadline (`request_timeout_ms`) can abort
+/// it. They differ in cost and in what else they bound, which
+/// `cargo bench --bench transport` (`cpu_limits`) measures side by side.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Metering {
+    /// Fuel: wasm operators are counted, each request gets
+    /// `fuel_per_request` afresh, and the guest yields every
+    /// `fuel_yield_interval` units. Deterministic; bounds work as well as
+    /// time. The default.
+    #[default]
+    Fuel,
+    /// Epoch interruption: a timer thread advances the engine's epoch every
+    /// [`EPOCH_TICK`], and the guest yields at the next loop head or call
+    /// after each tick. Cheaper per operator; bounds time only, so
+    /// `fuel_per_request` is not enforced, and the sandbox report says so.
+    Epoch,
+    /// Neither: the baseline that the benches measure the other two
+    /// against. A guest that spins holds its thread and no deadline can stop
+    /// it, which the sandbox report says. Not reachable from a config;
+    /// for measuring only.
+    Unmetered,
+}
 
 /// Errors of the wasm launcher, naming the operation and its subject.
 #[derive(Debug, thiserror::Error)]
@@ -110,16 +144,34 @@ pub struct WasmEngine {
     /// The cache MAC key, read or made at the first cache access.
     cache_key: Arc<std::sync::OnceLock<Option<crate::keys::Key>>>,
     prepared: Arc<Mutex<HashMap<Digest, PreparedComponent>>>,
+    metering: Metering,
 }
 
 impl WasmEngine {
     /// An engine with fuel metering and async support, caching compiled
     /// components in `cache_dir` when given.
     pub fn new(cache_dir: Option<PathBuf>) -> Result<Self, WasmError> {
+        Self::with_metering(cache_dir, Metering::default())
+    }
+
+    /// An engine that bounds guests' CPU by `metering`. Compiled code
+    /// differs between the two, and so does the cache file (its name holds
+    /// the engine's compatibility hash).
+    pub fn with_metering(
+        cache_dir: Option<PathBuf>,
+        metering: Metering,
+    ) -> Result<Self, WasmError> {
         let mut config = Config::new();
-        config.consume_fuel(true);
+        match metering {
+            Metering::Fuel => config.consume_fuel(true),
+            Metering::Epoch => config.epoch_interruption(true),
+            Metering::Unmetered => &mut config,
+        };
         config.wasm_component_model(true);
         let engine = Engine::new(&config).map_err(|e| WasmError::Engine(e.to_string()))?;
+        if metering == Metering::Epoch {
+            start_epoch_timer(&engine)?;
+        }
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker)
             .map_err(|e| WasmError::Engine(e.to_string()))?;
@@ -131,7 +183,13 @@ impl WasmEngine {
             cache_dir,
             cache_key: Arc::default(),
             prepared: Arc::default(),
+            metering,
         })
+    }
+
+    /// How this engine bounds guests' CPU.
+    pub fn metering(&self) -> Metering {
+        self.metering
     }
 
     /// The engine's compatibility hash: precompiled code is only valid for an
@@ -264,6 +322,7 @@ impl WasmEngine {
         })?;
         let prepared = PreparedComponent {
             engine: self.engine.clone(),
+            metering: self.metering,
             digest,
             cache,
             digest_source: source,
@@ -510,6 +569,7 @@ fn write_cache(
 #[derive(Clone)]
 pub struct PreparedComponent {
     engine: Engine,
+    metering: Metering,
     digest: Digest,
     cache: CacheOutcome,
     digest_source: DigestSource,
@@ -678,6 +738,17 @@ impl PreparedComponent {
                 })?;
         }
         let mut sandbox = SandboxReport::default();
+        match self.metering {
+            Metering::Fuel => {}
+            Metering::Epoch => sandbox.not_enforced(
+                "CPU budget per request (fuel_per_request): this engine meters by epoch, \
+                 which bounds time (request_timeout_ms), not work",
+            ),
+            Metering::Unmetered => sandbox.not_enforced(
+                "CPU (fuel_per_request) and deadlines for a guest that never yields \
+                 (request_timeout_ms): this engine does not meter guests",
+            ),
+        }
         sandbox.enforced(if launch.dirs.is_empty() {
             "filesystem (wasi): no directories".to_owned()
         } else {
@@ -741,13 +812,14 @@ impl PreparedComponent {
         };
         let (exit_tx, exit) = watch::channel(None);
         let engine = self.engine.clone();
+        let metering = self.metering;
         let pre = self.pre.clone();
         let limits = limits.clone();
         let name = launch.name.clone();
         let guard = tracker.enter();
         let task = tokio::spawn(async move {
             let _guard = guard;
-            let status = run_instance(&engine, &pre, state, &limits).await;
+            let status = run_instance(&engine, metering, &pre, state, &limits).await;
             tracing::debug!(server = %name, ?status, "instance stopped");
             let _ = exit_tx.send(Some(status));
         });
@@ -775,8 +847,26 @@ impl PreparedComponent {
     }
 }
 
+/// Advances `engine`'s epoch every [`EPOCH_TICK`] on a thread of its own,
+/// which ends once the engine is dropped.
+fn start_epoch_timer(engine: &Engine) -> Result<(), WasmError> {
+    let weak = engine.weak();
+    std::thread::Builder::new()
+        .name("moat-epoch".into())
+        .spawn(move || {
+            while let Some(engine) = weak.upgrade() {
+                engine.increment_epoch();
+                drop(engine);
+                std::thread::sleep(EPOCH_TICK);
+            }
+        })
+        .map(drop)
+        .map_err(|e| WasmError::Engine(format!("starting the epoch timer thread: {e}")))
+}
+
 async fn run_instance(
     engine: &Engine,
+    metering: Metering,
     pre: &CommandPre<HostState>,
     state: HostState,
     limits: &Limits,
@@ -784,6 +874,24 @@ async fn run_instance(
     let mut store = Store::new(engine, state);
     store.limiter(|state| &mut state.limiter);
     store.set_hostcall_fuel(usize::try_from(limits.hostcall_fuel).unwrap_or(usize::MAX));
+    if metering != Metering::Fuel {
+        if metering == Metering::Epoch {
+            // Armed right before running: the deadline counts from now.
+            store.set_epoch_deadline(EPOCH_YIELD_TICKS);
+            store.epoch_deadline_async_yield_and_update(EPOCH_YIELD_TICKS);
+        }
+        store.call_hook(|mut store, hook| {
+            if matches!(hook, CallHook::CallingHost) {
+                store
+                    .data_mut()
+                    .metrics
+                    .hostcalls
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(())
+        });
+        return run_command(pre, store, limits).await;
+    }
     if let Err(error) = store
         .set_fuel(limits.fuel_per_request)
         .and_then(|()| store.fuel_async_yield_interval(Some(limits.fuel_yield_interval)))
@@ -814,6 +922,15 @@ async fn run_instance(
         }
         Ok(())
     });
+    run_command(pre, store, limits).await
+}
+
+/// Instantiates the command in `store` and runs it to its exit.
+async fn run_command(
+    pre: &CommandPre<HostState>,
+    mut store: Store<HostState>,
+    limits: &Limits,
+) -> Exit {
     let result = match pre.instantiate_async(&mut store).await {
         Ok(command) => command.wasi_cli_run().call_run(&mut store).await,
         Err(error) => Err(error),
