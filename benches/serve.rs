@@ -20,8 +20,11 @@
 //!   calls, all sessions at once, in front of the wasm guest and in front of
 //!   the native guest (a child per session);
 //! - idle sessions: `IDLE_SESSIONS` sessions (or `$MOAT_BENCH_IDLE_SESSIONS`)
-//!   each call the wasm guest once and stay open; the bench prints the
-//!   RSS of the process tree and what one more session costs.
+//!   each call the wasm guest once and stay open; the bench prints
+//!   `moat serve`'s RSS, PSS and memory mappings, and what one more
+//!   session costs in each. The run stops at the first session that fails
+//!   (and says why): each wasm instance holds several mappings, so the
+//!   kernel's `vm.max_map_count` bounds the sessions a process can hold.
 //!
 //! `cargo bench --bench serve`
 
@@ -239,8 +242,29 @@ impl HttpServe {
         Self { child, url }
     }
 
-    fn rss(&self) -> u64 {
-        tree_rss(self.child.id(), "VmRSS:")
+    /// What `moat serve` holds now: its RSS, its PSS (shared pages divided
+    /// among their mappers: RSS counts a page of a component's memory image
+    /// once in every instance that maps it, PSS once), and its number of
+    /// memory mappings (bounded by `vm.max_map_count`).
+    fn memory(&self) -> Memory {
+        let pid = self.child.id();
+        let rollup =
+            std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap_or_default();
+        let field = |name: &str| {
+            rollup
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse::<u64>().ok())
+                .unwrap_or(0)
+                * 1024
+        };
+        Memory {
+            rss: field("Rss:"),
+            pss: field("Pss:"),
+            maps: std::fs::read_to_string(format!("/proc/{pid}/maps"))
+                .map(|maps| maps.lines().count() as u64)
+                .unwrap_or(0),
+        }
     }
 
     fn stop(mut self) {
@@ -249,6 +273,21 @@ impl HttpServe {
             .status();
         let _ = self.child.wait();
     }
+}
+
+impl Drop for HttpServe {
+    /// A bench that fails part way leaves no `moat serve` behind.
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One reading of [`HttpServe::memory`].
+struct Memory {
+    rss: u64,
+    pss: u64,
+    maps: u64,
 }
 
 type Agent = rmcp::service::RunningService<rmcp::RoleClient, ()>;
@@ -301,33 +340,51 @@ fn throughput(runtime: &tokio::runtime::Runtime, serve: &HttpServe) -> f64 {
     })
 }
 
-/// The RSS of `moat serve` with no session, then with `sessions` idle
-/// sessions that have each called the wasm guest once.
+/// `moat serve`'s memory with no session, then with up to `sessions` idle
+/// sessions that have each called the wasm guest once; how many were held
+/// (fewer when one failed, whose error is printed).
 fn idle_sessions(
     runtime: &tokio::runtime::Runtime,
     serve: &HttpServe,
     sessions: usize,
-) -> (u64, u64) {
-    let before = serve.rss();
+) -> (Memory, Memory, usize) {
+    let before = serve.memory();
     let agents = runtime.block_on(async {
+        use rmcp::ServiceExt;
         let mut agents = Vec::with_capacity(sessions);
         for n in 0..sessions {
-            let agent = agent(&serve.url).await;
-            echo(&agent).await;
-            agents.push(agent);
+            let transport =
+                rmcp::transport::StreamableHttpClientTransport::from_uri(serve.url.clone());
+            let agent = match ().serve(transport).await {
+                Ok(agent) => agent,
+                Err(error) => {
+                    eprintln!("  session {} could not start: {error}", n + 1);
+                    break;
+                }
+            };
+            let mut params = rmcp::model::CallToolRequestParams::new("everything__echo");
+            params.arguments = json!({"message": "bench"}).as_object().cloned();
+            match agent.call_tool(params).await {
+                Ok(result) if result.is_error != Some(true) => agents.push(agent),
+                other => {
+                    eprintln!("  session {}'s call failed: {other:?}", n + 1);
+                    break;
+                }
+            }
             if (n + 1) % 1000 == 0 {
                 eprintln!("  {} idle sessions open", n + 1);
             }
         }
         agents
     });
-    let after = serve.rss();
+    let held = agents.len();
+    let after = serve.memory();
     runtime.block_on(async {
         for agent in agents {
             let _ = agent.cancel().await;
         }
     });
-    (before, after)
+    (before, after, held)
 }
 
 /// Raises this process's open-file limit to its hard limit: every idle
@@ -483,12 +540,24 @@ fn main() {
         wasm_rate / native_rate
     );
     let serve = HttpServe::spawn(moat(&wasm_http, &cache, &state));
-    let (before, after) = idle_sessions(&runtime, &serve, idle);
+    let (before, after, held) = idle_sessions(&runtime, &serve, idle);
     serve.stop();
+    let per = |a: u64, b: u64| a.saturating_sub(b) as f64 / 1e3 / held.max(1) as f64;
+    let max_map_count = std::fs::read_to_string("/proc/sys/vm/max_map_count").unwrap_or_default();
     println!(
-        "\n{idle} idle wasm sessions over HTTP (each called once): RSS {:.1} MB → {:.1} MB, {:.0} KB a session",
-        before as f64 / 1e6,
-        after as f64 / 1e6,
-        after.saturating_sub(before) as f64 / 1e3 / idle as f64
+        "\n{held} of {idle} idle wasm sessions held over HTTP (each called once):\n\
+         RSS {:.1} MB → {:.1} MB, {:.0} KB a session\n\
+         PSS {:.1} MB → {:.1} MB, {:.0} KB a session\n\
+         mappings {} → {}, {:.1} a session (vm.max_map_count {})",
+        before.rss as f64 / 1e6,
+        after.rss as f64 / 1e6,
+        per(after.rss, before.rss),
+        before.pss as f64 / 1e6,
+        after.pss as f64 / 1e6,
+        per(after.pss, before.pss),
+        before.maps,
+        after.maps,
+        after.maps.saturating_sub(before.maps) as f64 / held.max(1) as f64,
+        max_map_count.trim(),
     );
 }
