@@ -131,12 +131,7 @@ impl Driver {
 fn tree_rss(pid: u32, field: &str) -> u64 {
     fn tree(pid: u32, field: &str, total: &mut u64) {
         let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-        *total += status
-            .lines()
-            .find_map(|l| l.strip_prefix(field))
-            .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse::<u64>().ok())
-            .unwrap_or(0)
-            * 1024;
+        *total += kb_field(&status, field);
         let tasks = std::fs::read_dir(format!("/proc/{pid}/task"))
             .into_iter()
             .flatten();
@@ -151,6 +146,16 @@ fn tree_rss(pid: u32, field: &str) -> u64 {
     let mut total = 0;
     tree(pid, field, &mut total);
     total
+}
+
+/// The `NAME: N kB` line of a /proc file named by `field`, in bytes (0 when
+/// absent).
+fn kb_field(text: &str, field: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse::<u64>().ok())
+        .unwrap_or(0)
+        * 1024
 }
 
 /// What one row measured.
@@ -250,17 +255,9 @@ impl HttpServe {
         let pid = self.child.id();
         let rollup =
             std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap_or_default();
-        let field = |name: &str| {
-            rollup
-                .lines()
-                .find_map(|l| l.strip_prefix(name))
-                .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse::<u64>().ok())
-                .unwrap_or(0)
-                * 1024
-        };
         Memory {
-            rss: field("Rss:"),
-            pss: field("Pss:"),
+            rss: kb_field(&rollup, "Rss:"),
+            pss: kb_field(&rollup, "Pss:"),
             maps: std::fs::read_to_string(format!("/proc/{pid}/maps"))
                 .map(|maps| maps.lines().count() as u64)
                 .unwrap_or(0),
@@ -293,18 +290,26 @@ struct Memory {
 type Agent = rmcp::service::RunningService<rmcp::RoleClient, ()>;
 
 async fn agent(url: &str) -> Agent {
+    try_agent(url).await.expect("an agent session over HTTP")
+}
+
+async fn try_agent(url: &str) -> Result<Agent, String> {
     use rmcp::ServiceExt;
     let transport = rmcp::transport::StreamableHttpClientTransport::from_uri(url.to_owned());
-    ().serve(transport)
-        .await
-        .expect("an agent session over HTTP")
+    ().serve(transport).await.map_err(|e| e.to_string())
 }
 
 async fn echo(agent: &Agent) {
+    try_echo(agent).await.expect("tools/call");
+}
+
+async fn try_echo(agent: &Agent) -> Result<(), String> {
     let mut params = rmcp::model::CallToolRequestParams::new("everything__echo");
     params.arguments = json!({"message": "bench"}).as_object().cloned();
-    let result = agent.call_tool(params).await.expect("tools/call");
-    assert_ne!(result.is_error, Some(true), "{result:?}");
+    match agent.call_tool(params).await {
+        Ok(result) if result.is_error != Some(true) => Ok(()),
+        other => Err(format!("{other:?}")),
+    }
 }
 
 /// Calls per second with `AGENTS` sessions calling at once, each session
@@ -350,27 +355,20 @@ fn idle_sessions(
 ) -> (Memory, Memory, usize) {
     let before = serve.memory();
     let agents = runtime.block_on(async {
-        use rmcp::ServiceExt;
         let mut agents = Vec::with_capacity(sessions);
         for n in 0..sessions {
-            let transport =
-                rmcp::transport::StreamableHttpClientTransport::from_uri(serve.url.clone());
-            let agent = match ().serve(transport).await {
+            let agent = match try_agent(&serve.url).await {
                 Ok(agent) => agent,
                 Err(error) => {
                     eprintln!("  session {} could not start: {error}", n + 1);
                     break;
                 }
             };
-            let mut params = rmcp::model::CallToolRequestParams::new("everything__echo");
-            params.arguments = json!({"message": "bench"}).as_object().cloned();
-            match agent.call_tool(params).await {
-                Ok(result) if result.is_error != Some(true) => agents.push(agent),
-                other => {
-                    eprintln!("  session {}'s call failed: {other:?}", n + 1);
-                    break;
-                }
+            if let Err(error) = try_echo(&agent).await {
+                eprintln!("  session {}'s call failed: {error}", n + 1);
+                break;
             }
+            agents.push(agent);
             if (n + 1) % 1000 == 0 {
                 eprintln!("  {} idle sessions open", n + 1);
             }

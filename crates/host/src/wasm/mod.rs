@@ -187,11 +187,6 @@ impl WasmEngine {
         })
     }
 
-    /// How this engine bounds guests' CPU.
-    pub fn metering(&self) -> Metering {
-        self.metering
-    }
-
     /// The engine's compatibility hash: precompiled code is only valid for an
     /// engine with the same hash.
     pub fn compatibility_hash(&self) -> String {
@@ -874,63 +869,50 @@ async fn run_instance(
     let mut store = Store::new(engine, state);
     store.limiter(|state| &mut state.limiter);
     store.set_hostcall_fuel(usize::try_from(limits.hostcall_fuel).unwrap_or(usize::MAX));
-    if metering != Metering::Fuel {
-        if metering == Metering::Epoch {
-            // Armed right before running: the deadline counts from now.
-            store.set_epoch_deadline(EPOCH_YIELD_TICKS);
-            store.epoch_deadline_async_yield_and_update(EPOCH_YIELD_TICKS);
-        }
-        store.call_hook(|mut store, hook| {
-            if matches!(hook, CallHook::CallingHost) {
-                store
-                    .data_mut()
-                    .metrics
-                    .hostcalls
-                    .fetch_add(1, Ordering::Relaxed);
+    match metering {
+        Metering::Fuel => {
+            if let Err(error) = store
+                .set_fuel(limits.fuel_per_request)
+                .and_then(|()| store.fuel_async_yield_interval(Some(limits.fuel_yield_interval)))
+            {
+                return Exit::Crashed(format!("configuring fuel: {error}"));
             }
-            Ok(())
-        });
-        return run_command(pre, store, limits).await;
-    }
-    if let Err(error) = store
-        .set_fuel(limits.fuel_per_request)
-        .and_then(|()| store.fuel_async_yield_interval(Some(limits.fuel_yield_interval)))
-    {
-        return Exit::Crashed(format!("configuring fuel: {error}"));
-    }
-    // Counts fuel and host calls at each guest-host transition, and grants a
-    // fresh CPU budget each time the host has sent a request: the guest's
-    // next call into the host (reading stdin) sees the new request count.
-    store.call_hook(|mut store, hook| {
-        let remaining = store.get_fuel()?;
-        let state = store.data_mut();
-        let used = state.fuel_at_last_hook.saturating_sub(remaining);
-        state.fuel_at_last_hook = remaining;
-        state
-            .metrics
-            .fuel_consumed
-            .fetch_add(used, Ordering::Relaxed);
-        if matches!(hook, CallHook::CallingHost) {
-            state.metrics.hostcalls.fetch_add(1, Ordering::Relaxed);
+            // Counts fuel and host calls at each guest-host transition, and
+            // grants a fresh CPU budget each time the host has sent a
+            // request: the guest's next call into the host (reading stdin)
+            // sees the new request count.
+            store.call_hook(|mut store, hook| {
+                let remaining = store.get_fuel()?;
+                let state = store.data_mut();
+                let used = state.fuel_at_last_hook.saturating_sub(remaining);
+                state.fuel_at_last_hook = remaining;
+                state
+                    .metrics
+                    .fuel_consumed
+                    .fetch_add(used, Ordering::Relaxed);
+                count_hostcall(state, hook);
+                let now = state.requests.load(Ordering::SeqCst);
+                if now != state.requests_seen {
+                    state.requests_seen = now;
+                    let budget = state.fuel_per_request;
+                    state.fuel_at_last_hook = budget;
+                    store.set_fuel(budget)?;
+                }
+                Ok(())
+            });
         }
-        let now = state.requests.load(Ordering::SeqCst);
-        if now != state.requests_seen {
-            state.requests_seen = now;
-            let budget = state.fuel_per_request;
-            state.fuel_at_last_hook = budget;
-            store.set_fuel(budget)?;
+        Metering::Epoch | Metering::Unmetered => {
+            if metering == Metering::Epoch {
+                // Armed right before running: the deadline counts from now.
+                store.set_epoch_deadline(EPOCH_YIELD_TICKS);
+                store.epoch_deadline_async_yield_and_update(EPOCH_YIELD_TICKS);
+            }
+            store.call_hook(|mut store, hook| {
+                count_hostcall(store.data_mut(), hook);
+                Ok(())
+            });
         }
-        Ok(())
-    });
-    run_command(pre, store, limits).await
-}
-
-/// Instantiates the command in `store` and runs it to its exit.
-async fn run_command(
-    pre: &CommandPre<HostState>,
-    mut store: Store<HostState>,
-    limits: &Limits,
-) -> Exit {
+    }
     let result = match pre.instantiate_async(&mut store).await {
         Ok(command) => command.wasi_cli_run().call_run(&mut store).await,
         Err(error) => Err(error),
@@ -939,6 +921,13 @@ async fn run_command(
         Ok(Ok(())) => Exit::Code(0),
         Ok(Err(())) => Exit::Code(1),
         Err(error) => classify(&error, &store, limits),
+    }
+}
+
+/// Counts a guest call into the host in the instance's metrics.
+fn count_hostcall(state: &HostState, hook: CallHook) {
+    if matches!(hook, CallHook::CallingHost) {
+        state.metrics.hostcalls.fetch_add(1, Ordering::Relaxed);
     }
 }
 
