@@ -259,10 +259,7 @@ fn main() -> ExitCode {
     // default would let a server that exits before reading its stdin kill
     // Moat (status 141) when Moat writes to it, instead of Moat reporting it.
     quiet_on_closed_stdout();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match runtime_for(&cli.command).enable_all().build() {
         Ok(runtime) => runtime,
         Err(error) => {
             eprintln!("moat: error: starting the async runtime: {error}");
@@ -282,6 +279,22 @@ fn main() -> ExitCode {
             eprintln!("moat: error: {message}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// The async runtime a command runs on. `moat serve` on stdio has one agent
+/// making one call at a time: its messages pass through several tasks (the
+/// agent's session, the gateway, each server's transport and, for wasm, the
+/// instance), and on a single thread each hand-over is a plain poll instead
+/// of waking another thread, which on a virtual machine costs tens of
+/// microseconds a call (`cargo bench --bench serve`). Native children still
+/// run in parallel as processes, compiles run on the blocking pool, and a
+/// busy wasm guest yields at its fuel or epoch interval. Everything else,
+/// `serve --http` with its many agents above all, gets a worker per core.
+fn runtime_for(command: &Command) -> tokio::runtime::Builder {
+    match command {
+        Command::Serve { http: None, .. } => tokio::runtime::Builder::new_current_thread(),
+        _ => tokio::runtime::Builder::new_multi_thread(),
     }
 }
 

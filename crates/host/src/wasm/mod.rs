@@ -13,6 +13,7 @@
 //! refused at launch (see `Host::check_grants`).
 
 pub mod lookup;
+pub mod pipe;
 
 use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
@@ -25,7 +26,6 @@ use sha2::Sha256;
 use tokio::sync::watch;
 use wasmtime::component::{Component, Linker, ResourceTable};
 use wasmtime::{CallHook, Config, Engine, ResourceLimiter, Store, Trap};
-use wasmtime_wasi::cli::{AsyncStdinStream, AsyncStdoutStream};
 use wasmtime_wasi::p2::bindings::CommandPre;
 use wasmtime_wasi::sockets::SocketAddrUse;
 use wasmtime_wasi::{FsPerms, I32Exit, WasiCtx, WasiCtxView, WasiView};
@@ -36,7 +36,8 @@ use crate::identity::{Digest, Evidence, Expectation};
 use crate::instance::{Exit, Identity, Launched, Metrics, SandboxReport, Tracker};
 use crate::limits::{LimitHit, Limits};
 
-/// Bytes buffered in each in-memory stdio pipe.
+/// Bytes that may wait in each in-memory stdio pipe (allocated only while
+/// they wait): a writer beyond it waits for the reader.
 const PIPE_BYTES: usize = 64 * 1024;
 /// First bytes of every cache file Moat writes.
 const CACHE_MAGIC: &[u8; 12] = b"MOAT-CWASM3\n";
@@ -690,16 +691,16 @@ impl PreparedComponent {
     ) -> Result<Launched, WasmError> {
         let ResolvedNet { allowed, names } = net;
         let limits = &launch.limits;
-        let (stdin_host, stdin_guest) = tokio::io::duplex(PIPE_BYTES);
-        let (stdout_guest, stdout_host) = tokio::io::duplex(PIPE_BYTES);
-        let (stderr_guest, stderr_host) = tokio::io::duplex(PIPE_BYTES);
+        let (stdin_host, stdin_guest) = pipe::pipe(PIPE_BYTES);
+        let (stdout_guest, stdout_host) = pipe::pipe(PIPE_BYTES);
+        let (stderr_guest, stderr_host) = pipe::pipe(PIPE_BYTES);
         let mut argv = vec![launch.name.clone()];
         argv.extend(launch.args.iter().cloned());
         let mut builder = WasiCtx::builder();
         builder
-            .stdin(AsyncStdinStream::new(stdin_guest))
-            .stdout(AsyncStdoutStream::new(PIPE_BYTES, stdout_guest))
-            .stderr(AsyncStdoutStream::new(PIPE_BYTES, stderr_guest))
+            .stdin(stdin_guest)
+            .stdout(stdout_guest)
+            .stderr(stderr_guest)
             .args(&argv)
             .envs(&launch.env)
             .max_random_size(limits.max_random_bytes)
