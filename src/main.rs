@@ -837,7 +837,7 @@ async fn serve(config_path: &Path, locked: bool, audit: Option<&Path>) -> Result
     let session = gateway.session();
     let service = session
         .clone()
-        .serve(stdio::dedicated())
+        .serve(stdio::agent())
         .await
         .context("starting the MCP session on stdio")?;
     let cancel = service.cancellation_token();

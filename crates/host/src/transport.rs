@@ -461,7 +461,9 @@ impl<E: From<TransportError>> ServerTransport<E> {
 /// A connected transport: what rmcp's client drives.
 pub struct Connected {
     shared: Arc<Shared>,
-    incoming: mpsc::Receiver<ServerJsonRpcMessage>,
+    /// Boxed: a channel allocates its first block of 32 slots up front, and
+    /// 32 unboxed messages are 12 KB held by every idle session.
+    incoming: mpsc::Receiver<Box<ServerJsonRpcMessage>>,
     stdin: Arc<tokio::sync::Mutex<Option<Box<dyn AsyncWrite + Send + Unpin>>>>,
     on_request: Arc<dyn Fn() + Send + Sync>,
     terminate: Box<dyn Fn() + Send + Sync>,
@@ -743,7 +745,7 @@ impl rmcp::transport::Transport<RoleClient> for Connected {
     }
 
     fn receive(&mut self) -> impl Future<Output = Option<RxJsonRpcMessage<RoleClient>>> + Send {
-        self.incoming.recv()
+        async { self.incoming.recv().await.map(|message| *message) }
     }
 
     async fn close(&mut self) -> Result<(), Self::Error> {
@@ -787,7 +789,7 @@ async fn read_stdout(
     stdout: Box<dyn AsyncRead + Send + Unpin>,
     max_line: usize,
     mut exit: watch::Receiver<Option<Exit>>,
-    incoming: mpsc::Sender<ServerJsonRpcMessage>,
+    incoming: mpsc::Sender<Box<ServerJsonRpcMessage>>,
     stop: Arc<dyn Fn() + Send + Sync>,
 ) {
     let mut reader = BufReader::with_capacity(STDIO_CHUNK_BYTES, stdout);
@@ -892,7 +894,7 @@ async fn read_stdout(
                         });
                     }
                 }
-                if incoming.send(message).await.is_err() {
+                if incoming.send(Box::new(message)).await.is_err() {
                     return; // the client is gone
                 }
             }
