@@ -639,9 +639,18 @@ fn host_for(config_path: &Path, locked: bool) -> Result<Host> {
 /// A host with the default cache that refuses grants overlapping the
 /// cache, `config_path` or the lock beside it.
 pub(crate) fn new_host(config_path: &Path) -> Result<Host> {
-    Ok(Host::new(Host::default_cache_dir())?
-        .protect("config", config_path.to_owned())
-        .protect("lock", Lock::path_for(config_path)))
+    // The engine's metering is the config's `[wasm]` setting; a config yet
+    // to be written (`moat add` makes it) has the default.
+    let metering = if config_path.exists() {
+        Config::load(config_path)?.wasm.metering
+    } else {
+        Default::default()
+    };
+    Ok(
+        Host::with_metering(Host::default_cache_dir(), metering.into())?
+            .protect("config", config_path.to_owned())
+            .protect("lock", Lock::path_for(config_path)),
+    )
 }
 
 /// Connects to `server` (see [`host_for`]).

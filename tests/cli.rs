@@ -533,3 +533,29 @@ fn inspect_prints_the_sandbox_mode_and_the_limits() {
         limits[0]
     );
 }
+
+/// `[wasm] metering = "epoch"` reaches the engine: the evidence says the
+/// per-request CPU budget is not enforced, and the server still answers.
+#[test]
+fn epoch_metering_from_the_config_is_reported_by_inspect() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("moat.toml");
+    let entry = format!(
+        "[servers.everything]\nwasm = {:?}\nallow_unmeasured = true\n",
+        guests::EVERYTHING_WASM
+    );
+    std::fs::write(&config, &entry).unwrap();
+    let fuel = moat(&["inspect", "--config", config.to_str().unwrap()]);
+    assert!(fuel.status.success(), "stderr: {}", stderr(&fuel));
+    assert!(!stdout(&fuel).contains("fuel_per_request): this engine meters by epoch"));
+    std::fs::write(&config, format!("[wasm]\nmetering = \"epoch\"\n{entry}")).unwrap();
+    let epoch = moat(&["inspect", "--config", config.to_str().unwrap()]);
+    assert!(epoch.status.success(), "stderr: {}", stderr(&epoch));
+    let text = stdout(&epoch);
+    assert!(
+        text.contains(
+            "not enforced: CPU budget per request (fuel_per_request): this engine meters by epoch"
+        ),
+        "{text}"
+    );
+}

@@ -134,6 +134,7 @@ pub fn routing(data: &[u8]) {
         path: "/fuzz/moat.toml".into(),
         servers: [("a".to_owned(), spec)].into(),
         serve: Default::default(),
+        wasm: Default::default(),
     };
     let gateway = moat_host::gateway::Gateway::new(host().clone(), config, None);
     runtime().block_on(async {

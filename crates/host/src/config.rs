@@ -23,6 +23,32 @@ pub struct Config {
     pub servers: BTreeMap<String, ServerSpec>,
     /// How `moat serve` runs agent sessions.
     pub serve: ServeSettings,
+    /// How the wasm engine runs every wasm server.
+    pub wasm: WasmSettings,
+}
+
+/// `[wasm]`: how the one wasm engine runs every wasm server.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WasmSettings {
+    /// How guests' CPU is bounded.
+    pub metering: CpuMetering,
+}
+
+/// `[wasm] metering`: how guests' CPU is bounded. Both let the per-request
+/// deadline (`request_timeout_ms`) stop a guest that spins; they differ in
+/// cost and in whether `fuel_per_request` holds, which
+/// `cargo bench --bench transport` (`cpu_limits`) measures side by side.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CpuMetering {
+    /// Wasm operators are counted: `fuel_per_request` bounds the work of
+    /// each request, deterministically, as well as its time.
+    #[default]
+    Fuel,
+    /// A timer interrupts guests every few milliseconds to yield: time is
+    /// bounded, work is not (`fuel_per_request` is reported not enforced).
+    Epoch,
 }
 
 /// `[serve]`: how `moat serve` runs agent sessions.
@@ -312,6 +338,8 @@ struct RawConfig {
     servers: BTreeMap<Spanned<String>, Spanned<RawServer>>,
     #[serde(default)]
     serve: ServeSettings,
+    #[serde(default)]
+    wasm: WasmSettings,
 }
 
 #[derive(Deserialize)]
@@ -627,6 +655,7 @@ impl Config {
             path: path.to_owned(),
             servers,
             serve: raw.serve,
+            wasm: raw.wasm,
         })
     }
 
@@ -721,6 +750,21 @@ request_timeout_ms = 100
         assert_eq!(server.limits.memory_bytes, Limits::default().memory_bytes);
         assert_eq!(server.args, ["--verbose"]);
         assert!(matches!(server.expectation(), Some(Expectation::Pinned(_))));
+    }
+
+    #[test]
+    fn wasm_metering_is_fuel_unless_epoch_is_asked_for() {
+        let config = parse("[servers.a]\nwasm = \"a.wasm\"\n").unwrap();
+        assert_eq!(config.wasm.metering, CpuMetering::Fuel);
+        let config =
+            parse("[wasm]\nmetering = \"epoch\"\n[servers.a]\nwasm = \"a.wasm\"\n").unwrap();
+        assert_eq!(config.wasm.metering, CpuMetering::Epoch);
+        let (line, column, message) = invalid_at("[wasm]\nmetering = \"time\"\n");
+        assert_eq!((line, column), (2, 12));
+        assert!(
+            message.contains("unknown variant `time`, expected `fuel` or `epoch`"),
+            "{message}"
+        );
     }
 
     #[test]

@@ -463,6 +463,7 @@ mod tests {
             path: "moat.toml".into(),
             servers: Default::default(),
             serve: Default::default(),
+            wasm: Default::default(),
         };
         Gateway::new(crate::Host::new(None).unwrap(), config, None)
     }

@@ -744,8 +744,8 @@ impl rmcp::transport::Transport<RoleClient> for Connected {
         }
     }
 
-    fn receive(&mut self) -> impl Future<Output = Option<RxJsonRpcMessage<RoleClient>>> + Send {
-        async { self.incoming.recv().await.map(|message| *message) }
+    async fn receive(&mut self) -> Option<RxJsonRpcMessage<RoleClient>> {
+        self.incoming.recv().await.map(|message| *message)
     }
 
     async fn close(&mut self) -> Result<(), Self::Error> {

@@ -41,6 +41,7 @@ async fn the_name_checks_instance_serves_the_first_session(launcher: Launcher) {
         path: "moat.toml".into(),
         servers: [("everything".to_owned(), spec(launcher, guests::EVERYTHING))].into(),
         serve: Default::default(),
+        wasm: Default::default(),
     };
     let gateway = Gateway::new(host.clone(), config, None);
     gateway.check_names().await.unwrap();
@@ -77,6 +78,7 @@ async fn a_slow_start_never_holds_the_sessions_calls_to_other_servers(launcher: 
             drain_timeout_ms: 100,
             ..Default::default()
         },
+        wasm: Default::default(),
     };
     let gateway = Gateway::new(host.clone(), config, None);
     let session = gateway.session();
@@ -118,6 +120,7 @@ fn gateway_audited(
             drain_timeout_ms,
             ..Default::default()
         },
+        wasm: Default::default(),
     };
     let audit = audit.map(|path| {
         std::sync::Arc::new(moat_host::audit::AuditLog::open(path, audit_key()).unwrap())
@@ -302,6 +305,7 @@ async fn tool_list_changes_reach_the_agent_after_the_pin_check(launcher: Launche
         path: "moat.toml".into(),
         servers: [("x".to_owned(), x)].into(),
         serve: Default::default(),
+        wasm: Default::default(),
     };
     let gateway = Gateway::new(host().with_lock(lock, "moat.lock".into()), config, None);
     let session = gateway.session();

@@ -80,6 +80,15 @@ pub enum Metering {
     Unmetered,
 }
 
+impl From<crate::config::CpuMetering> for Metering {
+    fn from(metering: crate::config::CpuMetering) -> Self {
+        match metering {
+            crate::config::CpuMetering::Fuel => Self::Fuel,
+            crate::config::CpuMetering::Epoch => Self::Epoch,
+        }
+    }
+}
+
 /// Errors of the wasm launcher, naming the operation and its subject.
 #[derive(Debug, thiserror::Error)]
 pub enum WasmError {
