@@ -53,47 +53,6 @@ pub enum RemoteError {
     },
 }
 
-/// Checks a configured endpoint and returns it normalised. Only `https`, or
-/// `http` to a loopback address; no user name or password (use
-/// `bearer_token_env`), no fragment.
-pub fn parse_endpoint(text: &str) -> Result<String, String> {
-    let url = reqwest::Url::parse(text).map_err(|e| format!("{text:?} is not a URL: {e}"))?;
-    match url.scheme() {
-        "https" => {}
-        "http" if is_loopback(&url) => {}
-        "http" => {
-            return Err(format!(
-                "{text:?}: plain http is allowed to loopback addresses only; use https"
-            ));
-        }
-        other => return Err(format!("{text:?}: scheme `{other}` is not http or https")),
-    }
-    if url.host_str().is_none_or(str::is_empty) {
-        return Err(format!("{text:?} has no host"));
-    }
-    if !url.username().is_empty() || url.password().is_some() {
-        return Err(format!(
-            "{:?} carries credentials; put a bearer token in the environment and name it with `bearer_token_env`",
-            url.host_str().unwrap_or_default()
-        ));
-    }
-    if url.fragment().is_some() {
-        return Err(format!(
-            "{text:?} has a fragment, which no endpoint receives"
-        ));
-    }
-    Ok(url.to_string())
-}
-
-fn is_loopback(url: &reqwest::Url) -> bool {
-    match url.host() {
-        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
-        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
-        Some(url::Host::Domain(name)) => name.eq_ignore_ascii_case("localhost"),
-        None => false,
-    }
-}
-
 /// A bearer token: printed as `***` by `Debug` and `Display`, so it cannot
 /// reach a log by accident.
 #[derive(Clone)]
@@ -377,40 +336,6 @@ async fn note(stderr: &mut (impl AsyncWrite + Unpin), text: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn endpoints_are_https_or_loopback_http_without_credentials() {
-        assert_eq!(
-            parse_endpoint("https://mcp.example.com/mcp").unwrap(),
-            "https://mcp.example.com/mcp"
-        );
-        assert!(parse_endpoint("http://127.0.0.1:8080/mcp").is_ok());
-        assert!(parse_endpoint("http://[::1]:8080/mcp").is_ok());
-        assert!(parse_endpoint("http://localhost/mcp").is_ok());
-        let plain = parse_endpoint("http://mcp.example.com/mcp").unwrap_err();
-        assert!(
-            plain.contains("plain http is allowed to loopback addresses only"),
-            "{plain}"
-        );
-        let creds = parse_endpoint("https://user:hunter2@mcp.example.com/mcp").unwrap_err();
-        assert!(creds.contains("bearer_token_env"), "{creds}");
-        assert!(!creds.contains("hunter2"), "{creds}");
-        assert!(
-            parse_endpoint("ftp://mcp.example.com/")
-                .unwrap_err()
-                .contains("scheme `ftp`")
-        );
-        assert!(
-            parse_endpoint("https://mcp.example.com/#x")
-                .unwrap_err()
-                .contains("fragment")
-        );
-        assert!(
-            parse_endpoint("not a url")
-                .unwrap_err()
-                .contains("is not a URL")
-        );
-    }
 
     #[test]
     fn secrets_do_not_print() {
