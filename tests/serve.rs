@@ -366,3 +366,65 @@ fn agents_on_2025_06_18_and_2025_11_25_are_served_in_their_revision() {
         assert!(child.wait().unwrap().success(), "{revision}");
     }
 }
+
+/// `moat serve` on stdio runs on one thread: a guest that spins without end
+/// (until its fuel runs out) yields at every fuel interval, so a call to
+/// another server in the same session is answered while it spins, and the
+/// spinning call still ends with its limit.
+#[tokio::test]
+async fn a_spinning_guest_never_holds_the_sessions_other_calls() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("moat.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[servers.spin]\nwasm = {:?}\nallow_unmeasured = true\n[servers.spin.limits]\nfuel_per_request = 20000000000\nrequest_timeout_ms = 120000\n\
+             [servers.everything]\nwasm = {:?}\nallow_unmeasured = true\n",
+            guests::SPIN_WASM,
+            guests::EVERYTHING_WASM
+        ),
+    )
+    .unwrap();
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_moat"))
+        .args(["serve", "--config", config.to_str().unwrap()])
+        .env(
+            "MOAT_CACHE_DIR",
+            Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-cache"),
+        )
+        .env("MOAT_STATE_DIR", common::state_dir())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("moat serve");
+    let stdout = child.stdout.take().unwrap();
+    let stdin = child.stdin.take().unwrap();
+    let agent = std::sync::Arc::new(Agent.serve((stdout, stdin)).await.expect("initialize"));
+    // Both servers started before the spin, so the answer below waits on
+    // nothing but the runtime.
+    let mut add = CallToolRequestParams::new("everything__add");
+    add.arguments = serde_json::json!({"a": 1, "b": 2}).as_object().cloned();
+    agent.call_tool(add.clone()).await.unwrap();
+    let spinning = tokio::spawn({
+        let agent = agent.clone();
+        async move {
+            agent
+                .call_tool(CallToolRequestParams::new("spin__attack"))
+                .await
+        }
+    });
+    let result = agent.call_tool(add).await.unwrap();
+    assert_eq!(
+        serde_json::to_value(&result.content).unwrap()[0]["text"],
+        "3"
+    );
+    assert!(
+        !spinning.is_finished(),
+        "the spin ended before the other call was answered"
+    );
+    let spun = format!("{:?}", spinning.await.unwrap());
+    assert!(spun.contains("fuel_per_request"), "{spun}");
+    drop(agent);
+    assert!(child.wait().await.unwrap().success());
+}
