@@ -15,6 +15,27 @@ use rmcp::{ClientHandler, ServiceExt};
 struct Agent;
 impl ClientHandler for Agent {}
 
+/// `moat serve --config CONFIG EXTRA..` on piped stdio, with the tests'
+/// component cache and state directory.
+fn serve_stdio(config: &Path, extra: &[&std::ffi::OsStr]) -> tokio::process::Child {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_moat"))
+        .arg("serve")
+        .arg("--config")
+        .arg(config)
+        .args(extra)
+        .env(
+            "MOAT_CACHE_DIR",
+            Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-cache"),
+        )
+        .env("MOAT_STATE_DIR", common::state_dir())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("moat serve")
+}
+
 #[tokio::test]
 async fn one_server_in_front_of_a_wasm_and_a_native_server() {
     let dir = tempfile::tempdir().unwrap();
@@ -29,20 +50,7 @@ async fn one_server_in_front_of_a_wasm_and_a_native_server() {
     )
     .unwrap();
     let audit = dir.path().join("audit.jsonl");
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_moat"))
-        .args(["serve", "--config", config.to_str().unwrap(), "--audit"])
-        .arg(&audit)
-        .env(
-            "MOAT_CACHE_DIR",
-            Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-cache"),
-        )
-        .env("MOAT_STATE_DIR", common::state_dir())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("moat serve");
+    let mut child = serve_stdio(&config, &["--audit".as_ref(), audit.as_ref()]);
     let stdout = child.stdout.take().unwrap();
     let stdin = child.stdin.take().unwrap();
     // An agent on 2026-07-28: `server/discover`, no initialize.
@@ -385,19 +393,7 @@ async fn a_spinning_guest_never_holds_the_sessions_other_calls() {
         ),
     )
     .unwrap();
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_moat"))
-        .args(["serve", "--config", config.to_str().unwrap()])
-        .env(
-            "MOAT_CACHE_DIR",
-            Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-cache"),
-        )
-        .env("MOAT_STATE_DIR", common::state_dir())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("moat serve");
+    let mut child = serve_stdio(&config, &[]);
     let stdout = child.stdout.take().unwrap();
     let stdin = child.stdin.take().unwrap();
     let agent = std::sync::Arc::new(Agent.serve((stdout, stdin)).await.expect("initialize"));

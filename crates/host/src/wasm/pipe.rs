@@ -92,7 +92,7 @@ impl State {
 
     /// Moves up to `max` bytes out of the queue, releasing its allocation
     /// once drained; the writers to wake.
-    fn take(&mut self, max: usize, into: impl FnOnce(&[u8], &[u8])) -> (usize, Vec<Waker>) {
+    fn take(&mut self, max: usize, into: impl FnOnce(&[u8], &[u8])) -> Vec<Waker> {
         let n = max.min(self.queue.len());
         let (front, back) = self.queue.as_slices();
         let first = n.min(front.len());
@@ -101,7 +101,7 @@ impl State {
         if self.queue.is_empty() && self.queue.capacity() > KEEP_BYTES {
             self.queue = VecDeque::new();
         }
-        (n, std::mem::take(&mut self.writers))
+        std::mem::take(&mut self.writers)
     }
 
     /// Appends `bytes` (which fit); the readers to wake.
@@ -194,7 +194,7 @@ impl AsyncRead for PipeReader {
             register(&mut state.readers, cx);
             return Poll::Pending;
         }
-        let (_, woken) = state.take(buf.remaining(), |a, b| {
+        let woken = state.take(buf.remaining(), |a, b| {
             buf.put_slice(a);
             buf.put_slice(b);
         });
@@ -264,7 +264,7 @@ impl InputStream for PipeReader {
             };
         }
         let mut out = Vec::new();
-        let (_, woken) = state.take(size, |a, b| {
+        let woken = state.take(size, |a, b| {
             out.reserve_exact(a.len() + b.len());
             out.extend_from_slice(a);
             out.extend_from_slice(b);
