@@ -466,7 +466,7 @@ async fn run(command: Command) -> Result<ExitCode> {
             session.close().await?;
             let tools = tools?;
             let reports = reports?;
-            let (digest, evidence, measured, sandbox) = identity
+            let (digest, evidence, measured, sandbox, component) = identity
                 .map(|i| {
                     (
                         i.digest
@@ -475,12 +475,17 @@ async fn run(command: Command) -> Result<ExitCode> {
                         i.evidence.to_string(),
                         i.measured,
                         i.sandbox.lines(),
+                        i.component,
                     )
                 })
                 .unwrap_or_default();
+            let kind = component.as_ref().map(|c| c.kind.to_string());
+            let not_tools = component.map(|c| c.not_tools).unwrap_or_default();
             if json {
                 let report = serde_json::json!({
                     "server": server,
+                    "kind": kind,
+                    "not_tools": not_tools,
                     "sha256": digest,
                     "evidence": evidence,
                     "sandbox": sandbox,
@@ -497,6 +502,9 @@ async fn run(command: Command) -> Result<ExitCode> {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {
                 println!("server    {server}");
+                if let Some(kind) = &kind {
+                    println!("kind      {kind}");
+                }
                 println!("evidence  {evidence}");
                 println!("sha256    {digest}");
                 for (path, digest) in &measured {
@@ -507,6 +515,9 @@ async fn run(command: Command) -> Result<ExitCode> {
                 }
                 for line in &sandbox {
                     println!("sandbox   {}", printable(line));
+                }
+                for line in &not_tools {
+                    println!("not a tool {}", printable(line));
                 }
                 println!();
                 let width = tools.iter().map(|t| t.name.len()).max().unwrap_or(4).max(4);
@@ -668,7 +679,7 @@ async fn inspect(config_path: &Path, json: bool) -> Result<ExitCode> {
     let mut failed = false;
     for (name, spec) in &config.servers {
         let kind = match &spec.kind {
-            moat_host::ServerKind::Wasm { path } => format!("wasm {}", path.display()),
+            moat_host::ServerKind::Wasm { path, .. } => format!("wasm {}", path.display()),
             moat_host::ServerKind::Native { command, .. } => format!("native {command}"),
             moat_host::ServerKind::Remote { url, .. } => format!("remote {url}"),
         };
@@ -691,6 +702,15 @@ async fn inspect(config_path: &Path, json: bool) -> Result<ExitCode> {
                     report["evidence"] = identity.evidence.to_string().into();
                     report["sha256"] = identity.digest.map(|d| d.to_string()).into();
                     report["rules"] = identity.sandbox.lines().into();
+                    if let Some(component) = identity.component {
+                        report["kind"] = format!(
+                            "{} ({})",
+                            report["kind"].as_str().unwrap_or_default(),
+                            component.kind
+                        )
+                        .into();
+                        report["not_tools"] = component.not_tools.into();
+                    }
                 }
                 report["tools"] = match (tools?, live?) {
                     (Some(pins), _) => pins
@@ -720,7 +740,7 @@ async fn inspect(config_path: &Path, json: bool) -> Result<ExitCode> {
                     println!("  {key:9} {}", printable(value));
                 }
             }
-            for key in ["dirs", "net", "env", "rules"] {
+            for key in ["dirs", "net", "env", "rules", "not_tools"] {
                 for value in report[key].as_array().into_iter().flatten() {
                     println!(
                         "  {key:9} {}",

@@ -424,3 +424,134 @@ async fn a_spinning_guest_never_holds_the_sessions_other_calls() {
     drop(agent);
     assert!(child.wait().await.unwrap().success());
 }
+
+/// A typed tool component behind `moat serve`, locked, beside a stdio
+/// component: its tools are namespaced and pinned like any other server's,
+/// every structured result fits its pinned output schema, an `err` reaches
+/// the agent as an error result, and a trap fails that call alone.
+#[tokio::test]
+async fn a_typed_component_is_served_locked_beside_a_stdio_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("moat.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[servers.kinds]\nwasm = {:?}\nallow_unmeasured = true\n\
+             [servers.everything]\nwasm = {:?}\nallow_unmeasured = true\n",
+            guests::KINDS_WASM,
+            guests::EVERYTHING_WASM
+        ),
+    )
+    .unwrap();
+    let lock = std::process::Command::new(env!("CARGO_BIN_EXE_moat"))
+        .args(["lock", "--config"])
+        .arg(&config)
+        .env(
+            "MOAT_CACHE_DIR",
+            Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-cache"),
+        )
+        .env("MOAT_STATE_DIR", common::state_dir())
+        .output()
+        .unwrap();
+    assert!(
+        lock.status.success(),
+        "{}",
+        String::from_utf8_lossy(&lock.stderr)
+    );
+    let mut child = serve_stdio(&config, &["--locked".as_ref()]);
+    let stdout = child.stdout.take().unwrap();
+    let stdin = child.stdin.take().unwrap();
+    let agent = Agent.serve((stdout, stdin)).await.expect("initialize");
+    let tools = agent.list_all_tools().await.unwrap();
+    let add = tools
+        .iter()
+        .find(|t| t.name == "kinds__add")
+        .expect("kinds__add");
+    assert_eq!(add.description.as_deref(), Some("Adds two small numbers."));
+    assert_eq!(
+        serde_json::Value::Object((*add.input_schema).clone())["properties"]["a"],
+        serde_json::json!({"type": "integer", "minimum": 0, "maximum": 255})
+    );
+    let call = |name: &str, arguments: serde_json::Value| {
+        let mut params = CallToolRequestParams::new(name.to_owned());
+        params.arguments = arguments.as_object().cloned();
+        agent.call_tool(params)
+    };
+    // Each result is checked against its pinned output schema by the
+    // gateway before it reaches the agent.
+    let calls = [
+        (
+            "kinds__greet",
+            serde_json::json!({"name": "Ada"}),
+            serde_json::json!("Hello, Ada!"),
+        ),
+        (
+            "kinds__add",
+            serde_json::json!({"a": 255, "b": 255}),
+            serde_json::json!(510),
+        ),
+        (
+            "kinds__scalars",
+            serde_json::json!({"b": false, "small": 1, "short": 2, "int": 3, "long": 4, "word": 5,
+                               "big": 6, "single": 0.5, "double": 0.25, "letter": "z"}),
+            serde_json::json!([false, 1, 2, 3, 4, 5, 6, 0.5, 0.25, "z"]),
+        ),
+        (
+            "kinds__maybe-double",
+            serde_json::json!({"x": null}),
+            serde_json::Value::Null,
+        ),
+        (
+            "kinds__checked-div",
+            serde_json::json!({"a": 9, "b": 3}),
+            serde_json::json!({"ok": 3}),
+        ),
+        (
+            "kinds__moat_kinds_shapes_0_1_0_grant-exec",
+            serde_json::json!({"p": []}),
+            serde_json::json!(["exec"]),
+        ),
+        (
+            "kinds__moat_kinds_shapes_0_1_0_translate",
+            serde_json::json!({"p": {"x": 0, "y": 0}, "dx": 1, "dy": 2}),
+            serde_json::json!({"x": 1, "y": 2}),
+        ),
+    ];
+    for (name, arguments, expected) in calls {
+        let result = call(name, arguments)
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(result.is_error, Some(false), "{name}: {result:?}");
+        assert_eq!(
+            result.structured_content,
+            Some(serde_json::json!({"result": expected})),
+            "{name}"
+        );
+    }
+    let err = call("kinds__checked-div", serde_json::json!({"a": 1, "b": 0}))
+        .await
+        .unwrap();
+    assert_eq!(err.is_error, Some(true));
+    let trap = call("kinds__trap", serde_json::json!({})).await.unwrap();
+    assert_eq!(trap.is_error, Some(true));
+    let text = serde_json::to_value(&trap.content).unwrap()[0]["text"].clone();
+    assert!(
+        text.as_str()
+            .unwrap()
+            .contains("tool `trap` failed: wasm trap"),
+        "{text}"
+    );
+    let add = call("everything__add", serde_json::json!({"a": 1, "b": 2}))
+        .await
+        .unwrap();
+    assert_eq!(serde_json::to_value(&add.content).unwrap()[0]["text"], "3");
+    let again = call("kinds__add", serde_json::json!({"a": 1, "b": 2}))
+        .await
+        .unwrap();
+    assert_eq!(
+        again.structured_content,
+        Some(serde_json::json!({"result": 3}))
+    );
+    drop(agent);
+    assert!(child.wait().await.unwrap().success());
+}

@@ -1,7 +1,8 @@
-//! Builds every guest binary in `guests/` for wasm32-wasip2 and natively, in a
-//! target dir of its own with the host's RUSTFLAGS stripped, and generates a
-//! constant per guest and target for tests to use. Fails when a guest has no
-//! test that uses it.
+//! Builds every guest binary in `guests/` for wasm32-wasip2 and natively, and
+//! every library component (a `cdylib` package: a typed tool component, with
+//! no `wasi:cli/run`) for wasm32-wasip2 only, in a target dir of its own with
+//! the host's RUSTFLAGS stripped, and generates a constant per guest and
+//! target for tests to use. Fails when a guest has no test that uses it.
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
@@ -40,6 +41,7 @@ fn main() {
 
     require_wasm_target();
     let bins = guest_bins(&guests);
+    let components = guest_components(&guests);
     let host = std::env::var("HOST").unwrap();
     // A guest built with features of its own (its manifest says
     // `build-alone = true`) gets a cargo invocation of its own, so those
@@ -53,7 +55,21 @@ fn main() {
     selections.extend(alone.iter().map(|p| vec!["-p".to_owned(), p.clone()]));
     for target in [Some("wasm32-wasip2"), None] {
         for selection in &selections {
-            build(&root, &guests, &target_dir, target, selection);
+            let mut selection = selection.clone();
+            if target.is_none() {
+                // A library component is wasm only.
+                if selection.first().is_some_and(|s| s == "-p")
+                    && components.contains(&selection[1])
+                {
+                    continue;
+                }
+                if selection.first().is_some_and(|s| s == "--workspace") {
+                    for package in &components {
+                        selection.extend(["--exclude".to_owned(), package.clone()]);
+                    }
+                }
+            }
+            build(&root, &guests, &target_dir, target, &selection);
         }
     }
 
@@ -89,6 +105,24 @@ fn main() {
         .unwrap();
         writeln!(all, "    ({bin:?}, {constant}_WASM, {constant}_NATIVE),").unwrap();
     }
+    for package in &components {
+        let constant = package.to_uppercase().replace('-', "_");
+        let wasm = target_dir.join(format!(
+            "wasm32-wasip2/release/{}.wasm",
+            package.replace('-', "_")
+        ));
+        assert!(
+            wasm.exists(),
+            "guest build did not produce {}",
+            wasm.display()
+        );
+        writeln!(
+            generated,
+            "/// The `{package}` library component (typed tools), built for wasm32-wasip2.\npub const {constant}_WASM: &str = {:?};",
+            wasm.display().to_string()
+        )
+        .unwrap();
+    }
     writeln!(
         generated,
         "/// Every guest: (name, wasm path, native path).\npub const ALL: &[(&str, &str, &str)] = &[\n{all}];"
@@ -96,7 +130,9 @@ fn main() {
     .unwrap();
     std::fs::write(out_dir.join("guests.rs"), generated).unwrap();
 
-    check_every_guest_is_tested(&root, &bins);
+    let mut every = bins.clone();
+    every.extend(components);
+    check_every_guest_is_tested(&root, &every);
 }
 
 /// A clear error, rather than a wall of `can't find crate for std`, when the
@@ -142,20 +178,29 @@ fn guest_bins(guests: &Path) -> Vec<String> {
     bins.into_iter().collect()
 }
 
+/// Library components: packages whose manifest makes a `cdylib`.
+fn guest_components(guests: &Path) -> BTreeSet<String> {
+    packages_whose_manifest_says(guests, "crate-type=[\"cdylib\"]")
+}
+
 /// Packages whose manifest asks for a build of their own.
 fn build_alone_packages(guests: &Path) -> Vec<String> {
-    let mut alone = BTreeSet::new();
+    packages_whose_manifest_says(guests, "build-alone=true")
+        .into_iter()
+        .collect()
+}
+
+/// Packages with a manifest line that is `line` once spaces are removed.
+fn packages_whose_manifest_says(guests: &Path, line: &str) -> BTreeSet<String> {
+    let mut found = BTreeSet::new();
     for entry in std::fs::read_dir(guests).unwrap() {
         let package = entry.unwrap().path();
         let manifest = std::fs::read_to_string(package.join("Cargo.toml")).unwrap_or_default();
-        if manifest
-            .lines()
-            .any(|line| line.replace(' ', "") == "build-alone=true")
-        {
-            alone.insert(package.file_name().unwrap().to_string_lossy().into_owned());
+        if manifest.lines().any(|l| l.replace(' ', "") == line) {
+            found.insert(package.file_name().unwrap().to_string_lossy().into_owned());
         }
     }
-    alone.into_iter().collect()
+    found
 }
 
 fn build(

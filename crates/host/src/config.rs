@@ -227,7 +227,13 @@ impl std::fmt::Display for Sandbox {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ServerKind {
     /// A WASI preview-2 component, by path.
-    Wasm { path: PathBuf },
+    Wasm {
+        path: PathBuf,
+        /// For a typed tool component: an instance per call (the default)
+        /// or one per session. A stdio component always runs one instance
+        /// a session.
+        instances: Instances,
+    },
     /// A native executable run as a child process.
     Native {
         /// The command as configured: argv[0], and what is resolved (on
@@ -251,12 +257,28 @@ pub enum ServerKind {
     },
 }
 
+/// How many instances a typed tool component gets (`instance = ...`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Instances {
+    /// A fresh instance for every call, as in Wassette: no state crosses
+    /// calls, and a crash stays within its call.
+    #[default]
+    Call,
+    /// One instance for the whole agent session, for components that hold
+    /// state; a call that fails (trap or limit) replaces it.
+    Session,
+}
+
 impl ServerSpec {
     /// A spec for a wasm component with default limits and nothing granted.
     pub fn wasm(name: impl Into<String>, path: impl Into<PathBuf>) -> Self {
         Self {
             name: name.into(),
-            kind: ServerKind::Wasm { path: path.into() },
+            kind: ServerKind::Wasm {
+                path: path.into(),
+                instances: Instances::default(),
+            },
             sha256: None,
             allow_unmeasured: false,
             args: Vec::new(),
@@ -346,6 +368,7 @@ struct RawConfig {
 #[serde(deny_unknown_fields)]
 struct RawServer {
     wasm: Option<Spanned<String>>,
+    instance: Option<Spanned<Instances>>,
     command: Option<Spanned<String>>,
     url: Option<Spanned<String>>,
     bearer_token_env: Option<Spanned<String>>,
@@ -422,6 +445,14 @@ impl Config {
             }
             let server_span = server.span();
             let server = server.into_inner();
+            if let Some(instance) = &server.instance
+                && server.wasm.is_none()
+            {
+                return Err(invalid(
+                    Some(instance.span()),
+                    format!("server `{name}`: `instance` applies to `wasm` servers only"),
+                ));
+            }
             if let Some(token) = &server.bearer_token_env
                 && server.url.is_none()
             {
@@ -444,6 +475,7 @@ impl Config {
                     }
                     ServerKind::Wasm {
                         path: base.join(wasm.get_ref()),
+                        instances: server.instance.map(Spanned::into_inner).unwrap_or_default(),
                     }
                 }
                 (None, Some(command), None) => {
@@ -783,7 +815,8 @@ request_timeout_ms = 100
         assert_eq!(
             server.kind,
             ServerKind::Wasm {
-                path: PathBuf::from("/etc/moat/guests/everything.wasm")
+                path: PathBuf::from("/etc/moat/guests/everything.wasm"),
+                instances: Instances::Call,
             }
         );
         assert_eq!(server.limits.fuel_per_request, 5);
@@ -838,6 +871,36 @@ request_timeout_ms = 100
         assert_eq!((line, column), (2, 12));
         assert!(
             message.contains("unknown variant `time`, expected `fuel` or `epoch`"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn a_typed_component_gets_an_instance_per_call_unless_session_is_asked_for() {
+        let instances = |text: &str| match &parse(text).unwrap().servers["a"].kind {
+            ServerKind::Wasm { instances, .. } => *instances,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            instances("[servers.a]\nwasm = \"a.wasm\"\n"),
+            Instances::Call
+        );
+        assert_eq!(
+            instances("[servers.a]\nwasm = \"a.wasm\"\ninstance = \"session\"\n"),
+            Instances::Session
+        );
+        let (line, column, message) =
+            invalid_at("[servers.a]\nwasm = \"a.wasm\"\ninstance = \"sometimes\"\n");
+        assert_eq!((line, column), (3, 12));
+        assert!(
+            message.contains("unknown variant `sometimes`, expected `call` or `session`"),
+            "{message}"
+        );
+        let (line, _, message) =
+            invalid_at("[servers.a]\nurl = \"https://mcp.example.com/mcp\"\ninstance = \"call\"\n");
+        assert_eq!(line, 3);
+        assert!(
+            message.contains("`instance` applies to `wasm` servers only"),
             "{message}"
         );
     }

@@ -54,6 +54,11 @@ pub struct Launched {
     pub metrics: Arc<Metrics>,
     /// What was measured about it, computed once by its launcher.
     pub identity: Identity,
+    /// Whether the server answers every request within its deadline itself
+    /// (a typed component's tool server fails only the late call). The
+    /// transport then stops it only if an answer is later still, by a
+    /// grace period.
+    pub answers_deadlines: bool,
 }
 
 /// What was measured about a running server.
@@ -67,6 +72,36 @@ pub struct Identity {
     pub sandbox: SandboxReport,
     /// The evidence class.
     pub evidence: Evidence,
+    /// For a wasm component: its kind, and the exported functions that are
+    /// not tools.
+    pub component: Option<ComponentReport>,
+}
+
+/// What kind of server a component is, told apart at load.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ComponentKind {
+    /// It exports `wasi:cli/run`: an MCP server on its stdio.
+    Stdio,
+    /// A typed tool component: each exported function is a tool.
+    Typed,
+}
+
+impl std::fmt::Display for ComponentKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Stdio => "stdio component (MCP on wasi:cli/run)",
+            Self::Typed => "typed tool component (exported functions are tools)",
+        })
+    }
+}
+
+/// What a wasm launcher found in a component.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ComponentReport {
+    /// Its kind.
+    pub kind: ComponentKind,
+    /// Exported functions that are not tools: `export: reason`.
+    pub not_tools: Vec<String>,
 }
 
 /// What a launcher's sandbox enforces for one instance, and what it could

@@ -97,7 +97,7 @@ pub fn plan(
     #[cfg(unix)] learn: Option<Arc<std::sync::Mutex<crate::native::learn::Observed>>>,
 ) -> Result<Planned, LaunchError> {
     match &spec.kind {
-        ServerKind::Wasm { path } => Ok(Planned::Wasm {
+        ServerKind::Wasm { path, .. } => Ok(Planned::Wasm {
             engine: wasm.clone(),
             path: path.clone(),
             expected,

@@ -212,7 +212,9 @@ pub(crate) async fn launch(
                 report
             },
             evidence: Evidence::Remote,
+            component: None,
         },
+        answers_deadlines: false,
     })
 }
 

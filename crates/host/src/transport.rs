@@ -489,6 +489,7 @@ impl Connected {
             on_request,
             metrics,
             identity,
+            answers_deadlines,
         } = launched;
         let _ = shared.identity.set(identity);
         let _ = shared.metrics.set(metrics);
@@ -532,7 +533,13 @@ impl Connected {
             tasks,
             exit: exit_for_drop,
             grace: limits.close_grace(),
-            request_timeout: limits.request_timeout(),
+            // A server that answers its own deadlines gets a grace period
+            // more before the transport stops it.
+            request_timeout: if answers_deadlines {
+                limits.request_timeout() + limits.close_grace()
+            } else {
+                limits.request_timeout()
+            },
         }
     }
 

@@ -858,7 +858,9 @@ fn spawn(
             } else {
                 Evidence::NativeUnmeasured
             },
+            component: None,
         },
+        answers_deadlines: false,
     })
 }
 

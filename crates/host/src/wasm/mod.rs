@@ -14,6 +14,7 @@
 
 pub mod lookup;
 pub mod pipe;
+pub mod typed;
 
 use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
@@ -33,7 +34,9 @@ use wasmtime_wasi::{FsPerms, I32Exit, WasiCtx, WasiCtxView, WasiView};
 use crate::config::DirMode;
 
 use crate::identity::{Digest, Evidence, Expectation};
-use crate::instance::{Exit, Identity, Launched, Metrics, SandboxReport, Tracker};
+use crate::instance::{
+    ComponentKind, ComponentReport, Exit, Identity, Launched, Metrics, SandboxReport, Tracker,
+};
 use crate::limits::{LimitHit, Limits};
 
 /// Bytes that may wait in each in-memory stdio pipe (allocated only while
@@ -307,7 +310,7 @@ impl WasmEngine {
         }
         let this = self.clone();
         let owned_path = path.to_owned();
-        let (component, cache) =
+        let (component, cache, bytes) =
             tokio::task::spawn_blocking(move || this.compile_or_load(&owned_path, digest, bytes))
                 .await
                 .map_err(|e| WasmError::Compile {
@@ -321,17 +324,49 @@ impl WasmEngine {
                     path: path.to_owned(),
                     detail: format!("{e:#}"),
                 })?;
-        let pre = CommandPre::new(instance_pre).map_err(|e| WasmError::Link {
-            path: path.to_owned(),
-            detail: format!("not a wasi:cli command component: {e:#}"),
-        })?;
+        let kind = if exports_cli_run(&component, &self.engine) {
+            let pre = CommandPre::new(instance_pre).map_err(|e| WasmError::Link {
+                path: path.to_owned(),
+                detail: format!("not a wasi:cli command component: {e:#}"),
+            })?;
+            Kind::Command(pre)
+        } else {
+            // Docs are read from the measured bytes only.
+            let bytes = match bytes {
+                Some(bytes) => bytes,
+                None => {
+                    let owned = path.to_owned();
+                    tokio::task::spawn_blocking(move || read_measured(&owned, digest))
+                        .await
+                        .map_err(|e| WasmError::Compile {
+                            path: path.to_owned(),
+                            detail: e.to_string(),
+                        })??
+                }
+            };
+            let docs = typed::schema::PackageDocs::find(&bytes);
+            let typed = typed::TypedComponent::new(instance_pre, &component, &self.engine, docs)
+                .map_err(|detail| WasmError::Link {
+                    path: path.to_owned(),
+                    detail,
+                })?;
+            for skipped in typed.skipped() {
+                tracing::warn!(
+                    component = %path.display(),
+                    export = %skipped.export,
+                    reason = %skipped.reason,
+                    "exported function is not a tool"
+                );
+            }
+            Kind::Typed(Arc::new(typed))
+        };
         let prepared = PreparedComponent {
             engine: self.engine.clone(),
             metering: self.metering,
             digest,
             cache,
             digest_source: source,
-            pre,
+            kind,
         };
         self.prepared
             .lock()
@@ -345,7 +380,7 @@ impl WasmEngine {
         path: &Path,
         digest: Digest,
         bytes: Option<Vec<u8>>,
-    ) -> Result<(Component, CacheOutcome), WasmError> {
+    ) -> Result<(Component, CacheOutcome, Option<Vec<u8>>), WasmError> {
         let cached = match (self.cache_path(digest), self.key()) {
             (Some(cache_path), Some(key)) => Some((cache_path, key)),
             _ => None,
@@ -359,7 +394,7 @@ impl WasmEngine {
                     engine: self.compatibility_hash(),
                 };
                 match context.load(&self.engine, cache_path) {
-                    Ok(loaded) => return Ok(loaded),
+                    Ok((component, outcome)) => return Ok((component, outcome, bytes)),
                     Err(outcome) => outcome,
                 }
             }
@@ -368,19 +403,7 @@ impl WasmEngine {
         // if the digest came from a seal, and hash them again.
         let bytes = match bytes {
             Some(bytes) => bytes,
-            None => {
-                let bytes = std::fs::read(path).map_err(|source| WasmError::Read {
-                    path: path.to_owned(),
-                    source,
-                })?;
-                if Digest::of(&bytes) != digest {
-                    return Err(WasmError::Read {
-                        path: path.to_owned(),
-                        source: std::io::Error::other("the file changed while it was prepared"),
-                    });
-                }
-                bytes
-            }
+            None => read_measured(path, digest)?,
         };
         let component = self.compile(path, &bytes)?;
         if let Some((cache_path, key)) = &cached {
@@ -393,7 +416,7 @@ impl WasmEngine {
                 tracing::warn!(path = %cache_path.display(), %error, "could not write cache file");
             }
         }
-        Ok((component, outcome))
+        Ok((component, outcome, Some(bytes)))
     }
 
     /// Compiles `bytes`. A compile that takes longer than
@@ -578,7 +601,24 @@ pub struct PreparedComponent {
     digest: Digest,
     cache: CacheOutcome,
     digest_source: DigestSource,
-    pre: CommandPre<HostState>,
+    kind: Kind,
+}
+
+/// The two kinds of component, told apart at load.
+#[derive(Clone)]
+enum Kind {
+    /// It exports `wasi:cli/run`: an MCP server on its stdio.
+    Command(CommandPre<HostState>),
+    /// Anything else: its exported functions are tools.
+    Typed(Arc<typed::TypedComponent>),
+}
+
+/// Whether `component` exports any version of `wasi:cli/run`.
+fn exports_cli_run(component: &Component, engine: &Engine) -> bool {
+    component
+        .component_type()
+        .exports(engine)
+        .any(|(name, _)| name.starts_with("wasi:cli/run@"))
 }
 
 pub use crate::seal::DigestSource;
@@ -598,6 +638,8 @@ pub struct WasmLaunch {
     pub dirs: Vec<crate::config::DirGrant>,
     /// TCP destinations allowed (names are resolved at launch).
     pub net: Vec<crate::config::NetGrant>,
+    /// For a typed tool component: an instance per call, or per session.
+    pub instances: crate::config::Instances,
 }
 
 impl WasmLaunch {
@@ -610,6 +652,10 @@ impl WasmLaunch {
             limits: spec.limits.clone(),
             dirs: spec.dirs.clone(),
             net: spec.net.clone(),
+            instances: match &spec.kind {
+                crate::config::ServerKind::Wasm { instances, .. } => *instances,
+                _ => crate::config::Instances::default(),
+            },
         }
     }
 
@@ -690,58 +736,111 @@ impl PreparedComponent {
         self.cache
     }
 
-    /// Starts an instance on its own task, its stdio wired to in-memory
-    /// pipes. Nothing is granted beyond `launch`: no directories, no network.
+    /// What kind of server the component is.
+    pub fn kind(&self) -> ComponentKind {
+        match self.kind {
+            Kind::Command(_) => ComponentKind::Stdio,
+            Kind::Typed(_) => ComponentKind::Typed,
+        }
+    }
+
+    /// Starts a server on its own task, its stdio wired to in-memory pipes:
+    /// a command component's instance, or a typed component's tool server
+    /// (which starts an instance per call or per session). Nothing is
+    /// granted beyond `launch`: no directories, no network.
     pub fn launch(
         &self,
         launch: &WasmLaunch,
         net: ResolvedNet,
         tracker: &Arc<Tracker>,
     ) -> Result<Launched, WasmError> {
-        let ResolvedNet { allowed, names } = net;
-        let limits = &launch.limits;
+        let setup = InstanceSetup::new(launch, net)?;
+        let sandbox = self.sandbox_report(launch);
+        let identity = Identity {
+            digest: Some(self.digest),
+            measured: Vec::new(),
+            sandbox,
+            evidence: Evidence::WasmMeasured,
+            component: Some(ComponentReport {
+                kind: self.kind(),
+                not_tools: match &self.kind {
+                    Kind::Command(_) => Vec::new(),
+                    Kind::Typed(typed) => typed
+                        .skipped()
+                        .iter()
+                        .map(|s| format!("{}: {}", s.export, s.reason))
+                        .collect(),
+                },
+            }),
+        };
+        let runner = Runner {
+            engine: self.engine.clone(),
+            metering: self.metering,
+            limits: launch.limits.clone(),
+        };
+        match &self.kind {
+            Kind::Command(pre) => {
+                Ok(self.launch_command(pre, launch, setup, runner, identity, tracker)?)
+            }
+            Kind::Typed(typed) => Ok(typed::launch(
+                typed.clone(),
+                launch,
+                setup,
+                runner,
+                identity,
+                tracker,
+            )),
+        }
+    }
+
+    fn launch_command(
+        &self,
+        pre: &CommandPre<HostState>,
+        launch: &WasmLaunch,
+        setup: InstanceSetup,
+        runner: Runner,
+        identity: Identity,
+        tracker: &Arc<Tracker>,
+    ) -> Result<Launched, WasmError> {
         let (stdin_host, stdin_guest) = pipe::pipe(PIPE_BYTES);
         let (stdout_guest, stdout_host) = pipe::pipe(PIPE_BYTES);
         let (stderr_guest, stderr_host) = pipe::pipe(PIPE_BYTES);
-        let mut argv = vec![launch.name.clone()];
-        argv.extend(launch.args.iter().cloned());
-        let mut builder = WasiCtx::builder();
-        builder
-            .stdin(stdin_guest)
-            .stdout(stdout_guest)
-            .stderr(stderr_guest)
-            .args(&argv)
-            .envs(&launch.env)
-            .max_random_size(limits.max_random_bytes)
-            .allow_udp(false);
-        // Each grant is opened once without following links; the preopen
-        // reopens that very inode through its descriptor.
-        #[cfg(unix)]
-        let opened = crate::grants::open_all(&launch.name, &launch.dirs)?;
-        #[cfg(unix)]
-        let preopens = opened.iter().map(|o| (&o.grant, o.fd_path()));
-        #[cfg(not(unix))]
-        let preopens = launch.dirs.iter().map(|d| (d, d.host.clone()));
-        for (dir, host_path) in preopens {
-            if !host_path.is_dir() {
-                return Err(WasmError::Preopen {
-                    path: dir.host.clone(),
-                    guest: dir.guest.clone(),
-                    detail: "not a directory (a wasm guest is granted directories only)".into(),
-                });
-            }
-            let perms = match dir.mode {
-                DirMode::Ro => FsPerms::ReadOnly,
-                DirMode::Rw => FsPerms::ReadWrite,
-            };
-            builder
-                .preopened_dir(&host_path, &dir.guest, perms)
-                .map_err(|e| WasmError::Preopen {
-                    path: dir.host.clone(),
-                    guest: dir.guest.clone(),
-                    detail: format!("{e:#}"),
-                })?;
-        }
+        let requests = Arc::new(AtomicU64::new(0));
+        let state = setup.state(stdin_guest, stdout_guest, stderr_guest, requests.clone())?;
+        let metrics = setup.metrics.clone();
+        let (exit_tx, exit) = watch::channel(None);
+        let pre = pre.clone();
+        let name = launch.name.clone();
+        let guard = tracker.enter();
+        let task = tokio::spawn(async move {
+            let _guard = guard;
+            // The grants' descriptors stay open while the instance runs.
+            let _setup = setup;
+            let status = runner.run_command(&pre, state).await;
+            tracing::debug!(server = %name, ?status, "instance stopped");
+            let _ = exit_tx.send(Some(status));
+        });
+        let abort = task.abort_handle();
+        let terminate = task.abort_handle();
+        Ok(Launched {
+            stdin: Box::new(stdin_host),
+            stdout: Box::new(stdout_host),
+            stderr: Box::new(stderr_host),
+            exit,
+            task,
+            terminate: Box::new(move || terminate.abort()),
+            stop: Box::new(move || abort.abort()),
+            on_request: Box::new(move || {
+                requests.fetch_add(1, Ordering::SeqCst);
+            }),
+            metrics,
+            identity,
+            answers_deadlines: false,
+        })
+    }
+
+    /// What the sandbox of an instance of `launch` enforces.
+    fn sandbox_report(&self, launch: &WasmLaunch) -> SandboxReport {
         let mut sandbox = SandboxReport::default();
         match self.metering {
             Metering::Fuel => {}
@@ -780,76 +879,243 @@ impl PreparedComponent {
                 crate::config::net_line(&launch.net)
             )
         });
-        if allowed.is_empty() {
-            builder.allow_tcp(false).allow_ip_name_lookup(false);
-        } else {
-            // Checked at the socket, for every connect and bind.
-            let allowed = Arc::new(allowed);
-            builder
-                .inherit_network()
-                .allow_tcp(true)
-                .allow_ip_name_lookup(true)
-                .socket_addr_check(move |addr, use_| {
-                    let ok = socket_allowed(&allowed, addr, use_);
-                    if !ok {
-                        tracing::debug!(%addr, ?use_, "socket denied");
-                    }
-                    Box::pin(std::future::ready(ok))
-                });
+        if let Kind::Typed(_) = self.kind {
+            sandbox.enforced(match launch.instances {
+                crate::config::Instances::Call => {
+                    "state (typed component): a fresh instance for every call"
+                }
+                crate::config::Instances::Session => {
+                    "state (typed component): one instance a session, replaced after a failed call"
+                }
+            });
         }
-        let wasi = builder.build();
+        sandbox
+    }
+}
+
+/// What every instance of one launch is given, prepared once: argv, the
+/// exact environment, the opened directory grants, the network allowed and
+/// the names it may look up, and the counters they share.
+pub(crate) struct InstanceSetup {
+    argv: Vec<String>,
+    env: Vec<(String, String)>,
+    limits: Limits,
+    /// (path to open, grant): the path is the grant's descriptor.
+    preopens: Vec<(PathBuf, crate::config::DirGrant)>,
+    /// The grants' descriptors, open while any instance may need them.
+    #[cfg(unix)]
+    _opened: Vec<crate::grants::OpenedGrant>,
+    allowed: Option<Arc<HashSet<SocketAddr>>>,
+    names: crate::wasm::lookup::Names,
+    metrics: Arc<Metrics>,
+}
+
+impl InstanceSetup {
+    /// Opens each grant once without following links (a preopen reopens
+    /// that very inode through its descriptor).
+    fn new(launch: &WasmLaunch, net: ResolvedNet) -> Result<Self, WasmError> {
+        let ResolvedNet { allowed, names } = net;
+        #[cfg(unix)]
+        let opened = crate::grants::open_all(&launch.name, &launch.dirs)?;
+        #[cfg(unix)]
+        let preopens: Vec<(PathBuf, crate::config::DirGrant)> = opened
+            .iter()
+            .map(|o| (o.fd_path(), o.grant.clone()))
+            .collect();
+        #[cfg(not(unix))]
+        let preopens: Vec<(PathBuf, crate::config::DirGrant)> = launch
+            .dirs
+            .iter()
+            .map(|d| (d.host.clone(), d.clone()))
+            .collect();
+        for (host_path, dir) in &preopens {
+            if !host_path.is_dir() {
+                return Err(WasmError::Preopen {
+                    path: dir.host.clone(),
+                    guest: dir.guest.clone(),
+                    detail: "not a directory (a wasm guest is granted directories only)".into(),
+                });
+            }
+        }
+        let mut argv = vec![launch.name.clone()];
+        argv.extend(launch.args.iter().cloned());
+        Ok(Self {
+            argv,
+            env: launch.env.clone(),
+            limits: launch.limits.clone(),
+            preopens,
+            #[cfg(unix)]
+            _opened: opened,
+            allowed: (!allowed.is_empty()).then(|| Arc::new(allowed)),
+            names,
+            metrics: Arc::new(Metrics::default()),
+        })
+    }
+
+    /// The host state of one instance, its stdio on these pipe ends.
+    fn state(
+        &self,
+        stdin: pipe::PipeReader,
+        stdout: pipe::PipeWriter,
+        stderr: pipe::PipeWriter,
+        requests: Arc<AtomicU64>,
+    ) -> Result<HostState, WasmError> {
+        let limits = &self.limits;
+        let mut builder = WasiCtx::builder();
+        builder
+            .stdin(stdin)
+            .stdout(stdout)
+            .stderr(stderr)
+            .args(&self.argv)
+            .envs(&self.env)
+            .max_random_size(limits.max_random_bytes)
+            .allow_udp(false);
+        for (host_path, dir) in &self.preopens {
+            let perms = match dir.mode {
+                DirMode::Ro => FsPerms::ReadOnly,
+                DirMode::Rw => FsPerms::ReadWrite,
+            };
+            builder
+                .preopened_dir(host_path, &dir.guest, perms)
+                .map_err(|e| WasmError::Preopen {
+                    path: dir.host.clone(),
+                    guest: dir.guest.clone(),
+                    detail: format!("{e:#}"),
+                })?;
+        }
+        match &self.allowed {
+            None => {
+                builder.allow_tcp(false).allow_ip_name_lookup(false);
+            }
+            Some(allowed) => {
+                // Checked at the socket, for every connect and bind.
+                let allowed = allowed.clone();
+                builder
+                    .inherit_network()
+                    .allow_tcp(true)
+                    .allow_ip_name_lookup(true)
+                    .socket_addr_check(move |addr, use_| {
+                        let ok = socket_allowed(&allowed, addr, use_);
+                        if !ok {
+                            tracing::debug!(%addr, ?use_, "socket denied");
+                        }
+                        Box::pin(std::future::ready(ok))
+                    });
+            }
+        }
         let mut table = ResourceTable::new();
         table.set_max_capacity(
             usize::try_from(limits.resource_table_capacity).unwrap_or(usize::MAX),
         );
-        let requests = Arc::new(AtomicU64::new(0));
-        let metrics = Arc::new(Metrics::default());
-        let state = HostState {
-            wasi,
+        Ok(HostState {
+            wasi: builder.build(),
             table,
             limiter: Limiter::new(limits),
-            requests: requests.clone(),
+            requests,
             requests_seen: 0,
             fuel_per_request: limits.fuel_per_request,
             fuel_at_last_hook: limits.fuel_per_request,
-            metrics: metrics.clone(),
-            names,
-        };
-        let (exit_tx, exit) = watch::channel(None);
-        let engine = self.engine.clone();
-        let metering = self.metering;
-        let pre = self.pre.clone();
-        let limits = limits.clone();
-        let name = launch.name.clone();
-        let guard = tracker.enter();
-        let task = tokio::spawn(async move {
-            let _guard = guard;
-            let status = run_instance(&engine, metering, &pre, state, &limits).await;
-            tracing::debug!(server = %name, ?status, "instance stopped");
-            let _ = exit_tx.send(Some(status));
-        });
-        let abort = task.abort_handle();
-        let terminate = task.abort_handle();
-        Ok(Launched {
-            stdin: Box::new(stdin_host),
-            stdout: Box::new(stdout_host),
-            stderr: Box::new(stderr_host),
-            exit,
-            task,
-            terminate: Box::new(move || terminate.abort()),
-            stop: Box::new(move || abort.abort()),
-            on_request: Box::new(move || {
-                requests.fetch_add(1, Ordering::SeqCst);
-            }),
-            metrics,
-            identity: Identity {
-                digest: Some(self.digest),
-                measured: Vec::new(),
-                sandbox,
-                evidence: Evidence::WasmMeasured,
-            },
+            metrics: self.metrics.clone(),
+            names: self.names.clone(),
         })
     }
+}
+
+/// Runs instances of one server under its engine's metering and limits.
+#[derive(Clone)]
+pub(crate) struct Runner {
+    engine: Engine,
+    metering: Metering,
+    limits: Limits,
+}
+
+impl Runner {
+    /// A store for one instance: its limiter, host-call fuel, and CPU
+    /// metering (fuel afresh for each request, or epoch yields), counting
+    /// fuel and host calls into the instance's metrics.
+    fn store(&self, state: HostState) -> Result<Store<HostState>, Exit> {
+        let limits = &self.limits;
+        let mut store = Store::new(&self.engine, state);
+        store.limiter(|state| &mut state.limiter);
+        store.set_hostcall_fuel(usize::try_from(limits.hostcall_fuel).unwrap_or(usize::MAX));
+        match self.metering {
+            Metering::Fuel => {
+                if let Err(error) = store.set_fuel(limits.fuel_per_request).and_then(|()| {
+                    store.fuel_async_yield_interval(Some(limits.fuel_yield_interval))
+                }) {
+                    return Err(Exit::Crashed(format!("configuring fuel: {error}")));
+                }
+                // Counts fuel and host calls at each guest-host transition,
+                // and grants a fresh CPU budget each time the host has sent a
+                // request: the guest's next call into the host (reading
+                // stdin) sees the new request count.
+                store.call_hook(|mut store, hook| {
+                    let remaining = store.get_fuel()?;
+                    let state = store.data_mut();
+                    let used = state.fuel_at_last_hook.saturating_sub(remaining);
+                    state.fuel_at_last_hook = remaining;
+                    state
+                        .metrics
+                        .fuel_consumed
+                        .fetch_add(used, Ordering::Relaxed);
+                    count_hostcall(state, hook);
+                    let now = state.requests.load(Ordering::SeqCst);
+                    if now != state.requests_seen {
+                        state.requests_seen = now;
+                        let budget = state.fuel_per_request;
+                        state.fuel_at_last_hook = budget;
+                        store.set_fuel(budget)?;
+                    }
+                    Ok(())
+                });
+            }
+            Metering::Epoch | Metering::Unmetered => {
+                if self.metering == Metering::Epoch {
+                    // Armed right before running: the deadline counts from now.
+                    store.set_epoch_deadline(EPOCH_YIELD_TICKS);
+                    store.epoch_deadline_async_yield_and_update(EPOCH_YIELD_TICKS);
+                }
+                store.call_hook(|mut store, hook| {
+                    count_hostcall(store.data_mut(), hook);
+                    Ok(())
+                });
+            }
+        }
+        Ok(store)
+    }
+
+    /// Runs a command component's `wasi:cli/run` to its end.
+    async fn run_command(&self, pre: &CommandPre<HostState>, state: HostState) -> Exit {
+        let mut store = match self.store(state) {
+            Ok(store) => store,
+            Err(exit) => return exit,
+        };
+        let result = match pre.instantiate_async(&mut store).await {
+            Ok(command) => command.wasi_cli_run().call_run(&mut store).await,
+            Err(error) => Err(error),
+        };
+        match result {
+            Ok(Ok(())) => Exit::Code(0),
+            Ok(Err(())) => Exit::Code(1),
+            Err(error) => classify(&error, &store, &self.limits),
+        }
+    }
+}
+
+/// The bytes at `path`, which must still have `digest` (read afresh when
+/// the digest came from a seal, and hashed again).
+fn read_measured(path: &Path, digest: Digest) -> Result<Vec<u8>, WasmError> {
+    let bytes = std::fs::read(path).map_err(|source| WasmError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    if Digest::of(&bytes) != digest {
+        return Err(WasmError::Read {
+            path: path.to_owned(),
+            source: std::io::Error::other("the file changed while it was prepared"),
+        });
+    }
+    Ok(bytes)
 }
 
 /// Advances `engine`'s epoch every [`EPOCH_TICK`] on a thread of its own,
@@ -867,71 +1133,6 @@ fn start_epoch_timer(engine: &Engine) -> Result<(), WasmError> {
         })
         .map(drop)
         .map_err(|e| WasmError::Engine(format!("starting the epoch timer thread: {e}")))
-}
-
-async fn run_instance(
-    engine: &Engine,
-    metering: Metering,
-    pre: &CommandPre<HostState>,
-    state: HostState,
-    limits: &Limits,
-) -> Exit {
-    let mut store = Store::new(engine, state);
-    store.limiter(|state| &mut state.limiter);
-    store.set_hostcall_fuel(usize::try_from(limits.hostcall_fuel).unwrap_or(usize::MAX));
-    match metering {
-        Metering::Fuel => {
-            if let Err(error) = store
-                .set_fuel(limits.fuel_per_request)
-                .and_then(|()| store.fuel_async_yield_interval(Some(limits.fuel_yield_interval)))
-            {
-                return Exit::Crashed(format!("configuring fuel: {error}"));
-            }
-            // Counts fuel and host calls at each guest-host transition, and
-            // grants a fresh CPU budget each time the host has sent a
-            // request: the guest's next call into the host (reading stdin)
-            // sees the new request count.
-            store.call_hook(|mut store, hook| {
-                let remaining = store.get_fuel()?;
-                let state = store.data_mut();
-                let used = state.fuel_at_last_hook.saturating_sub(remaining);
-                state.fuel_at_last_hook = remaining;
-                state
-                    .metrics
-                    .fuel_consumed
-                    .fetch_add(used, Ordering::Relaxed);
-                count_hostcall(state, hook);
-                let now = state.requests.load(Ordering::SeqCst);
-                if now != state.requests_seen {
-                    state.requests_seen = now;
-                    let budget = state.fuel_per_request;
-                    state.fuel_at_last_hook = budget;
-                    store.set_fuel(budget)?;
-                }
-                Ok(())
-            });
-        }
-        Metering::Epoch | Metering::Unmetered => {
-            if metering == Metering::Epoch {
-                // Armed right before running: the deadline counts from now.
-                store.set_epoch_deadline(EPOCH_YIELD_TICKS);
-                store.epoch_deadline_async_yield_and_update(EPOCH_YIELD_TICKS);
-            }
-            store.call_hook(|mut store, hook| {
-                count_hostcall(store.data_mut(), hook);
-                Ok(())
-            });
-        }
-    }
-    let result = match pre.instantiate_async(&mut store).await {
-        Ok(command) => command.wasi_cli_run().call_run(&mut store).await,
-        Err(error) => Err(error),
-    };
-    match result {
-        Ok(Ok(())) => Exit::Code(0),
-        Ok(Err(())) => Exit::Code(1),
-        Err(error) => classify(&error, &store, limits),
-    }
 }
 
 /// Counts a guest call into the host in the instance's metrics.
