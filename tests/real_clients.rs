@@ -340,3 +340,103 @@ fn the_typescript_sdk_drives_the_reference_servers_under_the_required_sandbox() 
         .expect("running node");
     check_reference_report(&output, "TypeScript");
 }
+
+/// The official TypeScript SDK drives `moat serve --locked` in front of
+/// typed tool components in Rust, JavaScript and Python: it lists their
+/// tools under Wassette's names and calls each. The SDK checks every
+/// structured result against the tool's output schema, so a schema Moat
+/// derives that does not match its own results fails here.
+#[test]
+fn the_typescript_sdk_calls_typed_components_in_three_languages() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("moat.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[servers.rs]\nwasm = {:?}\nallow_unmeasured = true\n\
+             [servers.js]\nwasm = {:?}\nallow_unmeasured = true\n\
+             [servers.py]\nwasm = {:?}\nallow_unmeasured = true\n",
+            guests::KINDS_WASM,
+            guests::JS_TOOLS_WASM,
+            guests::PY_TOOLS_WASM
+        ),
+    )
+    .unwrap();
+    let lock = Command::new(env!("CARGO_BIN_EXE_moat"))
+        .args(["lock", "--config"])
+        .arg(&config)
+        .env(
+            "MOAT_CACHE_DIR",
+            Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-cache"),
+        )
+        .env("MOAT_STATE_DIR", common::state_dir())
+        .output()
+        .unwrap();
+    assert!(
+        lock.status.success(),
+        "moat lock: {}",
+        String::from_utf8_lossy(&lock.stderr)
+    );
+    let calls = serde_json::json!([
+        {"name": "rs__greet", "arguments": {"name": "SDK"}},
+        {"name": "rs__moat_kinds_shapes_0_1_0_describe", "arguments": {"s": {"tag": "square", "val": {"x": 1, "y": 2}}}},
+        {"name": "rs__checked-div", "arguments": {"a": 1, "b": 0}},
+        {"name": "js__moat_js-tools_text_shout", "arguments": {"line": "hello"}},
+        {"name": "js__reverse", "arguments": {"xs": [1, 2]}},
+        {"name": "py__calculate", "arguments": {"expression": "6 * 7"}},
+        {"name": "py__join", "arguments": {"words": ["x", "y"], "separator": "-"}},
+        {"name": "rs__add", "arguments": {"a": 300, "b": 1}},
+    ]);
+    let output = common::ts_client("ts_calls.mjs", &config)
+        .arg(calls.to_string())
+        .output()
+        .expect("running node");
+    assert!(
+        output.status.success(),
+        "the TypeScript agent failed:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&output.stdout)));
+    let tools: Vec<&str> = report["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|t| t.as_str())
+        .collect();
+    for name in [
+        "rs__greet",
+        "rs__moat_kinds_shapes_0_1_0_translate",
+        "js__reverse",
+        "js__moat_js-tools_text_count-words",
+        "py__calculate",
+        "py__join",
+    ] {
+        assert!(tools.contains(&name), "{name} in {tools:?}");
+    }
+    assert!(!tools.contains(&"py__exports_init"), "{tools:?}");
+    let results: Vec<(bool, String)> = report["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["isError"].as_bool().unwrap(),
+                r["text"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(results[0], (false, "Hello, SDK!".to_owned()));
+    assert_eq!(results[1], (false, "a square at (1, 2)".to_owned()));
+    assert_eq!(
+        results[2],
+        (true, r#"{"err":"cannot divide 1 by 0"}"#.to_owned())
+    );
+    assert_eq!(results[3], (false, "HELLO".to_owned()));
+    assert_eq!(results[4], (false, "[2,1]".to_owned()));
+    assert_eq!(results[5], (false, r#"{"ok":42}"#.to_owned()));
+    assert_eq!(results[6], (false, "x-y".to_owned()));
+    // 300 is not a u8: refused against the pinned schema before the call.
+    assert!(results[7].0, "{:?}", results[7]);
+    assert!(results[7].1.contains("300"), "{:?}", results[7]);
+}

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Set-up for the test suite on a fresh machine: the pinned Rust toolchain with
-# the wasm32-wasip2 target, Node.js, and the third-party MCP server the native
-# tests run (from the npm registry, into target/npm). Safe to run again.
+# the wasm32-wasip2 target, Node.js, the third-party MCP servers and SDKs the
+# tests run, and the JavaScript and Python component toolchains that build
+# guests/js and guests/py (from the npm registry and PyPI, into target/npm
+# and target/py). Safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,24 +21,31 @@ fi
 
 # The reference MCP server (run by the native tests) and the official
 # TypeScript SDK (the agent that drives `moat serve`), pinned.
+# componentize-js builds the JavaScript typed component in guests/js (the
+# version Wassette's examples are built with).
 SERVER_EVERYTHING=2026.8.31
 SDK=1.32.2
-installed=target/npm/node_modules/@modelcontextprotocol
-if ! grep -q "\"version\": \"$SERVER_EVERYTHING\"" "$installed/server-everything/package.json" 2>/dev/null ||
-    ! grep -q "\"version\": \"$SDK\"" "$installed/sdk/package.json" 2>/dev/null; then
+COMPONENTIZE_JS=0.19.3
+installed=target/npm/node_modules
+if ! grep -q "\"version\": \"$SERVER_EVERYTHING\"" "$installed/@modelcontextprotocol/server-everything/package.json" 2>/dev/null ||
+    ! grep -q "\"version\": \"$SDK\"" "$installed/@modelcontextprotocol/sdk/package.json" 2>/dev/null ||
+    ! grep -q "\"version\": \"$COMPONENTIZE_JS\"" "$installed/@bytecodealliance/componentize-js/package.json" 2>/dev/null; then
     mkdir -p target/npm
     npm install --prefix target/npm --no-audit --no-fund --silent \
         "@modelcontextprotocol/server-everything@$SERVER_EVERYTHING" \
-        "@modelcontextprotocol/sdk@$SDK"
+        "@modelcontextprotocol/sdk@$SDK" \
+        "@bytecodealliance/componentize-js@$COMPONENTIZE_JS"
 fi
 
-# The official Python SDK (an agent that drives `moat serve`) and the Python
+# The official Python SDK (an agent that drives `moat serve`), the Python
 # reference server mcp-server-time (run by the sandbox tests under this
-# machine's interpreter, wherever it is installed), pinned, into target/py
-# (no virtualenv needed: tests put it on PYTHONPATH).
+# machine's interpreter, wherever it is installed), and componentize-py
+# (builds the Python typed component in guests/py), pinned, into target/py
+# (no virtualenv needed: tests and the guest build put it on PYTHONPATH).
 PY_MCP=2.3.0
 PY_TIME=2026.10.19
-if ! PYTHONPATH=target/py python3 -c "import importlib.metadata as m, sys; sys.exit(m.version('mcp') != '$PY_MCP' or m.version('mcp-server-time') != '$PY_TIME')" 2>/dev/null; then
+COMPONENTIZE_PY=0.25.1
+if ! PYTHONPATH=target/py python3 -c "import importlib.metadata as m, sys; sys.exit(m.version('mcp') != '$PY_MCP' or m.version('mcp-server-time') != '$PY_TIME' or m.version('componentize-py') != '$COMPONENTIZE_PY')" 2>/dev/null; then
     python3 -m pip install --quiet --disable-pip-version-check --target target/py --upgrade \
-        "mcp==$PY_MCP" "mcp-server-time==$PY_TIME"
+        "mcp==$PY_MCP" "mcp-server-time==$PY_TIME" "componentize-py==$COMPONENTIZE_PY"
 fi

@@ -41,7 +41,7 @@ fn main() {
 
     require_wasm_target();
     let bins = guest_bins(&guests);
-    let components = guest_components(&guests);
+    let mut components = guest_components(&guests);
     let host = std::env::var("HOST").unwrap();
     // A guest built with features of its own (its manifest says
     // `build-alone = true`) gets a cargo invocation of its own, so those
@@ -128,11 +128,121 @@ fn main() {
         "/// Every guest: (name, wasm path, native path).\npub const ALL: &[(&str, &str, &str)] = &[\n{all}];"
     )
     .unwrap();
-    std::fs::write(out_dir.join("guests.rs"), generated).unwrap();
+
+    for (name, wasm) in build_foreign_components(&root, &guests, &target_dir) {
+        let constant = name.to_uppercase().replace('-', "_");
+        writeln!(
+            generated,
+            "/// The `{name}` typed component, built by its language's own toolchain.\npub const {constant}_WASM: &str = {:?};",
+            wasm.display().to_string()
+        )
+        .unwrap();
+        components.insert(name);
+    }
+    std::fs::write(out_dir.join("guests.rs"), &generated).unwrap();
 
     let mut every = bins.clone();
     every.extend(components);
     check_every_guest_is_tested(&root, &every);
+}
+
+/// Typed components in JavaScript (`guests/js`, componentize-js) and Python
+/// (`guests/py`, componentize-py), built with the tools tests/setup.sh
+/// installs under `target/npm` and `target/py`. Neither toolchain embeds
+/// the WIT's doc comments, so a `package-docs` section is appended, as
+/// wit-parser encodes it. Returns (name, component).
+fn build_foreign_components(
+    root: &Path,
+    guests: &Path,
+    target_dir: &Path,
+) -> Vec<(String, PathBuf)> {
+    let out = target_dir.join("components");
+    std::fs::create_dir_all(&out).unwrap();
+    let setup = "run `bash tests/setup.sh` first: it installs the JavaScript and Python component toolchains";
+    let componentize_js = root.join("target/npm/node_modules/@bytecodealliance/componentize-js");
+    assert!(
+        componentize_js.join("package.json").exists(),
+        "componentize-js is not installed at {}: {setup}",
+        componentize_js.display()
+    );
+    let py = root.join("target/py");
+    assert!(
+        py.join("componentize_py").exists(),
+        "componentize-py is not installed in {}: {setup}",
+        py.display()
+    );
+    let js = out.join("js-tools.wasm");
+    run(
+        Command::new("node")
+            .current_dir(guests.join("js"))
+            .arg("build.mjs")
+            .arg(&componentize_js)
+            .arg(&js),
+        "building guests/js with componentize-js",
+    );
+    let python = out.join("py-tools.wasm");
+    run(
+        Command::new("python3")
+            .current_dir(guests.join("py"))
+            .env("PYTHONPATH", &py)
+            .args([
+                "-c",
+                "import sys, componentize_py; sys.argv[0] = 'componentize-py'; componentize_py.script()",
+                "-d",
+                "wit",
+                "-w",
+                "py-tools",
+                "componentize",
+                "app",
+                "-o",
+            ])
+            .arg(&python),
+        "building guests/py with componentize-py",
+    );
+    for (dir, wasm) in [("js", &js), ("py", &python)] {
+        append_package_docs(&guests.join(dir).join("wit"), wasm);
+    }
+    vec![("js-tools".into(), js), ("py-tools".into(), python)]
+}
+
+fn run(command: &mut Command, what: &str) {
+    let status = command.status().unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert!(status.success(), "{what} failed ({status})");
+}
+
+/// Appends the doc comments of the WIT package in `wit` to `wasm` as a
+/// top-level `package-docs` custom section.
+fn append_package_docs(wit: &Path, wasm: &Path) {
+    let mut resolve = wit_parser::Resolve::default();
+    let (package, _) = resolve
+        .push_path(wit)
+        .unwrap_or_else(|e| panic!("parsing {}: {e:#}", wit.display()));
+    let docs = wit_parser::PackageMetadata::extract(&resolve, package)
+        .encode()
+        .expect("encoding package docs");
+    let name = b"package-docs";
+    let mut payload = leb128(name.len());
+    payload.extend_from_slice(name);
+    payload.extend_from_slice(&docs);
+    let mut section = vec![0u8];
+    section.extend(leb128(payload.len()));
+    section.extend(payload);
+    let mut bytes = std::fs::read(wasm).unwrap();
+    bytes.extend(section);
+    std::fs::write(wasm, bytes).unwrap();
+}
+
+fn leb128(mut n: usize) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        let byte = (n & 0x7f) as u8;
+        n >>= 7;
+        if n == 0 {
+            out.push(byte);
+            return out;
+        }
+        out.push(byte | 0x80);
+    }
 }
 
 /// A clear error, rather than a wall of `can't find crate for std`, when the

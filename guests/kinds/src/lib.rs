@@ -4,6 +4,10 @@
 //! keeps state (visible only when the host keeps one instance a session),
 //! and `trap`, `spin` and `hog` each break one limit of the host.
 
+// `scalars` takes one parameter of every scalar kind, on purpose: the
+// bindings and the implementation both have ten.
+#![allow(clippy::too_many_arguments)]
+
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -24,7 +28,6 @@ impl Guest for Kinds {
         u16::from(a) + u16::from(b)
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn scalars(
         b: bool,
         small: i8,
@@ -37,7 +40,9 @@ impl Guest for Kinds {
         double: f64,
         letter: char,
     ) -> (bool, i8, i16, i32, i64, u32, u64, f32, f64, char) {
-        (b, small, short, int, long, word, big, single, double, letter)
+        (
+            b, small, short, int, long, word, big, single, double, letter,
+        )
     }
 
     fn sum(xs: Vec<i64>) -> i64 {
@@ -78,7 +83,11 @@ impl Guest for Kinds {
     fn hog(mib: u32) -> u32 {
         let bytes = (mib as usize) << 20;
         let held = vec![1u8; bytes];
-        let touched = held.iter().step_by(4096).map(|b| u32::from(*b)).sum::<u32>();
+        let touched = held
+            .iter()
+            .step_by(4096)
+            .map(|b| u32::from(*b))
+            .sum::<u32>();
         std::hint::black_box(touched);
         mib
     }

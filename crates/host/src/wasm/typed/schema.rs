@@ -28,7 +28,8 @@
 //!
 //! Functions that take or return a resource, a future, a stream or an error
 //! context cannot be called with JSON, and are left out with the reason;
-//! so is componentize-py's internal `init` export.
+//! so is the internal `init` that componentize-py exports in an instance
+//! named `exports`.
 
 use serde_json::{Map, Value, json};
 use wasmtime::Engine;
@@ -151,9 +152,9 @@ fn add(shapes: &mut Shapes, export: ExportPath, func: &ComponentFunc, docs: Opti
         export: export.clone(),
         reason,
     };
-    if export.interface.is_none() && export.function == "init" && func.params().len() == 0 {
+    if export.interface.as_deref() == Some("exports") && export.function == "init" {
         shapes.skipped.push(skip(
-            "componentize-py's internal `init` export is not a tool".into(),
+            "componentize-py's internal `exports#init` is not a tool".into(),
         ));
         return;
     }
