@@ -8,7 +8,13 @@
 //! - `serve → wasm`: `moat serve` in front of the same guest compiled to
 //!   wasm32-wasip2, its component already in the cache, without and with a
 //!   lock;
-//! - `serve → native child`: `moat serve` in front of the native guest.
+//! - `serve → native child`: `moat serve` in front of the native guest;
+//! - `serve → typed, per call` and `serve → typed, session`: `moat serve` in
+//!   front of the typed tool component `kinds` (calls of `greet`), a fresh
+//!   instance per call and one per session, with their call p50 against the
+//!   stdio component's;
+//! - the compile cache: the first and second start in front of the
+//!   JavaScript typed component, with an empty cache.
 //!
 //! Start is spawn → first call answered, the median of `STARTS` runs; calls
 //! are p50 and p99 of `CALLS`; RSS is the sum of VmHWM over the process and
@@ -107,12 +113,17 @@ impl Driver {
         self.send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
     }
 
+    /// Calls `tool` once: `echo` with `{"message": "bench"}` (answered
+    /// "bench"), or a typed component's `greet` with `{"name": "bench"}`
+    /// (answered "Hello, bench!").
     fn echo(&mut self, tool: &str) {
-        let answer = self.request(
-            "tools/call",
-            json!({"name": tool, "arguments": {"message": "bench"}}),
-        );
-        assert_eq!(answer["result"]["content"][0]["text"], "bench", "{answer}");
+        let (arguments, expected) = if tool.ends_with("greet") {
+            (json!({"name": "bench"}), "Hello, bench!")
+        } else {
+            (json!({"message": "bench"}), "bench")
+        };
+        let answer = self.request("tools/call", json!({"name": tool, "arguments": arguments}));
+        assert_eq!(answer["result"]["content"][0]["text"], expected, "{answer}");
     }
 
     /// Peak RSS in bytes of the child and every process below it.
@@ -198,6 +209,43 @@ fn measure(name: &'static str, tool: &str, command: &dyn Fn() -> Command) -> Row
         p99: calls[CALLS * 99 / 100],
         rss,
     }
+}
+
+/// The compile cache: spawn → first call answered through `moat serve` in
+/// front of the JavaScript typed component (11 MB), with an empty cache
+/// (it compiles) and then again (the cache hits).
+fn compile_cache(cache: &Path, state: &Path, digest: &dyn Fn(&str) -> String) {
+    let dir = cache.with_extension("config");
+    let config = write_config(
+        &dir,
+        "js",
+        &format!(
+            "[servers.js]\nwasm = {:?}\nsha256 = {:?}\n",
+            guests::JS_TOOLS_WASM,
+            digest(guests::JS_TOOLS_WASM)
+        ),
+    );
+    let start = || {
+        let started = Instant::now();
+        let mut driver = Driver::spawn(moat(&config, cache, state));
+        driver.initialize();
+        driver.request("tools/list", json!({}));
+        let answer = driver.request(
+            "tools/call",
+            json!({"name": "js__moat_js-tools_text_shout", "arguments": {"line": "bench"}}),
+        );
+        assert_eq!(answer["result"]["content"][0]["text"], "BENCH", "{answer}");
+        driver.close();
+        started.elapsed()
+    };
+    let cold = start();
+    let warm = start();
+    println!(
+        "compile cache, JavaScript typed component (11 MB): first start {:.0} ms (compiles), second {:.1} ms (cache hit), {:.0}× faster",
+        cold.as_secs_f64() * 1e3,
+        warm.as_secs_f64() * 1e3,
+        cold.as_secs_f64() / warm.as_secs_f64()
+    );
 }
 
 fn moat(config: &Path, cache: &Path, state: &Path) -> Command {
@@ -429,6 +477,21 @@ fn main() {
         "locked",
         &std::fs::read_to_string(&wasm).unwrap(),
     );
+    // The typed tool component `kinds`, a fresh instance per call and one
+    // per session.
+    let typed = |name: &str, instance: &str| {
+        write_config(
+            dir.path(),
+            name,
+            &format!(
+                "[servers.kinds]\nwasm = {:?}\nsha256 = {:?}\ninstance = {instance:?}\n",
+                guests::KINDS_WASM,
+                digest(guests::KINDS_WASM)
+            ),
+        )
+    };
+    let typed_call = typed("typed-call", "call");
+    let typed_session = typed("typed-session", "session");
     let native = write_config(
         dir.path(),
         "native",
@@ -452,9 +515,10 @@ fn main() {
     // The steady state: cache files older than the seal rule's settling
     // time, sealed by one start.
     std::thread::sleep(moat_host::seal::SETTLED + Duration::from_millis(200));
-    for config in [&wasm, &locked] {
+    for config in [&wasm, &locked, &typed_call, &typed_session] {
         let mut driver = Driver::spawn(moat(config, &cache, &state));
         driver.initialize();
+        driver.request("tools/list", json!({}));
         driver.close();
     }
 
@@ -472,6 +536,12 @@ fn main() {
         }),
         measure("serve → native child", "everything__echo", &|| {
             moat(&native, &cache, &state)
+        }),
+        measure("serve → typed, per call", "kinds__greet", &|| {
+            moat(&typed_call, &cache, &state)
+        }),
+        measure("serve → typed, session", "kinds__greet", &|| {
+            moat(&typed_session, &cache, &state)
         }),
     ];
     let floor = &rows[0];
@@ -494,8 +564,17 @@ fn main() {
         );
     }
     println!(
-        "(start: median of {STARTS} runs; calls: {CALLS} sequential `echo`; RSS: VmHWM of the process tree)"
+        "(start: median of {STARTS} runs; calls: {CALLS} sequential `echo`, or `greet` for typed; RSS: VmHWM of the process tree)"
     );
+    let stdio = &rows[1];
+    for typed in &rows[4..] {
+        println!(
+            "{}: call p50 {:.2}× the stdio component's (target ≤ 2×)",
+            typed.name,
+            ratio(typed.p50, stdio.p50)
+        );
+    }
+    compile_cache(&dir.path().join("cold-cache"), &state, &digest);
 
     // Over streamable HTTP.
     raise_open_files();

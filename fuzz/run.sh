@@ -18,7 +18,7 @@ fuzz() { local command="$1"; shift; cargo fuzz "$command" -s none --dev --target
 fuzz build
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
-for target in framing config routing wasm_boundary arguments; do
+for target in framing config routing wasm_boundary arguments typed_values; do
     echo "--- fuzz $target for ${seconds}s"
     mkdir -p "$work/$target"
     status=0

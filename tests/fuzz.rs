@@ -390,3 +390,68 @@ fn cases_reuse_one_instance_unless_each_is_to_have_a_fresh_one() {
     // ...or each case gets its own, after it.
     assert_eq!(instances(&["--fresh"]), 31);
 }
+
+/// `moat fuzz` on a typed tool component: cases come from the schemas
+/// derived from its WIT, and the planted bug (an unchecked slice that traps)
+/// is found as a crash of that call, and shrunk.
+#[test]
+fn a_typed_components_planted_bug_is_found_from_its_wit_schemas() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("moat.toml"),
+        format!(
+            "[servers.kinds]\nwasm = {:?}\nallow_unmeasured = true\n",
+            guests::KINDS_WASM
+        ),
+    )
+    .unwrap();
+    let output = moat(
+        dir.path(),
+        &[
+            "fuzz",
+            "kinds",
+            "--tool",
+            "prefix",
+            "--tool",
+            "greet",
+            "--runs",
+            "300",
+            "--seed",
+            "1",
+            "--report",
+            "report.json",
+        ],
+    );
+    assert_eq!(
+        output.status.code(),
+        Some(1),
+        "{}\n{}",
+        text(&output.stdout),
+        text(&output.stderr)
+    );
+    let report = report(&dir.path().join("report.json"));
+    // The guest's panic message is read from its stderr, with the trap
+    // beneath it.
+    let found = finding(&report, "prefix", "panic");
+    let detail = found["shrink"]["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("panicked at kinds/src/lib.rs")
+            && detail.contains("end byte index 1 is out of bounds of ``")
+            && detail
+                .ends_with("(crash: failed: wasm trap: wasm `unreachable` instruction executed)"),
+        "{found:#}"
+    );
+    assert_eq!(found["shrink"]["reproduced"], true, "{found:#}");
+    // Shrunk to the smallest count past the end of the smallest text.
+    assert_eq!(
+        found["case"],
+        json!({"kind": "call", "tool": "prefix", "arguments": {"text": "", "count": 1}})
+    );
+    // The other tool, which has no bug, has no finding.
+    let findings = report["findings"].as_array().unwrap();
+    assert!(
+        findings.iter().all(|f| f["subject"] == "prefix"),
+        "{findings:#?}"
+    );
+    assert!(report["subjects"]["greet"]["cases"].as_u64().unwrap() > 50);
+}

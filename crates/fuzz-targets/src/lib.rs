@@ -25,6 +25,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("routing", routing),
     ("wasm_boundary", wasm_boundary),
     ("arguments", arguments),
+    ("typed_values", typed_values),
 ];
 
 /// Bytes a replayed or fuzzed server may write: enough for every framing
@@ -95,7 +96,9 @@ fn scripted(stdout: Vec<u8>, tracker: &Arc<Tracker>) -> Launched {
             measured: Vec::new(),
             sandbox: Default::default(),
             evidence: Evidence::NativeUnmeasured,
+            component: None,
         },
+        answers_deadlines: false,
     }
 }
 
@@ -212,5 +215,97 @@ pub fn arguments(data: &[u8]) {
             "pointer {:?}",
             violation.pointer
         );
+    }
+}
+
+/// (f) A typed tool component's arguments: the first byte picks a tool of
+/// the `kinds` guest (every WIT type kind), the rest is JSON. Converting it
+/// into component values never panics, and it succeeds exactly when the
+/// tool's derived input schema, pinned as `moat lock` would pin it,
+/// accepts the arguments: the schema describes what is accepted, no more and
+/// no less. (JSON numbers beyond 2^53 in magnitude are left out of that
+/// comparison: a double cannot hold them exactly, and validators differ.)
+pub fn typed_values(data: &[u8]) {
+    use moat_host::wasm::typed::schema::ToolShape;
+    use moat_host::wasm::typed::value::to_params;
+    static TOOLS: OnceLock<Vec<(ToolShape, Pins)>> = OnceLock::new();
+    let tools = TOOLS.get_or_init(|| {
+        let engine = moat_host::wasm::WasmEngine::new(None).expect("a wasm engine");
+        let prepared = runtime()
+            .block_on(engine.prepare(
+                Path::new(moat_test_guests::KINDS_WASM),
+                moat_host::Expectation::Unpinned,
+            ))
+            .expect("preparing the kinds guest");
+        let typed = prepared.typed().expect("kinds is a typed component");
+        typed
+            .tools()
+            .map(|shape| {
+                let schema = serde_json::Value::Object(shape.input_schema.clone());
+                (shape.clone(), pins_for(schema))
+            })
+            .collect()
+    });
+    let Some((choice, json)) = data.split_first() else {
+        return;
+    };
+    let (shape, pins) = &tools[usize::from(*choice) % tools.len()];
+    let Ok(args) = serde_json::from_slice::<serde_json::Value>(json) else {
+        return;
+    };
+    let Some(object) = args.as_object() else {
+        return;
+    };
+    let converted = to_params(object, &shape.params);
+    if let Err(error) = &converted {
+        assert!(!error.path.is_empty(), "{error}");
+    }
+    if !has_inexact_number(&args) {
+        let valid = pins.check_arguments("t", &args);
+        assert_eq!(
+            converted.is_ok(),
+            valid.is_ok(),
+            "conversion {converted:?} but schema {valid:?} for {args}"
+        );
+    }
+}
+
+/// Pins one tool `t` with `input_schema`, as `moat lock` would.
+fn pins_for(input_schema: serde_json::Value) -> Pins {
+    let identity = Digest::of(b"fuzz");
+    let definition = canonical_json(&serde_json::json!({"name": "t", "inputSchema": input_schema}));
+    let locked = LockedServer {
+        kind: "wasm".into(),
+        evidence: "wasm-measured".into(),
+        sha256: String::new(),
+        identity: identity.to_string(),
+        measured: Default::default(),
+        grants: Default::default(),
+        tools: vec![LockedTool {
+            name: "t".into(),
+            sha256: tool_pin(&identity, &definition).to_string(),
+            definition,
+            flags: Vec::new(),
+        }],
+        prompts: Vec::new(),
+        resources: Vec::new(),
+        package: None,
+    };
+    Pins::from_locked(&locked, identity).expect("a derived schema pins")
+}
+
+/// Whether `value` holds a number a double cannot represent exactly: a
+/// float of 2^53 or more in magnitude.
+fn has_inexact_number(value: &serde_json::Value) -> bool {
+    match value {
+        serde_json::Value::Number(n) => {
+            !n.is_i64()
+                && !n.is_u64()
+                && n.as_f64()
+                    .is_some_and(|f| f.abs() >= 9_007_199_254_740_992.0)
+        }
+        serde_json::Value::Array(items) => items.iter().any(has_inexact_number),
+        serde_json::Value::Object(map) => map.values().any(has_inexact_number),
+        _ => false,
     }
 }

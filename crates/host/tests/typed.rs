@@ -85,6 +85,7 @@ async fn tools_are_named_and_ordered_as_wassette_derives_them() {
         "trap",
         "spin",
         "hog",
+        "prefix",
     ];
     let expected: Vec<String> = world
         .iter()
@@ -121,6 +122,7 @@ async fn schemas_keep_the_wit_types_and_descriptions_come_from_the_docs() {
                 "b": {"type": "integer", "minimum": 0, "maximum": 255},
             },
             "required": ["a", "b"],
+            "additionalProperties": false,
         })
     );
     assert_eq!(
@@ -143,6 +145,7 @@ async fn schemas_keep_the_wit_types_and_descriptions_come_from_the_docs() {
                 "y": {"type": "integer", "minimum": i32::MIN, "maximum": i32::MAX},
             },
             "required": ["x", "y"],
+            "additionalProperties": false,
         })
     );
     let scalars = tool("scalars");
@@ -180,12 +183,12 @@ async fn schemas_keep_the_wit_types_and_descriptions_come_from_the_docs() {
     let shape = &tool(&format!("{SHAPES}describe"))["inputSchema"]["properties"]["s"];
     assert_eq!(shape["oneOf"].as_array().unwrap().len(), 3);
     assert_eq!(shape["oneOf"][2]["required"], json!(["tag"]));
-    // No parameters: an empty object, as Wassette has it; no result: no
+    // No parameters: an empty object that takes no key; no result: no
     // output schema.
     let count = tool("count");
     assert_eq!(
         count["inputSchema"],
-        json!({"type": "object", "properties": {}, "required": []})
+        json!({"type": "object", "properties": {}, "required": [], "additionalProperties": false})
     );
     assert!(tool("whisper").get("outputSchema").is_none());
     session.close().await.unwrap();
@@ -202,6 +205,8 @@ async fn every_type_kind_crosses_the_boundary_and_back() {
         result(&session, "add", json!({"a": 200, "b": 100})).await,
         300
     );
+    // An integer is any number without a fraction, as in JSON Schema.
+    assert_eq!(result(&session, "add", json!({"a": 2.0, "b": 1})).await, 3);
     let scalars = json!([
         true,
         -128,
@@ -366,6 +371,11 @@ async fn arguments_that_do_not_fit_the_types_are_refused_by_name() {
             "argument p.y: expected a value (every field is required)",
         ),
         (
+            &format!("{SHAPES}translate"),
+            json!({"p": {"x": 1, "y": 2, "z": 3}, "dx": 0, "dy": 0}),
+            "argument p.z: expected no such field",
+        ),
+        (
             &format!("{SHAPES}grant-exec"),
             json!({"p": ["read", "read"]}),
             "argument p[1]: expected each flag once",
@@ -432,7 +442,9 @@ async fn failures_stay_within_their_call(instances: Instances) {
     let session = host().connect(&spec).await.expect("connect");
     let trap = failed(&session, "trap", json!({})).await;
     assert!(
-        trap.starts_with("server `kinds`: tool `trap` failed: wasm trap: "),
+        trap.starts_with(
+            "server `kinds`: tool `trap` failed: wasm trap: wasm `unreachable` instruction executed"
+        ),
         "{trap}"
     );
     let spin = failed(&session, "spin", json!({})).await;

@@ -2,7 +2,8 @@
 //! the host turns into tools. Every WIT type kind crosses its boundary, one
 //! interface function takes a resource (the host leaves it out), `count`
 //! keeps state (visible only when the host keeps one instance a session),
-//! and `trap`, `spin` and `hog` each break one limit of the host.
+//! `trap`, `spin` and `hog` each break one limit of the host, and `prefix`
+//! has a planted bug for `moat fuzz` to find.
 
 // `scalars` takes one parameter of every scalar kind, on purpose: the
 // bindings and the implementation both have ten.
@@ -78,6 +79,10 @@ impl Guest for Kinds {
                 return n;
             }
         }
+    }
+
+    fn prefix(text: String, count: u32) -> String {
+        text[..count as usize].to_owned()
     }
 
     fn hog(mib: u32) -> u32 {

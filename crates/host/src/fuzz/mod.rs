@@ -424,7 +424,11 @@ impl Runner {
         let shared = session.shared().clone();
         let stderr_mark = shared.stderr().total_bytes();
         let mut outcome = execute(session, case, &self.outputs).await;
-        if shared.fault().is_some() || fresh {
+        // A crash or a limit ends the instance: a typed component's call
+        // fails alone, but what it wrote to stderr is only all read once
+        // the session closes, and must not be laid at the next case's door.
+        let ended = matches!(outcome.class, Class::Crash | Class::Limit | Class::Hang);
+        if shared.fault().is_some() || fresh || ended {
             // Closing awaits the stderr reader, so a panic message written
             // just before the end is in the buffer below.
             if let Some(session) = self.session.take() {
@@ -564,6 +568,20 @@ fn classify_result(
     result: &Value,
     outputs: &BTreeMap<String, jsonschema::Validator>,
 ) -> Outcome {
+    // A typed component's call that trapped or hit a limit is an error
+    // result that says so (see `wasm::typed::FAULT_META`).
+    if let Some(fault) = result
+        .get("_meta")
+        .and_then(|m| m.get(crate::wasm::typed::FAULT_META))
+    {
+        let detail = fault["detail"].as_str().unwrap_or_default();
+        let class = match fault["class"].as_str() {
+            Some("limit") => Class::Limit,
+            Some("hang") => Class::Hang,
+            _ => Class::Crash,
+        };
+        return Outcome::new(class, detail);
+    }
     if result.get("isError").and_then(Value::as_bool) == Some(true) {
         return Outcome::new(Class::ToolError, "");
     }

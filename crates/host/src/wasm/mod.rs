@@ -736,6 +736,14 @@ impl PreparedComponent {
         self.cache
     }
 
+    /// The typed tool component, when it is one.
+    pub fn typed(&self) -> Option<&typed::TypedComponent> {
+        match &self.kind {
+            Kind::Typed(typed) => Some(typed),
+            Kind::Command(_) => None,
+        }
+    }
+
     /// What kind of server the component is.
     pub fn kind(&self) -> ComponentKind {
         match self.kind {
@@ -1153,7 +1161,8 @@ fn classify(error: &wasmtime::Error, store: &Store<HostState>, limits: &Limits) 
         Some(Trap::OutOfFuel) => Exit::Limit(LimitHit::Fuel {
             fuel_per_request: limits.fuel_per_request,
         }),
-        Some(trap) => Exit::Crashed(format!("wasm trap: {trap}")),
+        // A trap says "wasm trap: ..." itself.
+        Some(trap) => Exit::Crashed(trap.to_string()),
         None => {
             let full = error.chain().any(|cause| {
                 matches!(

@@ -294,19 +294,33 @@ fn answer(tool: &TypedTool, results: &[Val]) -> CallToolResult {
     result
 }
 
+/// The `_meta` key of a typed call that failed in the host's hands (a trap
+/// or a limit), not by the tool's own `err`: `{"class": "crash" | "limit" |
+/// "hang", "detail": "..."}`. `moat fuzz` classifies such a call by it.
+pub const FAULT_META: &str = "moat/fault";
+
 /// A call that trapped, hit a limit or could not start: an error result
-/// naming the tool and the reason, for this call only.
+/// naming the tool and the reason, for this call only, marked with
+/// [`FAULT_META`].
 fn failure(server: &str, tool: &str, exit: &Exit) -> CallToolResult {
-    let reason = match exit {
-        Exit::Limit(hit) => format!("hit its {hit}"),
-        Exit::Crashed(reason) => format!("failed: {reason}"),
-        Exit::Code(code) => format!("exited with code {code}"),
-        Exit::Stopped => "was stopped".to_owned(),
+    let (class, reason) = match exit {
+        Exit::Limit(hit @ LimitHit::Deadline { .. }) => ("hang", format!("hit its {hit}")),
+        Exit::Limit(hit) => ("limit", format!("hit its {hit}")),
+        Exit::Crashed(reason) => ("crash", format!("failed: {reason}")),
+        Exit::Code(code) => ("crash", format!("exited with code {code}")),
+        Exit::Stopped => ("crash", "was stopped".to_owned()),
     };
     tracing::info!(%server, %tool, %reason, "typed call failed");
-    CallToolResult::error(vec![ContentBlock::text(format!(
+    let mut result = CallToolResult::error(vec![ContentBlock::text(format!(
         "server `{server}`: tool `{tool}` {reason}; the server still answers other calls"
-    ))])
+    ))]);
+    let mut meta = rmcp::model::MetaObject::new();
+    meta.insert(
+        FAULT_META.to_owned(),
+        serde_json::json!({"class": class, "detail": reason}),
+    );
+    result.meta = Some(meta);
+    result
 }
 
 impl ServerHandler for ToolServer {

@@ -18,6 +18,10 @@
 //!   or the value, results `{"ok": …}` / `{"err": …}`, flags an array of the
 //!   names that are set.
 //!
+//! Objects (the arguments, records) name every key they take, and refuse
+//! others (`additionalProperties: false`): a misspelt argument is an error,
+//! not a silently missing value. Wassette ignores unknown keys.
+//!
 //! Where Wassette's schemas lose information, these keep it: integers are
 //! `integer` with their kind's range (Wassette says only `number`), a `char`
 //! is a string of exactly one character, flags are an array of their names
@@ -211,6 +215,7 @@ fn add(shapes: &mut Shapes, export: ExportPath, func: &ComponentFunc, docs: Opti
             "type": "object",
             "properties": properties,
             "required": required,
+            "additionalProperties": false,
         })),
         output_schema,
         params,
@@ -266,7 +271,12 @@ pub fn schema(ty: &Type) -> Result<Value, &'static str> {
                 properties.insert(field.name.to_owned(), schema(&field.ty)?);
                 required.push(Value::String(field.name.to_owned()));
             }
-            json!({"type": "object", "properties": properties, "required": required})
+            json!({
+                "type": "object",
+                "properties": properties,
+                "required": required,
+                "additionalProperties": false,
+            })
         }
         Type::Tuple(tuple) => {
             let items = tuple

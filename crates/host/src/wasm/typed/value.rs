@@ -73,10 +73,17 @@ pub fn to_val(value: &Value, ty: &Type, path: &str) -> Result<Val, ValueError> {
                 Value::Number(n) => n,
                 _ => return Err(fail($what)),
             };
+            // JSON Schema's integer is any number without a fraction: 2.0
+            // is one.
             let parsed = n
                 .as_i64()
                 .and_then(|i| <$t>::try_from(i).ok())
-                .or_else(|| n.as_u64().and_then(|u| <$t>::try_from(u).ok()));
+                .or_else(|| n.as_u64().and_then(|u| <$t>::try_from(u).ok()))
+                .or_else(|| {
+                    n.as_f64()
+                        .filter(|f| f.fract() == 0.0)
+                        .and_then(|f| <$t>::try_from(f as i128).ok())
+                });
             parsed.map(Val::$variant).ok_or_else(|| fail($what))
         }};
     }
@@ -143,6 +150,16 @@ pub fn to_val(value: &Value, ty: &Type, path: &str) -> Result<Val, ValueError> {
         }
         Type::Record(record) => {
             let object = value.as_object().ok_or_else(|| fail("an object"))?;
+            if let Some(extra) = object
+                .keys()
+                .find(|k| !record.fields().any(|f| f.name == *k))
+            {
+                return Err(ValueError {
+                    path: format!("{path}.{extra}"),
+                    expected: "no such field".into(),
+                    got: "a value".into(),
+                });
+            }
             let mut fields = Vec::new();
             for field in record.fields() {
                 let at = format!("{path}.{}", field.name);
