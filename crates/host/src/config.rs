@@ -119,6 +119,11 @@ pub struct ServerSpec {
     pub dirs: Vec<DirGrant>,
     /// TCP destinations the server may connect to; none means no network.
     pub net: Vec<NetGrant>,
+    /// HTTP origins a wasm server may send requests to through wasi:http
+    /// (`net` entries written `http://host[:port]` or `https://host[:port]`).
+    /// A native server gets each as a TCP destination in `net` instead: the
+    /// kernel cannot check a scheme.
+    pub http: Vec<HttpGrant>,
     /// What happens when the kernel cannot enforce a rule.
     pub sandbox: Sandbox,
     /// For a native server installed by Moat (`moat add`, `moat import`):
@@ -156,6 +161,64 @@ pub struct NetGrant {
     /// An IP literal or a name (resolved at launch).
     pub host: String,
     pub port: u16,
+}
+
+/// One HTTP origin a wasm server may reach through wasi:http: exactly this
+/// scheme, host and port (the default port of the scheme when none is
+/// written). Paths are not part of a grant.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct HttpGrant {
+    /// `http` or `https`.
+    pub scheme: String,
+    /// An IP literal or a name (resolved at launch), lower-cased.
+    pub host: String,
+    pub port: u16,
+}
+
+impl std::fmt::Display for HttpGrant {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let host = if self.host.contains(':') {
+            format!("[{}]", self.host)
+        } else {
+            self.host.clone()
+        };
+        write!(f, "{}://{host}:{}", self.scheme, self.port)
+    }
+}
+
+impl HttpGrant {
+    /// Parses `http://host[:port]` or `https://host[:port]` (nothing after
+    /// the authority but an optional `/`); `None` when `s` names no scheme
+    /// (a TCP `host:port` entry).
+    pub fn parse(s: &str) -> Option<Result<Self, String>> {
+        if !(s.starts_with("http://") || s.starts_with("https://")) {
+            return None;
+        }
+        Some((|| {
+            let url = url::Url::parse(s).map_err(|e| format!("{s:?}: {e}"))?;
+            if !(url.path() == "/" || url.path().is_empty())
+                || url.query().is_some()
+                || url.fragment().is_some()
+                || !url.username().is_empty()
+                || url.password().is_some()
+            {
+                return Err(format!(
+                    "{s:?}: an HTTP grant is a scheme, a host and a port only (no path, query or user)"
+                ));
+            }
+            let host = match url.host() {
+                Some(url::Host::Domain(d)) => d.to_owned(),
+                Some(url::Host::Ipv4(ip)) => ip.to_string(),
+                Some(url::Host::Ipv6(ip)) => ip.to_string(),
+                None => return Err(format!("{s:?} has no host")),
+            };
+            Ok(Self {
+                scheme: url.scheme().to_owned(),
+                host,
+                port: url.port_or_known_default().unwrap_or(80),
+            })
+        })())
+    }
 }
 
 /// `net` entries as one comma-separated line, for evidence.
@@ -287,6 +350,7 @@ impl ServerSpec {
             limits: Limits::default(),
             dirs: Vec::new(),
             net: Vec::new(),
+            http: Vec::new(),
             sandbox: Sandbox::default(),
             package: None,
         }
@@ -653,13 +717,28 @@ impl Config {
                 }
             };
             let mut net = Vec::new();
+            let mut http = Vec::new();
             for entry in &server.net {
-                net.push(entry.get_ref().parse::<NetGrant>().map_err(|message| {
+                let at = |message| {
                     invalid(
                         Some(entry.span()),
                         format!("server `{name}`: net: {message}"),
                     )
-                })?);
+                };
+                match HttpGrant::parse(entry.get_ref()) {
+                    Some(grant) => {
+                        let grant = grant.map_err(at)?;
+                        if is_wasm {
+                            http.push(grant);
+                        } else {
+                            net.push(NetGrant {
+                                host: grant.host,
+                                port: grant.port,
+                            });
+                        }
+                    }
+                    None => net.push(entry.get_ref().parse::<NetGrant>().map_err(at)?),
+                }
             }
             servers.insert(
                 name.clone(),
@@ -678,6 +757,7 @@ impl Config {
                     limits,
                     dirs,
                     net,
+                    http,
                     sandbox: server.sandbox,
                     package,
                 },
@@ -903,6 +983,34 @@ request_timeout_ms = 100
             message.contains("`instance` applies to `wasm` servers only"),
             "{message}"
         );
+    }
+
+    #[test]
+    fn http_net_entries_are_wasi_http_grants_for_wasm_and_tcp_for_native() {
+        let config = parse(
+            "[servers.w]\nwasm = \"w.wasm\"\nnet = [\"https://API.example.com\", \"http://127.0.0.1:8080\", \"10.0.0.1:22\"]\n\
+             [servers.n]\ncommand = \"node\"\nnet = [\"https://api.example.com\"]\n",
+        )
+        .unwrap();
+        let w = &config.servers["w"];
+        assert_eq!(
+            w.http.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            ["https://api.example.com:443", "http://127.0.0.1:8080"]
+        );
+        assert_eq!(
+            w.net.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            ["10.0.0.1:22"]
+        );
+        let n = &config.servers["n"];
+        assert!(n.http.is_empty());
+        assert_eq!(
+            n.net.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            ["api.example.com:443"]
+        );
+        let (line, _, message) =
+            invalid_at("[servers.w]\nwasm = \"w.wasm\"\nnet = [\"https://api.example.com/v1\"]\n");
+        assert_eq!(line, 3);
+        assert!(message.contains("no path, query or user"), "{message}");
     }
 
     #[test]

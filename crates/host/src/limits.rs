@@ -42,6 +42,11 @@ pub struct Limits {
     pub resource_table_capacity: u64,
     /// Most random bytes a guest may ask for in one call. Default 1 MiB.
     pub max_random_bytes: u64,
+    /// Largest response body a wasm guest may receive through wasi:http, in
+    /// bytes; a longer body is cut there and its stream ends in an error.
+    /// The host buffers what a slow guest has not read yet, so this bounds
+    /// host memory too. Default 16 MiB.
+    pub max_http_response_bytes: u64,
     /// Longest stdout line (one JSON-RPC message) accepted, in bytes. Longer
     /// is a fatal framing error; host memory stays bounded. Default 16 MiB.
     pub max_line_bytes: u64,
@@ -86,6 +91,7 @@ impl Default for Limits {
             hostcall_fuel: 16 << 20,
             resource_table_capacity: 4096,
             max_random_bytes: 1 << 20,
+            max_http_response_bytes: 16 << 20,
             max_line_bytes: 16 << 20,
             stderr_buffer_bytes: 64 << 10,
             close_grace_ms: 2_000,

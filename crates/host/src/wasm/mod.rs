@@ -12,6 +12,7 @@
 //! loaded. Servers cannot reach the key: a grant that overlaps the cache is
 //! refused at launch (see `Host::check_grants`).
 
+pub mod http;
 pub mod lookup;
 pub mod pipe;
 pub mod typed;
@@ -189,6 +190,10 @@ impl WasmEngine {
         wasmtime_wasi::p2::add_to_linker_async(&mut linker)
             .map_err(|e| WasmError::Engine(e.to_string()))?;
         crate::wasm::lookup::add_to_linker(&mut linker)
+            .map_err(|e| WasmError::Engine(e.to_string()))?;
+        // Every component may import wasi:http; requests are refused unless
+        // granted (see `http`).
+        wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)
             .map_err(|e| WasmError::Engine(e.to_string()))?;
         Ok(Self {
             engine,
@@ -638,6 +643,8 @@ pub struct WasmLaunch {
     pub dirs: Vec<crate::config::DirGrant>,
     /// TCP destinations allowed (names are resolved at launch).
     pub net: Vec<crate::config::NetGrant>,
+    /// HTTP origins allowed through wasi:http (names resolved at launch).
+    pub http: Vec<crate::config::HttpGrant>,
     /// For a typed tool component: an instance per call, or per session.
     pub instances: crate::config::Instances,
 }
@@ -652,6 +659,7 @@ impl WasmLaunch {
             limits: spec.limits.clone(),
             dirs: spec.dirs.clone(),
             net: spec.net.clone(),
+            http: spec.http.clone(),
             instances: match &spec.kind {
                 crate::config::ServerKind::Wasm { instances, .. } => *instances,
                 _ => crate::config::Instances::default(),
@@ -689,9 +697,30 @@ impl WasmLaunch {
             ));
             allowed.extend(found);
         }
+        let mut http = Vec::new();
+        for grant in &self.http {
+            let found = tokio::time::timeout(
+                LOOKUP_TIMEOUT,
+                tokio::net::lookup_host((grant.host.as_str(), grant.port)),
+            )
+            .await
+            .unwrap_or_else(|_| {
+                Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("no answer within {LOOKUP_TIMEOUT:?}"),
+                ))
+            })
+            .map_err(|source| WasmError::Resolve {
+                grant: grant.to_string(),
+                source,
+            })?
+            .collect::<Vec<_>>();
+            http.push((grant.clone(), found));
+        }
         Ok(ResolvedNet {
             allowed,
             names: crate::wasm::lookup::Names::new(names),
+            http,
         })
     }
 }
@@ -706,6 +735,9 @@ pub struct ResolvedNet {
     pub allowed: HashSet<SocketAddr>,
     /// The names it may look up, with their addresses.
     pub names: crate::wasm::lookup::Names,
+    /// Each HTTP grant with the addresses its host has now: the only ones
+    /// a wasi:http request to it connects to.
+    pub http: Vec<(crate::config::HttpGrant, Vec<SocketAddr>)>,
 }
 
 /// Whether a socket operation is allowed: connects (and listens) only to
@@ -887,6 +919,20 @@ impl PreparedComponent {
                 crate::config::net_line(&launch.net)
             )
         });
+        sandbox.enforced(if launch.http.is_empty() {
+            "HTTP (wasi:http): every request refused".to_owned()
+        } else {
+            format!(
+                "HTTP (wasi:http): requests only to {}, at the addresses resolved at launch, bodies up to max_http_response_bytes = {}",
+                launch
+                    .http
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                launch.limits.max_http_response_bytes
+            )
+        });
         if let Kind::Typed(_) = self.kind {
             sandbox.enforced(match launch.instances {
                 crate::config::Instances::Call => {
@@ -915,6 +961,7 @@ pub(crate) struct InstanceSetup {
     _opened: Vec<crate::grants::OpenedGrant>,
     allowed: Option<Arc<HashSet<SocketAddr>>>,
     names: crate::wasm::lookup::Names,
+    http: http::Hooks,
     metrics: Arc<Metrics>,
 }
 
@@ -922,7 +969,11 @@ impl InstanceSetup {
     /// Opens each grant once without following links (a preopen reopens
     /// that very inode through its descriptor).
     fn new(launch: &WasmLaunch, net: ResolvedNet) -> Result<Self, WasmError> {
-        let ResolvedNet { allowed, names } = net;
+        let ResolvedNet {
+            allowed,
+            names,
+            http,
+        } = net;
         #[cfg(unix)]
         let opened = crate::grants::open_all(&launch.name, &launch.dirs)?;
         #[cfg(unix)]
@@ -956,6 +1007,12 @@ impl InstanceSetup {
             _opened: opened,
             allowed: (!allowed.is_empty()).then(|| Arc::new(allowed)),
             names,
+            http: http::Hooks {
+                policy: Arc::new(http::HttpPolicy::new(
+                    http,
+                    launch.limits.max_http_response_bytes,
+                )),
+            },
             metrics: Arc::new(Metrics::default()),
         })
     }
@@ -1025,6 +1082,8 @@ impl InstanceSetup {
             fuel_at_last_hook: limits.fuel_per_request,
             metrics: self.metrics.clone(),
             names: self.names.clone(),
+            http: wasmtime_wasi_http::WasiHttpCtx::new(),
+            http_hooks: self.http.clone(),
         })
     }
 }
@@ -1207,6 +1266,8 @@ pub struct HostState {
     metrics: Arc<Metrics>,
     /// The names the guest may look up.
     names: crate::wasm::lookup::Names,
+    http: wasmtime_wasi_http::WasiHttpCtx,
+    http_hooks: http::Hooks,
 }
 
 impl HostState {
@@ -1216,6 +1277,16 @@ impl HostState {
 
     pub(crate) fn names(&self) -> &crate::wasm::lookup::Names {
         &self.names
+    }
+}
+
+impl wasmtime_wasi_http::WasiHttpView for HostState {
+    fn http(&mut self) -> wasmtime_wasi_http::WasiHttpCtxView<'_> {
+        wasmtime_wasi_http::WasiHttpCtxView {
+            ctx: &mut self.http,
+            table: &mut self.table,
+            hooks: &mut self.http_hooks,
+        }
     }
 }
 
