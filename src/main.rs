@@ -100,12 +100,17 @@ enum Command {
     /// are installed once into Moat's package store (npm or pip, no install
     /// scripts, no source builds) and imported as the installed program.
     Import {
-        /// claude_desktop_config.json (`mcpServers`) or .vscode/mcp.json (`servers`).
+        /// claude_desktop_config.json (`mcpServers`) or .vscode/mcp.json
+        /// (`servers`); or, with --component, a Wassette policy.yaml.
         file: PathBuf,
         /// Import package launchers as configured instead of installing
         /// them (they then fetch code at every launch).
         #[arg(long)]
         no_install: bool,
+        /// FILE is a Wassette policy.yaml for this component: print a
+        /// moat.toml entry that runs it with the same grants, pinned.
+        #[arg(long, value_name = "WASM", conflicts_with = "no_install")]
+        component: Option<PathBuf>,
     },
     /// Add one server to moat.toml from its command line, as a client
     /// config would list it: `moat add -- npx -y @modelcontextprotocol/server-memory`.
@@ -344,7 +349,17 @@ async fn run(command: Command) -> Result<ExitCode> {
             yes,
             server,
         } => learn(&config, &server, yes).await,
-        Command::Import { file, no_install } => {
+        Command::Import {
+            file,
+            component: Some(component),
+            ..
+        } => {
+            print!("{}", moat_host::wassette::import(&file, &component)?);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Import {
+            file, no_install, ..
+        } => {
             let store = if no_install {
                 None
             } else {

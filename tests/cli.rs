@@ -635,3 +635,98 @@ fn tools_and_inspect_say_which_kind_each_component_is() {
         stderr(&bad)
     );
 }
+
+/// `moat import policy.yaml --component X.wasm` turns a Wassette policy into
+/// a moat.toml entry that runs the component with the same grants: a
+/// storage grant at the same path (read-only unless write is allowed), an
+/// environment key passed through, a network host as an HTTPS origin.
+#[test]
+fn a_wassette_policy_imports_as_a_config_with_the_same_grants() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    std::fs::write(data.join("notes.txt"), "granted notes").unwrap();
+    std::fs::write(dir.path().join("secret.txt"), "not granted").unwrap();
+    let policy = dir.path().join("policy.yaml");
+    std::fs::write(
+        &policy,
+        format!(
+            "version: \"1.0\"\ndescription: \"Reads notes\"\npermissions:\n  storage:\n    allow:\n      - uri: \"fs://{}\"\n        access: [\"read\"]\n  network:\n    allow:\n      - host: \"localhost:8443\"\n  environment:\n    allow:\n      - key: \"MOAT_POLICY_TOKEN\"\n",
+            data.display()
+        ),
+    )
+    .unwrap();
+    let imported = moat(&[
+        "import",
+        policy.to_str().unwrap(),
+        "--component",
+        guests::FETCH_WASM,
+    ]);
+    assert!(imported.status.success(), "stderr: {}", stderr(&imported));
+    let config = dir.path().join("moat.toml");
+    std::fs::write(&config, stdout(&imported)).unwrap();
+    let config = config.to_str().unwrap();
+    let call = |tool: &str, arguments: serde_json::Value| {
+        let output = Command::new(env!("CARGO_BIN_EXE_moat"))
+            .args([
+                "call",
+                "--config",
+                config,
+                "fetch",
+                tool,
+                &arguments.to_string(),
+            ])
+            .env(
+                "MOAT_CACHE_DIR",
+                Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-cache"),
+            )
+            .env("MOAT_POLICY_TOKEN", "t0ken")
+            .env("MOAT_OTHER", "hidden")
+            .output()
+            .unwrap();
+        if !output.status.success() {
+            // An `err` result: `moat call` says so on stderr and fails.
+            let text = stderr(&output);
+            let err = text
+                .split_once("reported an error: ")
+                .map(|(_, json)| serde_json::from_str(json.trim()).unwrap())
+                .unwrap_or_else(|| panic!("{tool}: {text}"));
+            return err;
+        }
+        let result: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+        result["structuredContent"]["result"].clone()
+    };
+    let notes = data.join("notes.txt");
+    assert_eq!(
+        call("read-file", serde_json::json!({"path": notes})),
+        serde_json::json!({"ok": "granted notes"})
+    );
+    // The same path as on the host; nothing beside it.
+    let outside = call(
+        "read-file",
+        serde_json::json!({"path": dir.path().join("secret.txt")}),
+    );
+    assert!(outside.get("err").is_some(), "{outside}");
+    // Read only: the policy did not allow write.
+    let write = call(
+        "write-file",
+        serde_json::json!({"path": data.join("new.txt"), "text": "x"}),
+    );
+    assert!(write.get("err").is_some(), "{write}");
+    assert!(!data.join("new.txt").exists());
+    assert_eq!(
+        call("env-var", serde_json::json!({"key": "MOAT_POLICY_TOKEN"})),
+        "t0ken"
+    );
+    assert_eq!(
+        call("env-var", serde_json::json!({"key": "MOAT_OTHER"})),
+        serde_json::Value::Null
+    );
+    let inspect = moat(&["inspect", "--config", config]);
+    let text = stdout(&inspect);
+    assert!(
+        text.contains("HTTP (wasi:http): requests only to https://localhost:8443"),
+        "{text}"
+    );
+    assert!(text.contains("sha256"), "{text}");
+}

@@ -18,6 +18,8 @@
 //! 6. [`client`] (a connected session with a server, lock enforcement,
 //!    typed errors), then [`gateway`] (`moat serve`'s agent sessions),
 //!    [`http`] (its streamable HTTP front) and [`fuzz`].
+//! 7. Bringing configs in: [`importer`] (client configs), [`packages`]
+//!    (package launchers) and [`wassette`] (Wassette policies).
 
 pub mod audit;
 pub mod client;
@@ -47,6 +49,7 @@ pub mod sandbox;
 pub mod seal;
 pub mod transport;
 pub mod wasm;
+pub mod wassette;
 
 pub use client::{ClientError, Handshake, Host, Session};
 pub use config::{Config, ConfigError, ServerKind, ServerSpec};

@@ -1,5 +1,6 @@
 //! A typed tool component that makes outgoing HTTP requests through
-//! `wasi:http/outgoing-handler`. It follows redirects itself, as an HTTP
+//! `wasi:http/outgoing-handler`, and reads and writes files and its
+//! environment (what a Wassette policy grants). It follows redirects itself, as an HTTP
 //! library in a guest does: each hop is a new request the host checks.
 //! Errors come back as the `err` text, with wasi:http's error code, so a
 //! test can tell a refusal from a failure.
@@ -22,6 +23,18 @@ impl Guest for Fetch {
             }
         }
         Err("too many redirects".into())
+    }
+
+    fn read_file(path: String) -> Result<String, String> {
+        std::fs::read_to_string(&path).map_err(|e| format!("{path}: {e}"))
+    }
+
+    fn write_file(path: String, text: String) -> Result<(), String> {
+        std::fs::write(&path, text).map_err(|e| format!("{path}: {e}"))
+    }
+
+    fn env_var(key: String) -> Option<String> {
+        std::env::var(key).ok()
     }
 }
 
