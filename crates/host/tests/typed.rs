@@ -337,7 +337,7 @@ async fn arguments_that_do_not_fit_the_types_are_refused_by_name() {
         (
             "add",
             json!({"a": 1, "b": 2, "c": 3}),
-            "argument c: expected no such parameter",
+            "argument \"c\": expected no such parameter",
         ),
         (
             "add",
@@ -373,7 +373,7 @@ async fn arguments_that_do_not_fit_the_types_are_refused_by_name() {
         (
             &format!("{SHAPES}translate"),
             json!({"p": {"x": 1, "y": 2, "z": 3}, "dx": 0, "dy": 0}),
-            "argument p.z: expected no such field",
+            "argument p.\"z\": expected no such field",
         ),
         (
             &format!("{SHAPES}grant-exec"),

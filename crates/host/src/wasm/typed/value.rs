@@ -29,8 +29,9 @@ pub fn to_params(
         .keys()
         .find(|k| !params.iter().any(|(name, _)| name == *k))
     {
+        // Quoted: the name is the caller's, and may be empty or odd.
         return Err(ValueError {
-            path: extra.clone(),
+            path: format!("{extra:?}"),
             expected: "no such parameter".into(),
             got: "an argument".into(),
         });
@@ -155,7 +156,7 @@ pub fn to_val(value: &Value, ty: &Type, path: &str) -> Result<Val, ValueError> {
                 .find(|k| !record.fields().any(|f| f.name == *k))
             {
                 return Err(ValueError {
-                    path: format!("{path}.{extra}"),
+                    path: format!("{path}.{extra:?}"),
                     expected: "no such field".into(),
                     got: "a value".into(),
                 });
