@@ -362,21 +362,7 @@ fn the_typescript_sdk_calls_typed_components_in_three_languages() {
         ),
     )
     .unwrap();
-    let lock = Command::new(env!("CARGO_BIN_EXE_moat"))
-        .args(["lock", "--config"])
-        .arg(&config)
-        .env(
-            "MOAT_CACHE_DIR",
-            Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-cache"),
-        )
-        .env("MOAT_STATE_DIR", common::state_dir())
-        .output()
-        .unwrap();
-    assert!(
-        lock.status.success(),
-        "moat lock: {}",
-        String::from_utf8_lossy(&lock.stderr)
-    );
+    common::lock(&config);
     let calls = serde_json::json!([
         {"name": "rs__greet", "arguments": {"name": "SDK"}},
         {"name": "rs__moat_kinds_shapes_0_1_0_describe", "arguments": {"s": {"tag": "square", "val": {"x": 1, "y": 2}}}},

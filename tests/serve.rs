@@ -443,21 +443,7 @@ async fn a_typed_component_is_served_locked_beside_a_stdio_one() {
         ),
     )
     .unwrap();
-    let lock = std::process::Command::new(env!("CARGO_BIN_EXE_moat"))
-        .args(["lock", "--config"])
-        .arg(&config)
-        .env(
-            "MOAT_CACHE_DIR",
-            Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-cache"),
-        )
-        .env("MOAT_STATE_DIR", common::state_dir())
-        .output()
-        .unwrap();
-    assert!(
-        lock.status.success(),
-        "{}",
-        String::from_utf8_lossy(&lock.stderr)
-    );
+    common::lock(&config);
     let mut child = serve_stdio(&config, &["--locked".as_ref()]);
     let stdout = child.stdout.take().unwrap();
     let stdin = child.stdin.take().unwrap();

@@ -70,3 +70,23 @@ pub fn ts_client(script: &str, config: &Path) -> Command {
         .env("MOAT_STATE_DIR", state_dir());
     command
 }
+
+/// `moat lock --config CONFIG` with the tests' component cache and state
+/// directory; panics with its stderr when it fails.
+pub fn lock(config: &Path) {
+    let output = Command::new(env!("CARGO_BIN_EXE_moat"))
+        .args(["lock", "--config"])
+        .arg(config)
+        .env(
+            "MOAT_CACHE_DIR",
+            Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-cache"),
+        )
+        .env("MOAT_STATE_DIR", state_dir())
+        .output()
+        .expect("running moat lock");
+    assert!(
+        output.status.success(),
+        "moat lock: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}

@@ -187,26 +187,7 @@ pub fn arguments(data: &[u8]) {
     ) else {
         return;
     };
-    let identity = Digest::of(b"fuzz");
-    let definition = canonical_json(&serde_json::json!({"name": "t", "inputSchema": schema}));
-    let locked = LockedServer {
-        kind: "wasm".into(),
-        evidence: "wasm-measured".into(),
-        sha256: String::new(),
-        identity: identity.to_string(),
-        measured: Default::default(),
-        grants: Default::default(),
-        tools: vec![LockedTool {
-            name: "t".into(),
-            sha256: tool_pin(&identity, &definition).to_string(),
-            definition,
-            flags: Vec::new(),
-        }],
-        prompts: Vec::new(),
-        resources: Vec::new(),
-        package: None,
-    };
-    let Ok(pins) = Pins::from_locked(&locked, identity) else {
+    let Some(pins) = pins_for(schema) else {
         return;
     };
     if let Err(violation) = pins.check_arguments("t", &args) {
@@ -242,7 +223,10 @@ pub fn typed_values(data: &[u8]) {
             .tools()
             .map(|shape| {
                 let schema = serde_json::Value::Object(shape.input_schema.clone());
-                (shape.clone(), pins_for(schema))
+                (
+                    shape.clone(),
+                    pins_for(schema).expect("a derived schema pins"),
+                )
             })
             .collect()
     });
@@ -270,8 +254,9 @@ pub fn typed_values(data: &[u8]) {
     }
 }
 
-/// Pins one tool `t` with `input_schema`, as `moat lock` would.
-fn pins_for(input_schema: serde_json::Value) -> Pins {
+/// Pins one tool `t` with `input_schema`, as `moat lock` would; `None`
+/// when the schema cannot be pinned.
+fn pins_for(input_schema: serde_json::Value) -> Option<Pins> {
     let identity = Digest::of(b"fuzz");
     let definition = canonical_json(&serde_json::json!({"name": "t", "inputSchema": input_schema}));
     let locked = LockedServer {
@@ -291,7 +276,7 @@ fn pins_for(input_schema: serde_json::Value) -> Pins {
         resources: Vec::new(),
         package: None,
     };
-    Pins::from_locked(&locked, identity).expect("a derived schema pins")
+    Pins::from_locked(&locked, identity).ok()
 }
 
 /// Whether `value` holds a number a double cannot represent exactly: a

@@ -498,6 +498,17 @@ async fn a_call_past_its_deadline_fails_alone() {
     session.close().await.unwrap();
 }
 
+/// A host for the JavaScript and Python components (11 and 18 MB, several
+/// seconds each to compile), whose cache is the CLI tests': each is
+/// compiled once per test run.
+fn foreign_host() -> &'static moat_host::Host {
+    static HOST: std::sync::OnceLock<moat_host::Host> = std::sync::OnceLock::new();
+    HOST.get_or_init(|| {
+        let cache = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-cache");
+        moat_host::Host::new(Some(cache)).expect("host")
+    })
+}
+
 fn foreign(name: &str, wasm: &str) -> ServerSpec {
     let mut spec = ServerSpec::wasm(name, wasm);
     spec.allow_unmeasured = true;
@@ -525,7 +536,7 @@ async fn listed(session: &Session) -> Vec<(String, String)> {
 /// `/` turned into `_`, and JavaScript's thrown error is the `err`.
 #[tokio::test]
 async fn a_javascript_component_is_served_with_wassettes_names() {
-    let session = host()
+    let session = foreign_host()
         .connect(&foreign("js", guests::JS_TOOLS_WASM))
         .await
         .expect("connect to the JavaScript component");
@@ -594,7 +605,7 @@ async fn a_javascript_component_is_served_with_wassettes_names() {
 /// not a tool, and a raised `Err` is the `err`.
 #[tokio::test]
 async fn a_python_component_is_served_without_its_internal_init() {
-    let session = host()
+    let session = foreign_host()
         .connect(&foreign("py", guests::PY_TOOLS_WASM))
         .await
         .expect("connect to the Python component");

@@ -675,22 +675,7 @@ impl WasmLaunch {
         let mut allowed = HashSet::new();
         let mut names = Vec::new();
         for grant in &self.net {
-            let found = tokio::time::timeout(
-                LOOKUP_TIMEOUT,
-                tokio::net::lookup_host((grant.host.as_str(), grant.port)),
-            )
-            .await
-            .unwrap_or_else(|_| {
-                Err(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    format!("no answer within {LOOKUP_TIMEOUT:?}"),
-                ))
-            })
-            .map_err(|source| WasmError::Resolve {
-                grant: grant.to_string(),
-                source,
-            })?
-            .collect::<Vec<_>>();
+            let found = resolve(&grant.host, grant.port, &grant.to_string()).await?;
             names.push((
                 grant.host.clone(),
                 found.iter().map(|a| a.ip().to_canonical()).collect(),
@@ -699,22 +684,7 @@ impl WasmLaunch {
         }
         let mut http = Vec::new();
         for grant in &self.http {
-            let found = tokio::time::timeout(
-                LOOKUP_TIMEOUT,
-                tokio::net::lookup_host((grant.host.as_str(), grant.port)),
-            )
-            .await
-            .unwrap_or_else(|_| {
-                Err(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    format!("no answer within {LOOKUP_TIMEOUT:?}"),
-                ))
-            })
-            .map_err(|source| WasmError::Resolve {
-                grant: grant.to_string(),
-                source,
-            })?
-            .collect::<Vec<_>>();
+            let found = resolve(&grant.host, grant.port, &grant.to_string()).await?;
             http.push((grant.clone(), found));
         }
         Ok(ResolvedNet {
@@ -723,6 +693,24 @@ impl WasmLaunch {
             http,
         })
     }
+}
+
+/// The addresses of `host`:`port` now, within [`LOOKUP_TIMEOUT`]; errors
+/// name the `grant`.
+async fn resolve(host: &str, port: u16, grant: &str) -> Result<Vec<SocketAddr>, WasmError> {
+    tokio::time::timeout(LOOKUP_TIMEOUT, tokio::net::lookup_host((host, port)))
+        .await
+        .unwrap_or_else(|_| {
+            Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("no answer within {LOOKUP_TIMEOUT:?}"),
+            ))
+        })
+        .map(Iterator::collect)
+        .map_err(|source| WasmError::Resolve {
+            grant: grant.to_owned(),
+            source,
+        })
 }
 
 /// How long a launch waits for one `net` name to resolve.
