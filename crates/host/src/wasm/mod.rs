@@ -154,6 +154,9 @@ pub enum CacheOutcome {
 pub struct WasmEngine {
     engine: Engine,
     linker: Arc<Linker<HostState>>,
+    /// `linker` with wasi:http added, made when the first component that
+    /// imports it is prepared: a start-up with none pays nothing for it.
+    http_linker: Arc<std::sync::OnceLock<Result<Arc<Linker<HostState>>, String>>>,
     cache_dir: Option<PathBuf>,
     /// The cache MAC key, read or made at the first cache access.
     cache_key: Arc<std::sync::OnceLock<Option<crate::keys::Key>>>,
@@ -191,13 +194,10 @@ impl WasmEngine {
             .map_err(|e| WasmError::Engine(e.to_string()))?;
         crate::wasm::lookup::add_to_linker(&mut linker)
             .map_err(|e| WasmError::Engine(e.to_string()))?;
-        // Every component may import wasi:http; requests are refused unless
-        // granted (see `http`).
-        wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)
-            .map_err(|e| WasmError::Engine(e.to_string()))?;
         Ok(Self {
             engine,
             linker: Arc::new(linker),
+            http_linker: Arc::default(),
             cache_dir,
             cache_key: Arc::default(),
             prepared: Arc::default(),
@@ -322,13 +322,17 @@ impl WasmEngine {
                     path: path.to_owned(),
                     detail: e.to_string(),
                 })??;
-        let instance_pre =
-            self.linker
-                .instantiate_pre(&component)
-                .map_err(|e| WasmError::Link {
-                    path: path.to_owned(),
-                    detail: format!("{e:#}"),
-                })?;
+        let instance_pre = self
+            .linker_for(&component)
+            .map_err(|detail| WasmError::Link {
+                path: path.to_owned(),
+                detail,
+            })?
+            .instantiate_pre(&component)
+            .map_err(|e| WasmError::Link {
+                path: path.to_owned(),
+                detail: format!("{e:#}"),
+            })?;
         let kind = if exports_cli_run(&component, &self.engine) {
             let pre = CommandPre::new(instance_pre).map_err(|e| WasmError::Link {
                 path: path.to_owned(),
@@ -378,6 +382,26 @@ impl WasmEngine {
             .unwrap_or_else(|e| e.into_inner())
             .insert(digest, prepared.clone());
         Ok(prepared)
+    }
+
+    /// The linker for `component`: with wasi:http when it imports any of
+    /// it (every request is then refused unless granted, see `http`).
+    fn linker_for(&self, component: &Component) -> Result<Arc<Linker<HostState>>, String> {
+        let imports_http = component
+            .component_type()
+            .imports(&self.engine)
+            .any(|(name, _)| name.starts_with("wasi:http/"));
+        if !imports_http {
+            return Ok(self.linker.clone());
+        }
+        self.http_linker
+            .get_or_init(|| {
+                let mut linker = (*self.linker).clone();
+                wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)
+                    .map(|()| Arc::new(linker))
+                    .map_err(|e| format!("adding wasi:http to the linker: {e:#}"))
+            })
+            .clone()
     }
 
     fn compile_or_load(
