@@ -180,6 +180,17 @@ enum Command {
     /// its own outputSchema is a finding, shrunk, saved in the corpus and
     /// replayable. Exits 1 when there is a finding.
     Fuzz(FuzzArgs),
+    /// Pull components from OCI registries into Moat's store ahead of the
+    /// first launch: each REF (`oci://HOST/REPO:TAG` or `...@sha256:DIGEST`),
+    /// or every `oci://` server of the config when none is given. Prints
+    /// the reference with its manifest digest, to pin it in moat.toml.
+    Pull {
+        /// The config file (when no REF is given).
+        #[arg(long, short, env = "MOAT_CONFIG", default_value = "moat.toml")]
+        config: PathBuf,
+        /// The references to pull.
+        references: Vec<String>,
+    },
     /// Print the sha256 of a file, to pin it with `sha256 = "..."`.
     Digest {
         /// The component or executable.
@@ -410,6 +421,7 @@ async fn run(command: Command) -> Result<ExitCode> {
             );
             Ok(ExitCode::SUCCESS)
         }
+        Command::Pull { config, references } => pull(&config, &references).await,
         Command::Digest { path } => {
             let bytes =
                 std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
@@ -687,6 +699,54 @@ async fn connect(config_path: &Path, server: &str, locked: bool) -> Result<Sessi
 }
 
 /// `moat inspect`: one report per server, as a table or JSON.
+/// `moat pull`: each reference, or the config's `oci://` servers, into the
+/// store; one line per component.
+async fn pull(config_path: &Path, references: &[String]) -> Result<ExitCode> {
+    use moat_host::config::WasmSource;
+    use moat_host::oci::{OciRef, Store};
+    let mut wanted: Vec<(OciRef, PathBuf)> = Vec::new();
+    if references.is_empty() {
+        let config = Config::load(config_path)?;
+        for spec in config.servers.values() {
+            if let moat_host::ServerKind::Wasm {
+                source: WasmSource::Oci { reference, store },
+                ..
+            } = &spec.kind
+            {
+                wanted.push((reference.clone(), store.clone()));
+            }
+        }
+        if wanted.is_empty() {
+            bail!(
+                "{}: no server has an oci:// component; name one: moat pull oci://HOST/REPO:TAG",
+                config_path.display()
+            );
+        }
+    } else {
+        let store = Store::default_root()
+            .context("no store for pulled components: set MOAT_DATA_DIR, XDG_DATA_HOME or HOME")?;
+        for text in references {
+            wanted.push((text.parse::<OciRef>()?, store.clone()));
+        }
+    }
+    for (reference, store) in wanted {
+        let pulled = Store::new(store).pull(&reference).await?;
+        println!("{}", pulled.reference);
+        println!(
+            "  component sha256:{} ({} KiB), {} {}",
+            pulled.layer,
+            pulled.size.div_ceil(1024),
+            if pulled.fetched {
+                "pulled to"
+            } else {
+                "already in"
+            },
+            pulled.path.display()
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 async fn inspect(config_path: &Path, json: bool) -> Result<ExitCode> {
     let config = Config::load(config_path)?;
     let host = host_for(config_path, false)?;
@@ -694,7 +754,7 @@ async fn inspect(config_path: &Path, json: bool) -> Result<ExitCode> {
     let mut failed = false;
     for (name, spec) in &config.servers {
         let kind = match &spec.kind {
-            moat_host::ServerKind::Wasm { path, .. } => format!("wasm {}", path.display()),
+            moat_host::ServerKind::Wasm { source, .. } => format!("wasm {source}"),
             moat_host::ServerKind::Native { command, .. } => format!("native {command}"),
             moat_host::ServerKind::Remote { url, .. } => format!("remote {url}"),
         };

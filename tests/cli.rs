@@ -31,7 +31,10 @@ fn stderr(output: &Output) -> String {
 fn the_example_config_serves_the_bundled_guest() {
     // The example points at the guest the build script produced.
     let config = moat_host::Config::load(Path::new("examples/moat.toml")).unwrap();
-    let moat_host::ServerKind::Wasm { path, .. } = &config.server("everything").unwrap().kind
+    let moat_host::ServerKind::Wasm {
+        source: moat_host::config::WasmSource::File(path),
+        ..
+    } = &config.server("everything").unwrap().kind
     else {
         panic!("the example's server is a wasm component");
     };

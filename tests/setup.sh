@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set-up for the test suite on a fresh machine: the pinned Rust toolchain with
-# the wasm32-wasip2 target, Node.js, the third-party MCP servers and SDKs the
+# the wasm32-wasip2 target, Node.js, the Distribution registry, the third-party MCP servers and SDKs the
 # tests run, and the JavaScript and Python component toolchains that build
 # guests/js and guests/py (from the npm registry and PyPI, into target/npm
 # and target/py). Safe to run again.
@@ -15,6 +15,18 @@ if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
         apt-get update -qq && apt-get install -y -qq nodejs npm >/dev/null
     else
         echo "tests/setup.sh: node and npm are needed (install Node.js 20 or newer)" >&2
+        exit 1
+    fi
+fi
+
+# The Distribution registry (tests/oci.rs pulls components from it on
+# loopback), as Debian packages it. Its service is not started: each test
+# starts its own on a free port.
+if ! command -v docker-registry >/dev/null; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-registry >/dev/null
+    else
+        echo "tests/setup.sh: docker-registry is needed (Debian: apt-get install docker-registry)" >&2
         exit 1
     fi
 fi

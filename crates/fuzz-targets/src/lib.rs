@@ -275,6 +275,7 @@ fn pins_for(input_schema: serde_json::Value) -> Option<Pins> {
         prompts: Vec::new(),
         resources: Vec::new(),
         package: None,
+        oci: None,
     };
     Pins::from_locked(&locked, identity).ok()
 }

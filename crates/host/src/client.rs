@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::LaunchError;
 use crate::ServerTransport;
-use crate::config::{ServerKind, ServerSpec};
+use crate::config::{ServerKind, ServerSpec, WasmSource};
 use crate::identity::{Digest, Expectation};
 use crate::lock::{
     IdentityParts, Lock, LockedServer, LockedTool, canonical_tool, execution_identity, tool_pin,
@@ -111,6 +111,14 @@ pub enum ClientError {
         "server `{server}`: the config pins sha256 {config} but the lock approved {locked}: run `moat lock` after checking which is right"
     )]
     LockConflict {
+        server: String,
+        config: String,
+        locked: String,
+    },
+    #[error(
+        "server `{server}`: the config names {config} but the lock approved {locked}: run `moat lock` to approve the config's"
+    )]
+    OciLockConflict {
         server: String,
         config: String,
         locked: String,
@@ -436,6 +444,7 @@ impl Host {
                 path,
                 lock: lock_name.clone(),
             })?;
+            let spec = pin_oci(spec, &locked, &lock_name).map_err(|e| *e)?;
             self.transport_expecting(&spec, Expectation::Pinned(digest))?
         };
         let mut session = Session::connect(transport, handshake).await?;
@@ -554,6 +563,11 @@ impl Host {
                         .cloned()
                         .unwrap_or_default(),
                 }),
+            oci: identity.oci.as_ref().map(|origin| crate::lock::LockedOci {
+                reference: origin.reference.clone(),
+                manifest: origin.manifest.to_string(),
+                layer: origin.layer.to_string(),
+            }),
         })
     }
 }
@@ -568,6 +582,50 @@ fn pin_grants(spec: &ServerSpec, locked: &LockedServer) -> Result<ServerSpec, St
         let inode = locked.grants.get(&host).ok_or_else(|| host.clone())?;
         dir.inode = Some(*inode);
     }
+    Ok(spec)
+}
+
+/// `spec` with its OCI reference pinned to the manifest the lock approved:
+/// a tag is not looked up again under the lock. A reference other than the
+/// locked one is a conflict, and so is a digest other than the locked one.
+fn pin_oci(
+    mut spec: ServerSpec,
+    locked: &LockedServer,
+    lock_name: &str,
+) -> Result<ServerSpec, Box<ClientError>> {
+    let ServerKind::Wasm {
+        source: WasmSource::Oci { reference, .. },
+        ..
+    } = &mut spec.kind
+    else {
+        return Ok(spec);
+    };
+    let Some(approved) = &locked.oci else {
+        return Err(Box::new(ClientError::BadLock {
+            server: spec.name.clone(),
+            lock: lock_name.to_owned(),
+            detail: format!(
+                "the config names {reference}, and the lock records no OCI artifact for it: run `moat lock`"
+            ),
+        }));
+    };
+    let manifest: Digest = approved.manifest.parse().map_err(|e| {
+        Box::new(ClientError::BadLock {
+            server: spec.name.clone(),
+            lock: lock_name.to_owned(),
+            detail: format!("oci.manifest: {e}"),
+        })
+    })?;
+    if reference.to_string() != approved.reference
+        || reference.digest.is_some_and(|digest| digest != manifest)
+    {
+        return Err(Box::new(ClientError::OciLockConflict {
+            server: spec.name.clone(),
+            config: reference.to_string(),
+            locked: format!("{} (manifest sha256:{manifest})", approved.reference),
+        }));
+    }
+    *reference = reference.with_digest(manifest);
     Ok(spec)
 }
 

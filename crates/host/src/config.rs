@@ -289,9 +289,10 @@ impl std::fmt::Display for Sandbox {
 /// What kind of server a spec describes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ServerKind {
-    /// A WASI preview-2 component, by path.
+    /// A WASI preview-2 component: a file, or an OCI artifact pulled into
+    /// Moat's store.
     Wasm {
-        path: PathBuf,
+        source: WasmSource,
         /// For a typed tool component: an instance per call (the default)
         /// or one per session. A stdio component always runs one instance
         /// a session.
@@ -320,6 +321,28 @@ pub enum ServerKind {
     },
 }
 
+/// Where a component's bytes come from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WasmSource {
+    /// A file, by path.
+    File(PathBuf),
+    /// An OCI artifact (`oci://...`), pulled into the store at `store` at
+    /// its first launch (or by `moat pull`).
+    Oci {
+        reference: crate::oci::OciRef,
+        store: PathBuf,
+    },
+}
+
+impl std::fmt::Display for WasmSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::File(path) => write!(f, "{}", path.display()),
+            Self::Oci { reference, .. } => write!(f, "{reference}"),
+        }
+    }
+}
+
 /// How many instances a typed tool component gets (`instance = ...`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -339,7 +362,7 @@ impl ServerSpec {
         Self {
             name: name.into(),
             kind: ServerKind::Wasm {
-                path: path.into(),
+                source: WasmSource::File(path.into()),
                 instances: Instances::default(),
             },
             sha256: None,
@@ -372,8 +395,19 @@ impl ServerSpec {
 
     /// What the bytes must hash to, or `None` when the launch must be refused
     /// because nothing is pinned and `allow_unmeasured` is not set.
+    ///
+    /// An OCI reference with a manifest digest pins the component by
+    /// itself: the manifest names the layer's digest, and the launch
+    /// requires the component to hash to it. A tag alone pins nothing.
     pub fn expectation(&self) -> Option<Expectation> {
-        match (self.sha256, self.allow_unmeasured) {
+        let oci_pinned = matches!(
+            &self.kind,
+            ServerKind::Wasm {
+                source: WasmSource::Oci { reference, .. },
+                ..
+            } if reference.digest.is_some()
+        );
+        match (self.sha256, self.allow_unmeasured || oci_pinned) {
             (Some(digest), _) => Some(Expectation::Pinned(digest)),
             (None, true) => Some(Expectation::Unpinned),
             (None, false) => None,
@@ -537,8 +571,22 @@ impl Config {
                             ),
                         ));
                     }
+                    let source = if wasm.get_ref().starts_with(crate::oci::SCHEME) {
+                        let reference = wasm.get_ref().parse().map_err(|e| {
+                            invalid(Some(wasm.span()), format!("server `{name}`: wasm: {e}"))
+                        })?;
+                        let store = crate::oci::Store::default_root().ok_or_else(|| {
+                            invalid(
+                                Some(wasm.span()),
+                                format!("server `{name}`: an oci:// component is pulled into Moat's store, and there is none: set MOAT_DATA_DIR, XDG_DATA_HOME or HOME"),
+                            )
+                        })?;
+                        WasmSource::Oci { reference, store }
+                    } else {
+                        WasmSource::File(base.join(wasm.get_ref()))
+                    };
                     ServerKind::Wasm {
-                        path: base.join(wasm.get_ref()),
+                        source,
                         instances: server.instance.map(Spanned::into_inner).unwrap_or_default(),
                     }
                 }
@@ -855,6 +903,17 @@ fn is_loopback(url: &url::Url) -> bool {
     }
 }
 
+/// The default package store: `$MOAT_DATA_DIR/store`, else
+/// `$XDG_DATA_HOME/moat/store`, else `$HOME/.local/share/moat/store`.
+pub fn default_store() -> Option<PathBuf> {
+    let set = |name| std::env::var_os(name).filter(|v| !v.is_empty());
+    let data = set("MOAT_DATA_DIR")
+        .map(PathBuf::from)
+        .or_else(|| set("XDG_DATA_HOME").map(|d| PathBuf::from(d).join("moat")))
+        .or_else(|| set("HOME").map(|h| PathBuf::from(h).join(".local/share/moat")))?;
+    Some(data.join("store"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -895,7 +954,7 @@ request_timeout_ms = 100
         assert_eq!(
             server.kind,
             ServerKind::Wasm {
-                path: PathBuf::from("/etc/moat/guests/everything.wasm"),
+                source: WasmSource::File(PathBuf::from("/etc/moat/guests/everything.wasm")),
                 instances: Instances::Call,
             }
         );

@@ -1110,6 +1110,7 @@ mod tests {
             prompts: Default::default(),
             resources: Default::default(),
             package: None,
+            oci: None,
         };
         let mut lock = Lock {
             version: LOCK_VERSION,

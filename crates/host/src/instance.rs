@@ -75,6 +75,21 @@ pub struct Identity {
     /// For a wasm component: its kind, and the exported functions that are
     /// not tools.
     pub component: Option<ComponentReport>,
+    /// For a component pulled from a registry: where from, by which
+    /// manifest and layer.
+    pub oci: Option<OciOrigin>,
+}
+
+/// Where a pulled component came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OciOrigin {
+    /// The reference as configured (`oci://...`), without the resolved
+    /// digest when it named a tag only.
+    pub reference: String,
+    /// The manifest's digest.
+    pub manifest: Digest,
+    /// The component layer's digest: the component's sha256.
+    pub layer: Digest,
 }
 
 /// What kind of server a component is, told apart at load.

@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use crate::config::{ServerKind, ServerSpec};
+use crate::config::{ServerKind, ServerSpec, WasmSource};
 use crate::identity::Expectation;
 use crate::transport::{ServerTransport, TransportError};
 use crate::wasm::{WasmEngine, WasmLaunch};
@@ -22,6 +22,17 @@ pub enum LaunchError {
     Unmeasured { server: String },
     #[error(transparent)]
     Wasm(#[from] crate::wasm::WasmError),
+    #[error(transparent)]
+    Oci(#[from] crate::oci::OciError),
+    #[error(
+        "server `{server}`: {reference} names the component sha256:{layer}, but sha256:{pinned} is pinned: refused (if the new component is the one to run, pin it, or run `moat lock`)"
+    )]
+    OciPin {
+        server: String,
+        reference: String,
+        layer: crate::identity::Digest,
+        pinned: crate::identity::Digest,
+    },
     #[cfg(unix)]
     #[error(transparent)]
     Native(#[from] crate::native::NativeError),
@@ -56,11 +67,12 @@ impl From<crate::grants::GrantError> for LaunchError {
 /// everything resolved without starting it. [`Planned::start`] runs the
 /// per-instance part; [`Planned::transport`] defers that to the connect.
 pub enum Planned {
-    /// A component: measured, compiled or loaded and pre-instantiated on
-    /// the first start (the engine keeps it by digest), then instantiated.
+    /// A component: pulled into the store first when it comes from a
+    /// registry, measured, compiled or loaded and pre-instantiated on the
+    /// first start (the engine keeps it by digest), then instantiated.
     Wasm {
         engine: WasmEngine,
-        path: std::path::PathBuf,
+        source: WasmSource,
         expected: Expectation,
         launch: WasmLaunch,
     },
@@ -97,9 +109,9 @@ pub fn plan(
     #[cfg(unix)] learn: Option<Arc<std::sync::Mutex<crate::native::learn::Observed>>>,
 ) -> Result<Planned, LaunchError> {
     match &spec.kind {
-        ServerKind::Wasm { path, .. } => Ok(Planned::Wasm {
+        ServerKind::Wasm { source, .. } => Ok(Planned::Wasm {
             engine: wasm.clone(),
-            path: path.clone(),
+            source: source.clone(),
             expected,
             launch: WasmLaunch::from_spec(spec),
         }),
@@ -154,13 +166,39 @@ impl Planned {
         match self {
             Self::Wasm {
                 engine,
-                path,
+                source,
                 expected,
                 launch,
             } => {
+                let (path, expected, origin) = match source {
+                    WasmSource::File(path) => (path, expected, None),
+                    WasmSource::Oci { reference, store } => {
+                        let pulled = crate::oci::Store::new(store).pull(&reference).await?;
+                        // The manifest names the component's digest: the
+                        // bytes must hash to it, and to any pin as well.
+                        if let Expectation::Pinned(pinned) = expected
+                            && pinned != pulled.layer
+                        {
+                            return Err(LaunchError::OciPin {
+                                server: launch.name.clone(),
+                                reference: reference.to_string(),
+                                layer: pulled.layer,
+                                pinned,
+                            });
+                        }
+                        let origin = crate::instance::OciOrigin {
+                            reference: reference.to_string(),
+                            manifest: pulled.manifest,
+                            layer: pulled.layer,
+                        };
+                        (pulled.path, Expectation::Pinned(pulled.layer), Some(origin))
+                    }
+                };
                 let prepared = engine.prepare(&path, expected).await?;
                 let net = launch.resolve_net().await?;
-                Ok(prepared.launch(&launch, net, &tracker)?)
+                let mut launched = prepared.launch(&launch, net, &tracker)?;
+                launched.identity.oci = origin;
+                Ok(launched)
             }
             Self::WasmPrepared { prepared, launch } => {
                 let net = launch.resolve_net().await?;

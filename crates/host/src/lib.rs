@@ -3,7 +3,8 @@
 //! Layers, each importing only from those below it:
 //! 1. Vocabulary and data: [`config`] (parse and validate `moat.toml`),
 //!    [`identity`] (digests, evidence), [`limits`], [`lock`], [`keys`],
-//!    [`seal`], [`command`] (command resolution), [`grants`].
+//!    [`seal`], [`command`] (command resolution), [`grants`], [`oci`]
+//!    (OCI references, the store of pulled components, and the pull).
 //! 2. The launch contract, [`instance`]: what a launcher hands up (the
 //!    launched instance, its identity with a typed sandbox report, its exit,
 //!    metrics and tracker).
@@ -41,6 +42,7 @@ pub mod limits;
 pub mod lock;
 #[cfg(unix)]
 pub mod native;
+pub mod oci;
 pub mod packages;
 pub mod policy;
 pub mod remote;

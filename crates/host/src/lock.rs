@@ -85,6 +85,23 @@ pub struct LockedServer {
     /// The package Moat installed it from, if it did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub package: Option<LockedPackage>,
+    /// The registry artifact it was pulled from, if it was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oci: Option<LockedOci>,
+}
+
+/// A component pulled from an OCI registry, as locked. Under the lock the
+/// manifest is what runs, pulled by its digest: a tag is not looked up
+/// again, so a tag that moves changes nothing until `moat lock`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LockedOci {
+    /// The reference as configured.
+    pub reference: String,
+    /// sha256 of the manifest.
+    pub manifest: String,
+    /// sha256 of the component layer (the same as the server's `sha256`).
+    pub layer: String,
 }
 
 /// A package installed by Moat, as locked: what it is, the lockfile it was
@@ -603,6 +620,7 @@ mod tests {
             prompts: vec![],
             resources: vec![],
             package: None,
+            oci: None,
         };
         let mut lock = Lock {
             version: LOCK_VERSION,
@@ -670,6 +688,7 @@ mod tests {
                 }],
                 resources: vec![],
                 package: None,
+                oci: None,
             },
         );
         let dir = tempfile::tempdir().unwrap();

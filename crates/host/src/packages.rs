@@ -352,16 +352,7 @@ fn split_spec(ecosystem: Ecosystem, spec: &str) -> (String, Option<String>) {
     (spec.to_owned(), None)
 }
 
-/// The default package store: `$MOAT_DATA_DIR/store`, else
-/// `$XDG_DATA_HOME/moat/store`, else `$HOME/.local/share/moat/store`.
-pub fn default_store() -> Option<PathBuf> {
-    let set = |name| std::env::var_os(name).filter(|v| !v.is_empty());
-    let data = set("MOAT_DATA_DIR")
-        .map(PathBuf::from)
-        .or_else(|| set("XDG_DATA_HOME").map(|d| PathBuf::from(d).join("moat")))
-        .or_else(|| set("HOME").map(|h| PathBuf::from(h).join(".local/share/moat")))?;
-    Some(data.join("store"))
-}
+pub use crate::config::default_store;
 
 /// One install, ready to run.
 #[derive(Clone, Debug, PartialEq, Eq)]

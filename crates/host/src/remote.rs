@@ -213,6 +213,7 @@ pub(crate) async fn launch(
             },
             evidence: Evidence::Remote,
             component: None,
+            oci: None,
         },
         answers_deadlines: false,
     })

@@ -859,6 +859,7 @@ fn spawn(
                 Evidence::NativeUnmeasured
             },
             component: None,
+            oci: None,
         },
         answers_deadlines: false,
     })

@@ -824,6 +824,7 @@ impl PreparedComponent {
                         .collect(),
                 },
             }),
+            oci: None,
         };
         let runner = Runner {
             engine: self.engine.clone(),
