@@ -454,3 +454,48 @@ fn a_registry_serving_other_bytes_than_its_manifest_names_is_refused() {
         "{refused}"
     );
 }
+
+/// This machine's address on its outbound interface (not loopback): a UDP
+/// socket "connected" to a TEST-NET address sends nothing, and its local
+/// address is the interface's.
+fn non_loopback_address() -> std::net::IpAddr {
+    let socket = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+    socket
+        .connect("198.51.100.1:9")
+        .expect("a route off loopback (this test needs a non-loopback interface)");
+    let ip = socket.local_addr().unwrap().ip();
+    assert!(!ip.is_loopback(), "{ip}");
+    ip
+}
+
+#[test]
+fn a_registry_off_loopback_is_reached_over_https_only() {
+    let ip = non_loopback_address();
+    let listener = std::net::TcpListener::bind((ip, 0)).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (first_bytes, seen) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let mut byte = [0u8; 1];
+            let _ = stream.read_exact(&mut byte);
+            let _ = first_bytes.send(byte[0]);
+            // Not TLS: the handshake fails.
+            let _ = stream.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n");
+        }
+    });
+    let work = Workspace::new();
+    let reference = format!("oci://{ip}:{port}/moat/everything:v1");
+    let refused = work.fails(&["pull", &reference]);
+    assert!(
+        refused.contains(&format!("pulling {reference}: manifest: ")),
+        "{refused}"
+    );
+    let first: Vec<u8> = seen.try_iter().collect();
+    assert!(!first.is_empty(), "the registry was never reached");
+    assert!(
+        first.iter().all(|b| *b == 0x16),
+        "every connection opened with a TLS handshake record, never plain HTTP: {first:?}"
+    );
+    assert!(!work.store().exists());
+}
