@@ -13,6 +13,9 @@
 //!   front of the typed tool component `kinds` (calls of `greet`), a fresh
 //!   instance per call and one per session, with their call p50 against the
 //!   stdio component's;
+//! - `…, pooled`: the stdio and per-call typed rows again with
+//!   `[wasm] allocator = "pooling"`, the pooling allocator beside the
+//!   default on-demand one;
 //! - the compile cache: the first and second start in front of the
 //!   JavaScript typed component, with an empty cache.
 //!
@@ -28,9 +31,10 @@
 //! - idle sessions: `IDLE_SESSIONS` sessions (or `$MOAT_BENCH_IDLE_SESSIONS`)
 //!   each call the wasm guest once and stay open; the bench prints
 //!   `moat serve`'s RSS, PSS and memory mappings, and what one more
-//!   session costs in each. The run stops at the first session that fails
-//!   (and says why): each wasm instance holds several mappings, so the
-//!   kernel's `vm.max_map_count` bounds the sessions a process can hold.
+//!   session costs in each, on demand and pooled. The run stops at the
+//!   first session that fails (and says why): each wasm instance holds
+//!   several mappings, so the kernel's `vm.max_map_count` bounds the
+//!   sessions a process can hold.
 //!
 //! `cargo bench --bench serve`
 
@@ -492,6 +496,20 @@ fn main() {
     };
     let typed_call = typed("typed-call", "call");
     let typed_session = typed("typed-session", "session");
+    let pooled = |config: &Path, name: &str, instances: usize| {
+        write_config(
+            dir.path(),
+            name,
+            &format!(
+                "{}
+[wasm]
+allocator = \"pooling\"\npool_instances = {instances}\n",
+                std::fs::read_to_string(config).unwrap()
+            ),
+        )
+    };
+    let wasm_pooled = pooled(&wasm, "wasm-pooled", 1000);
+    let typed_call_pooled = pooled(&typed_call, "typed-call-pooled", 1000);
     let native = write_config(
         dir.path(),
         "native",
@@ -515,7 +533,14 @@ fn main() {
     // The steady state: cache files older than the seal rule's settling
     // time, sealed by one start.
     std::thread::sleep(moat_host::seal::SETTLED + Duration::from_millis(200));
-    for config in [&wasm, &locked, &typed_call, &typed_session] {
+    for config in [
+        &wasm,
+        &locked,
+        &typed_call,
+        &typed_session,
+        &wasm_pooled,
+        &typed_call_pooled,
+    ] {
         let mut driver = Driver::spawn(moat(config, &cache, &state));
         driver.initialize();
         driver.request("tools/list", json!({}));
@@ -543,16 +568,22 @@ fn main() {
         measure("serve → typed, session", "kinds__greet", &|| {
             moat(&typed_session, &cache, &state)
         }),
+        measure("serve → wasm, pooled", "everything__echo", &|| {
+            moat(&wasm_pooled, &cache, &state)
+        }),
+        measure("serve → typed/call, pooled", "kinds__greet", &|| {
+            moat(&typed_call_pooled, &cache, &state)
+        }),
     ];
     let floor = &rows[0];
     let ratio = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64();
     println!(
-        "\n{:<22} {:>22} {:>26} {:>18}",
+        "\n{:<26} {:>22} {:>26} {:>18}",
         "outside driver", "spawn → first call", "call p50 / p99", "peak RSS"
     );
     for row in &rows {
         println!(
-            "{:<22} {:>12.2} ms {:>6.2}× {:>8.0} / {:>5.0} µs {:>5.2}× {:>8.1} MB {:>5.2}×",
+            "{:<26} {:>12.2} ms {:>6.2}× {:>8.0} / {:>5.0} µs {:>5.2}× {:>8.1} MB {:>5.2}×",
             row.name,
             row.start.as_secs_f64() * 1e3,
             ratio(row.start, floor.start),
@@ -567,7 +598,7 @@ fn main() {
         "(start: median of {STARTS} runs; calls: {CALLS} sequential `echo`, or `greet` for typed; RSS: VmHWM of the process tree)"
     );
     let stdio = &rows[1];
-    for typed in &rows[4..] {
+    for typed in [&rows[4], &rows[5], &rows[7]] {
         println!(
             "{}: call p50 {:.2}× the stdio component's (target ≤ 2×)",
             typed.name,
@@ -616,25 +647,34 @@ fn main() {
          serve → native child  {native_rate:>8.0} calls/s",
         wasm_rate / native_rate
     );
-    let serve = HttpServe::spawn(moat(&wasm_http, &cache, &state));
-    let (before, after, held) = idle_sessions(&runtime, &serve, idle);
-    serve.stop();
-    let per = |a: u64, b: u64| a.saturating_sub(b) as f64 / 1e3 / held.max(1) as f64;
-    let max_map_count = std::fs::read_to_string("/proc/sys/vm/max_map_count").unwrap_or_default();
+    let wasm_http_pooled = pooled(&wasm_http, "wasm-http-pooled", room);
+    let pooled_rate = rate(&wasm_http_pooled);
     println!(
-        "\n{held} of {idle} idle wasm sessions held over HTTP (each called once):\n\
+        "serve → wasm, pooled  {pooled_rate:>8.0} calls/s {:>5.2}×",
+        pooled_rate / native_rate
+    );
+    for (allocator, config) in [("on demand", &wasm_http), ("pooled", &wasm_http_pooled)] {
+        let serve = HttpServe::spawn(moat(config, &cache, &state));
+        let (before, after, held) = idle_sessions(&runtime, &serve, idle);
+        serve.stop();
+        let per = |a: u64, b: u64| a.saturating_sub(b) as f64 / 1e3 / held.max(1) as f64;
+        let max_map_count =
+            std::fs::read_to_string("/proc/sys/vm/max_map_count").unwrap_or_default();
+        println!(
+            "\n{held} of {idle} idle wasm sessions held over HTTP (each called once), {allocator}:\n\
          RSS {:.1} MB → {:.1} MB, {:.0} KB a session\n\
          PSS {:.1} MB → {:.1} MB, {:.0} KB a session\n\
          mappings {} → {}, {:.1} a session (vm.max_map_count {})",
-        before.rss as f64 / 1e6,
-        after.rss as f64 / 1e6,
-        per(after.rss, before.rss),
-        before.pss as f64 / 1e6,
-        after.pss as f64 / 1e6,
-        per(after.pss, before.pss),
-        before.maps,
-        after.maps,
-        after.maps.saturating_sub(before.maps) as f64 / held.max(1) as f64,
-        max_map_count.trim(),
-    );
+            before.rss as f64 / 1e6,
+            after.rss as f64 / 1e6,
+            per(after.rss, before.rss),
+            before.pss as f64 / 1e6,
+            after.pss as f64 / 1e6,
+            per(after.pss, before.pss),
+            before.maps,
+            after.maps,
+            after.maps.saturating_sub(before.maps) as f64 / held.max(1) as f64,
+            max_map_count.trim(),
+        );
+    }
 }

@@ -679,13 +679,14 @@ fn host_for(config_path: &Path, locked: bool) -> Result<Host> {
 pub(crate) fn new_host(config_path: &Path) -> Result<Host> {
     // The engine's metering is the config's `[wasm]` setting; a config yet
     // to be written (`moat add` makes it) has the default.
-    let metering = if config_path.exists() {
-        Config::load(config_path)?.wasm.metering
+    let (metering, allocator) = if config_path.exists() {
+        let config = Config::load(config_path)?;
+        (config.wasm.metering, config.allocator())
     } else {
         Default::default()
     };
     Ok(
-        Host::with_metering(Host::default_cache_dir(), metering.into())?
+        Host::with_options(Host::default_cache_dir(), metering.into(), allocator)?
             .protect("config", config_path.to_owned())
             .protect("lock", Lock::path_for(config_path)),
     )

@@ -216,8 +216,18 @@ impl Host {
         cache_dir: Option<PathBuf>,
         metering: crate::wasm::Metering,
     ) -> Result<Self, LaunchError> {
+        Self::with_options(cache_dir, metering, crate::wasm::Allocator::default())
+    }
+
+    /// A host whose wasm engine bounds CPU by `metering` and allocates
+    /// instances with `allocator`.
+    pub fn with_options(
+        cache_dir: Option<PathBuf>,
+        metering: crate::wasm::Metering,
+        allocator: crate::wasm::Allocator,
+    ) -> Result<Self, LaunchError> {
         let mut host = Self {
-            wasm: WasmEngine::with_metering(cache_dir.clone(), metering)?,
+            wasm: WasmEngine::with_options(cache_dir.clone(), metering, allocator)?,
             lock: None,
             #[cfg(unix)]
             protected: Vec::new(),

@@ -28,11 +28,58 @@ pub struct Config {
 }
 
 /// `[wasm]`: how the one wasm engine runs every wasm server.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct WasmSettings {
     /// How guests' CPU is bounded.
     pub metering: CpuMetering,
+    /// How instances are allocated.
+    pub allocator: AllocatorSetting,
+    /// With the pooling allocator: component instances alive at once over
+    /// every server (each stdio session's instance, each typed call in
+    /// flight). Slots are address space reserved at start, not memory.
+    pub pool_instances: std::num::NonZeroU32,
+}
+
+impl Default for WasmSettings {
+    fn default() -> Self {
+        Self {
+            metering: CpuMetering::default(),
+            allocator: AllocatorSetting::default(),
+            pool_instances: std::num::NonZeroU32::new(1000).expect("non-zero"),
+        }
+    }
+}
+
+/// `[wasm] allocator`: where instances' memories and tables come from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AllocatorSetting {
+    /// Slots reserved once and reused, reset between instances.
+    Pooling,
+    /// Mapped per instance, unmapped when it ends.
+    #[default]
+    OnDemand,
+}
+
+impl Config {
+    /// The wasm engine's allocator for this config: a pooling allocator's
+    /// slots are as large as the largest `memory_bytes` of any server.
+    pub fn allocator(&self) -> crate::wasm::Allocator {
+        match self.wasm.allocator {
+            AllocatorSetting::OnDemand => crate::wasm::Allocator::OnDemand,
+            AllocatorSetting::Pooling => crate::wasm::Allocator::Pooling(crate::wasm::Pool {
+                instances: self.wasm.pool_instances.get(),
+                max_memory_bytes: self
+                    .servers
+                    .values()
+                    .map(|spec| spec.limits.memory_bytes)
+                    .chain([Limits::default().memory_bytes])
+                    .max()
+                    .unwrap_or_default(),
+            }),
+        }
+    }
 }
 
 /// `[wasm] metering`: how guests' CPU is bounded. Both let the per-request
@@ -1010,6 +1057,33 @@ request_timeout_ms = 100
         assert_eq!((line, column), (2, 12));
         assert!(
             message.contains("unknown variant `time`, expected `fuel` or `epoch`"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn the_pooling_allocator_is_asked_for_and_sized_by_the_largest_memory_limit() {
+        let config = parse("[servers.a]\nwasm = \"a.wasm\"\n").unwrap();
+        assert_eq!(config.allocator(), crate::wasm::Allocator::OnDemand);
+        let config = parse(
+            "[wasm]\nallocator = \"pooling\"\npool_instances = 50\n\
+             [servers.a]\nwasm = \"a.wasm\"\n\
+             [servers.b]\nwasm = \"b.wasm\"\n[servers.b.limits]\nmemory_bytes = 1073741824\n",
+        )
+        .unwrap();
+        assert_eq!(
+            config.allocator(),
+            crate::wasm::Allocator::Pooling(crate::wasm::Pool {
+                instances: 50,
+                max_memory_bytes: 1 << 30,
+            })
+        );
+        let (line, column, message) = invalid_at("[wasm]\npool_instances = 0\n");
+        assert_eq!((line, column), (2, 18));
+        assert!(message.contains("nonzero"), "{message}");
+        let (_, _, message) = invalid_at("[wasm]\nallocator = \"mmap\"\n");
+        assert!(
+            message.contains("expected `pooling` or `on-demand`"),
             "{message}"
         );
     }

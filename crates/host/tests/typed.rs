@@ -435,11 +435,11 @@ async fn failed(session: &Session, tool: &str, arguments: Value) -> String {
     text(&answer)
 }
 
-async fn failures_stay_within_their_call(instances: Instances) {
+async fn failures_stay_within_their_call(host: &moat_host::Host, instances: Instances) {
     let mut spec = kinds(instances);
     spec.limits.memory_bytes = 16 << 20;
     spec.limits.fuel_per_request = 50_000_000;
-    let session = host().connect(&spec).await.expect("connect");
+    let session = host.connect(&spec).await.expect("connect");
     let trap = failed(&session, "trap", json!({})).await;
     assert!(
         trap.starts_with(
@@ -474,12 +474,12 @@ async fn failures_stay_within_their_call(instances: Instances) {
 
 #[tokio::test]
 async fn a_trap_fuel_and_memory_fail_only_their_call_with_an_instance_per_call() {
-    failures_stay_within_their_call(Instances::Call).await;
+    failures_stay_within_their_call(host(), Instances::Call).await;
 }
 
 #[tokio::test]
 async fn a_trap_fuel_and_memory_fail_only_their_call_with_an_instance_per_session() {
-    failures_stay_within_their_call(Instances::Session).await;
+    failures_stay_within_their_call(host(), Instances::Session).await;
 }
 
 #[tokio::test]
@@ -648,4 +648,86 @@ async fn a_python_component_is_served_without_its_internal_init() {
         ["exports#init: componentize-py's internal `exports#init` is not a tool"]
     );
     session.close().await.unwrap();
+}
+
+/// A host whose engine takes instances from a pool of `instances` slots.
+fn pooled_host(instances: u32) -> moat_host::Host {
+    let cache = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("component-cache-pooled");
+    moat_host::Host::with_options(
+        Some(cache),
+        moat_host::wasm::Metering::Fuel,
+        moat_host::wasm::Allocator::Pooling(moat_host::wasm::Pool {
+            instances,
+            max_memory_bytes: 256 << 20,
+        }),
+    )
+    .expect("pooled host")
+}
+
+#[tokio::test]
+async fn pooled_instances_fail_alone_and_are_reused_past_the_pools_size() {
+    let host = pooled_host(4);
+    failures_stay_within_their_call(&host, Instances::Call).await;
+    failures_stay_within_their_call(&host, Instances::Session).await;
+    // Many more calls than slots: each call's instance goes back reset.
+    let session = host.connect(&kinds(Instances::Call)).await.unwrap();
+    for _ in 0..20 {
+        assert_eq!(result(&session, "count", json!({})).await, 1);
+    }
+    session.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn an_exhausted_pool_fails_the_call_that_found_it_full_and_nothing_else() {
+    let host = pooled_host(1);
+    // A session instance holds the only slot once it has answered.
+    let holder = host.connect(&kinds(Instances::Session)).await.unwrap();
+    assert_eq!(result(&holder, "count", json!({})).await, 1);
+    let other = host.connect(&kinds(Instances::Call)).await.unwrap();
+    let refused = failed(&other, "greet", json!({"name": "late"})).await;
+    assert!(
+        refused.contains("maximum concurrent limit of 1 for component instances reached"),
+        "{refused}"
+    );
+    // The holder is unharmed, and once it closes the slot serves the other.
+    assert_eq!(result(&holder, "count", json!({})).await, 2);
+    holder.close().await.unwrap();
+    assert_eq!(
+        result(&other, "greet", json!({"name": "again"})).await,
+        "Hello, again!"
+    );
+    other.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn the_javascript_and_python_components_run_from_the_pool() {
+    let cache = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-cache");
+    let host = moat_host::Host::with_options(
+        Some(cache),
+        moat_host::wasm::Metering::Fuel,
+        moat_host::wasm::Allocator::Pooling(moat_host::wasm::Pool {
+            instances: 8,
+            max_memory_bytes: 256 << 20,
+        }),
+    )
+    .expect("pooled host");
+    let js = host
+        .connect(&foreign("js", guests::JS_TOOLS_WASM))
+        .await
+        .expect("connect to the JavaScript component");
+    let py = host
+        .connect(&foreign("py", guests::PY_TOOLS_WASM))
+        .await
+        .expect("connect to the Python component");
+    for _ in 0..3 {
+        let shout = json!({"line": "quiet"});
+        assert_eq!(
+            result(&js, "moat_js-tools_text_shout", shout).await,
+            "QUIET"
+        );
+        let sum = json!({"expression": "(2 + 3) * -7"});
+        assert_eq!(result(&py, "calculate", sum).await, json!({"ok": -35}));
+    }
+    js.close().await.unwrap();
+    py.close().await.unwrap();
 }

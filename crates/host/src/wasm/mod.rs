@@ -84,6 +84,62 @@ pub enum Metering {
     Unmetered,
 }
 
+/// How the engine allocates instances (memories, tables, instance state,
+/// async stacks).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Allocator {
+    /// Each instance's memory is mapped when it is made and unmapped when
+    /// it is dropped.
+    #[default]
+    OnDemand,
+    /// Slots reserved once, at engine creation, and reused: an instance
+    /// takes a slot whose mapping is already there, and gives it back
+    /// reset (its pages discarded, a copy-on-write image mapped afresh).
+    Pooling(Pool),
+}
+
+/// The pooling allocator's bounds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pool {
+    /// Component instances alive at once, over every server: each stdio
+    /// server's session instance and each typed call in flight takes one;
+    /// one more is refused ("pool exhausted") until one ends.
+    pub instances: u32,
+    /// The largest linear memory any server may grow to: the largest
+    /// `memory_bytes` configured. A slot is that large (reserved, not
+    /// committed: pages are only used as the guest touches them).
+    pub max_memory_bytes: u64,
+}
+
+impl Pool {
+    /// Memories, tables and core instances per component instance, on
+    /// average over the pool: a Rust wasip2 component has one core module
+    /// with one memory and a few shims with tables; componentize-js and
+    /// componentize-py components have a handful of each.
+    const MEMORIES_PER_INSTANCE: u32 = 2;
+    const TABLES_PER_INSTANCE: u32 = 4;
+    const CORE_INSTANCES_PER_INSTANCE: u32 = 8;
+    /// Elements per table slot: an interpreter's function table (the
+    /// largest seen, componentize-py's, has some tens of thousands).
+    const TABLE_ELEMENTS: usize = 100_000;
+
+    fn config(&self) -> wasmtime::PoolingAllocationConfig {
+        let mut pool = wasmtime::PoolingAllocationConfig::new();
+        let memory = usize::try_from(self.max_memory_bytes).unwrap_or(usize::MAX);
+        pool.total_component_instances(self.instances)
+            .total_core_instances(
+                self.instances
+                    .saturating_mul(Self::CORE_INSTANCES_PER_INSTANCE),
+            )
+            .total_memories(self.instances.saturating_mul(Self::MEMORIES_PER_INSTANCE))
+            .total_tables(self.instances.saturating_mul(Self::TABLES_PER_INSTANCE))
+            .total_stacks(self.instances)
+            .max_memory_size(memory)
+            .table_elements(Self::TABLE_ELEMENTS);
+        pool
+    }
+}
+
 impl From<crate::config::CpuMetering> for Metering {
     fn from(metering: crate::config::CpuMetering) -> Self {
         match metering {
@@ -178,6 +234,17 @@ impl WasmEngine {
         cache_dir: Option<PathBuf>,
         metering: Metering,
     ) -> Result<Self, WasmError> {
+        Self::with_options(cache_dir, metering, Allocator::default())
+    }
+
+    /// An engine bounding CPU by `metering` and allocating instances with
+    /// `allocator`. A pool that cannot be reserved (an address-space limit
+    /// on Moat itself) falls back to allocating on demand, with a warning.
+    pub fn with_options(
+        cache_dir: Option<PathBuf>,
+        metering: Metering,
+        allocator: Allocator,
+    ) -> Result<Self, WasmError> {
         let mut config = Config::new();
         match metering {
             Metering::Fuel => config.consume_fuel(true),
@@ -185,7 +252,18 @@ impl WasmEngine {
             Metering::Unmetered => &mut config,
         };
         config.wasm_component_model(true);
-        let engine = Engine::new(&config).map_err(|e| WasmError::Engine(e.to_string()))?;
+        let engine = match allocator {
+            Allocator::OnDemand => Engine::new(&config),
+            Allocator::Pooling(pool) => {
+                let mut pooled = config.clone();
+                pooled.allocation_strategy(pool.config());
+                Engine::new(&pooled).or_else(|error| {
+                    tracing::warn!(%error, ?pool, "no instance pool; allocating on demand");
+                    Engine::new(&config)
+                })
+            }
+        }
+        .map_err(|e| WasmError::Engine(e.to_string()))?;
         if metering == Metering::Epoch {
             start_epoch_timer(&engine)?;
         }
