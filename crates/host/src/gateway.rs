@@ -42,6 +42,8 @@ pub struct Gateway {
     host: Host,
     config: Arc<Config>,
     audit: Option<Arc<AuditLog>>,
+    /// Counted where the audit events are written, log or not.
+    metrics: Arc<crate::metrics::Metrics>,
     sessions: Arc<AtomicU64>,
     live: Arc<std::sync::Mutex<Vec<std::sync::Weak<SessionState>>>>,
     /// Servers the name check started, kept for the first session that
@@ -134,8 +136,15 @@ impl Gateway {
         live.len()
     }
 
-    /// Appends `event` to the audit log, if there is one.
+    /// The gateway's metrics.
+    pub fn metrics(&self) -> &crate::metrics::Metrics {
+        &self.metrics
+    }
+
+    /// Counts `event` in the metrics and appends it to the audit log, if
+    /// there is one.
     pub fn record(&self, event: &Event) {
+        self.metrics.observe(event);
         if let Some(log) = &self.audit
             && let Err(error) = log.record(event)
         {
@@ -149,6 +158,7 @@ impl Gateway {
             host,
             config: Arc::new(config),
             audit,
+            metrics: Arc::default(),
             sessions: Arc::default(),
             live: Arc::default(),
             spares: Arc::default(),
@@ -411,11 +421,7 @@ impl SessionState {
     }
 
     fn audit(&self, event: Event) {
-        if let Some(log) = &self.gateway.audit
-            && let Err(error) = log.record(&event)
-        {
-            tracing::error!(%error, "audit record failed");
-        }
+        self.gateway.record(&event);
     }
 }
 
@@ -712,17 +718,24 @@ impl AgentSession {
             }
         };
         let fuel = child.shared().metrics().fuel_consumed() - fuel_before;
+        let elapsed = started.elapsed();
+        let (outcome, limit) = match &result {
+            Ok(answer) if answer.is_error == Some(true) => {
+                (Outcome::plain("tool-error"), typed_limit(&child, answer))
+            }
+            Ok(_) => (Outcome::plain("ok"), None),
+            Err(error) => (outcome_of(error), limit_of(error)),
+        };
+        self.gateway
+            .metrics
+            .call(server, tool, &outcome.outcome, elapsed, fuel, limit);
         if !audited {
             return result.map_err(to_error);
         }
-        let (outcome, result_json) = match &result {
-            Ok(result) if result.is_error == Some(true) => (
-                Outcome::plain("tool-error"),
-                serde_json::to_vec(result).ok(),
-            ),
-            Ok(result) => (Outcome::plain("ok"), serde_json::to_vec(result).ok()),
-            Err(error) => (outcome_of(error), None),
-        };
+        let result_json = result
+            .as_ref()
+            .ok()
+            .and_then(|r| serde_json::to_vec(r).ok());
         self.audit(Event::ToolCall {
             session: self.id.clone(),
             server: server.to_owned(),
@@ -731,7 +744,7 @@ impl AgentSession {
             arguments_bytes: arguments_json.len(),
             result_sha256: result_json.as_ref().map(|r| Digest::of(r).to_string()),
             result_bytes: result_json.as_ref().map_or(0, Vec::len),
-            duration_ms: started.elapsed().as_millis() as u64,
+            duration_ms: elapsed.as_millis() as u64,
             fuel,
             outcome,
         });
@@ -936,6 +949,41 @@ fn outcome_of(error: &ClientError) -> Outcome {
         // paths its stderr named).
         other => Outcome::with_server_text("error", Some(&other.to_string())),
     }
+}
+
+/// The limit that stopped a call, from its error.
+fn limit_of(error: &ClientError) -> Option<&'static str> {
+    match error {
+        ClientError::Fault {
+            fault: crate::Fault::Limit { limit, .. },
+            ..
+        }
+        | ClientError::GaveUp {
+            fault: crate::Fault::Limit { limit, .. },
+            ..
+        } => Some(limit.name()),
+        _ => None,
+    }
+}
+
+/// The limit that stopped a typed component's call: its tool server (Moat's
+/// own code) marks the result. Only a typed component's mark is believed; a
+/// stdio server could write any `_meta`.
+fn typed_limit(child: &Session, answer: &rmcp::model::CallToolResult) -> Option<&'static str> {
+    let typed = child
+        .shared()
+        .identity()
+        .and_then(|identity| identity.component)
+        .is_some_and(|c| c.kind == crate::instance::ComponentKind::Typed);
+    if !typed {
+        return None;
+    }
+    let fault = answer.meta.as_ref()?.get(crate::wasm::typed::FAULT_META)?;
+    let limit = fault.get("limit")?.as_str()?;
+    crate::limits::LimitHit::NAMES
+        .iter()
+        .copied()
+        .find(|name| *name == limit)
 }
 
 /// The error of a call cancelled before its server had started.

@@ -15,6 +15,13 @@
 //! - sessions (`max_sessions`): an `initialize` beyond it gets 503; a session
 //!   with no request for `session_idle_ms` is closed with its children.
 //!
+//! Beside `/mcp`, the listener answers `/healthz` (200 while it serves),
+//! `/readyz` (200 while a new agent session would be admitted, else 503)
+//! and `/metrics` (the gateway's counters, see [`crate::metrics`]): the
+//! probes need no token and say nothing but their status; `/metrics` needs
+//! the token when one is set, a `Host` the listener accepts, and no
+//! browser `Origin`.
+//!
 //! Accept errors (EMFILE above all) are retried with a growing pause and
 //! never end the process. The bearer token is compared in constant time.
 
@@ -209,6 +216,7 @@ pub async fn serve(
         http_config.allowed_hosts.push(addr.ip().to_string());
         http_config.allowed_hosts.push(addr.to_string());
     }
+    let hosts: Arc<[String]> = http_config.allowed_hosts.clone().into();
     let mut sessions = LocalSessionManager::default();
     sessions.session_config.keep_alive =
         Some(Duration::from_millis(settings.session_idle_ms.get()));
@@ -261,6 +269,7 @@ pub async fn serve(
             header_timeout: Duration::from_millis(settings.header_timeout_ms.get()),
             max_body: settings.max_body_bytes.get(),
             max_sessions,
+            hosts: hosts.clone(),
         };
         tokio::spawn(connection.run(stream));
     }
@@ -282,6 +291,50 @@ struct Connection {
     header_timeout: Duration,
     max_body: usize,
     max_sessions: usize,
+    /// The `Host` values accepted (as rmcp checks them for `/mcp`).
+    hosts: Arc<[String]>,
+}
+
+/// A plain-text answer.
+fn text(
+    code: StatusCode,
+    content_type: &str,
+    body: String,
+) -> Response<BoxBody<Bytes, Infallible>> {
+    let mut response = Response::new(Full::new(Bytes::from(body)).boxed());
+    *response.status_mut() = code;
+    if let Ok(value) = hyper::header::HeaderValue::from_str(content_type) {
+        response
+            .headers_mut()
+            .insert(hyper::header::CONTENT_TYPE, value);
+    }
+    response
+}
+
+/// Whether the request's `Host` is one the listener accepts: the host
+/// (brackets removed, any case) equal to an allowed one, and the port too
+/// when the allowed entry names one.
+fn host_allowed(request: &Request<hyper::body::Incoming>, allowed: &[String]) -> bool {
+    let authority = |text: &str| {
+        let authority = hyper::http::uri::Authority::try_from(text.trim()).ok()?;
+        let host = authority
+            .host()
+            .trim_matches(['[', ']'])
+            .to_ascii_lowercase();
+        Some((host, authority.port_u16()))
+    };
+    let Some((host, port)) = request
+        .headers()
+        .get(hyper::header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .and_then(authority)
+    else {
+        return false;
+    };
+    allowed
+        .iter()
+        .filter_map(|a| authority(a))
+        .any(|(h, p)| h == host && p.is_none_or(|p| Some(p) == port))
 }
 
 impl Connection {
@@ -342,6 +395,23 @@ impl Connection {
         &self,
         request: Request<hyper::body::Incoming>,
     ) -> Response<BoxBody<Bytes, Infallible>> {
+        match request.uri().path() {
+            "/healthz" => return text(StatusCode::OK, "text/plain", "ok\n".into()),
+            "/readyz" if self.gateway.live_sessions() < self.max_sessions => {
+                return text(StatusCode::OK, "text/plain", "ready\n".into());
+            }
+            "/readyz" => {
+                return text(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "text/plain",
+                    format!(
+                        "not ready: {} agent sessions are open (max_sessions)\n",
+                        self.max_sessions
+                    ),
+                );
+            }
+            _ => {}
+        }
         if let Some(expected) = &self.expected {
             let presented = request
                 .headers()
@@ -351,6 +421,21 @@ impl Connection {
                 refused(&self.gateway, "unauthorized", StatusCode::UNAUTHORIZED);
                 return status(StatusCode::UNAUTHORIZED);
             }
+        }
+        if request.uri().path() == "/metrics" {
+            if !host_allowed(&request, &self.hosts)
+                || request.headers().contains_key(hyper::header::ORIGIN)
+            {
+                return status(StatusCode::FORBIDDEN);
+            }
+            if request.method() != hyper::Method::GET {
+                return status(StatusCode::METHOD_NOT_ALLOWED);
+            }
+            return text(
+                StatusCode::OK,
+                crate::metrics::CONTENT_TYPE,
+                self.gateway.metrics().encode(),
+            );
         }
         if request.uri().path() != "/mcp" {
             return status(StatusCode::NOT_FOUND);
@@ -513,6 +598,40 @@ mod tests {
         stop.cancel();
         let failures = served.await.unwrap().unwrap();
         assert!(failures.is_empty());
+    }
+
+    #[tokio::test]
+    async fn probes_need_nothing_and_metrics_need_the_token_a_host_and_no_origin() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stop = CancellationToken::new();
+        let served = tokio::spawn(serve(
+            gateway(),
+            listener,
+            Some("sesame".into()),
+            Allowed::default(),
+            stop.clone().cancelled_owned(),
+        ));
+        let get = |path: &str, headers: &str| {
+            format!("GET {path} HTTP/1.1\r\nConnection: close\r\n{headers}\r\n")
+        };
+        let host = format!("Host: {addr}\r\n");
+        let token = "Authorization: Bearer sesame\r\n";
+        assert_eq!(status_of(addr, &get("/healthz", &host)).await, 200);
+        assert_eq!(status_of(addr, &get("/readyz", &host)).await, 200);
+        assert_eq!(status_of(addr, &get("/metrics", &host)).await, 401);
+        let scrape = format!("{host}{token}");
+        assert_eq!(status_of(addr, &get("/metrics", &scrape)).await, 200);
+        let rebound = format!("Host: evil.example:{}\r\n{token}", addr.port());
+        assert_eq!(status_of(addr, &get("/metrics", &rebound)).await, 403);
+        let browser = format!("{scrape}Origin: http://evil.example\r\n");
+        assert_eq!(status_of(addr, &get("/metrics", &browser)).await, 403);
+        let post = format!(
+            "POST /metrics HTTP/1.1\r\nConnection: close\r\n{scrape}Content-Length: 0\r\n\r\n"
+        );
+        assert_eq!(status_of(addr, &post).await, 405);
+        stop.cancel();
+        assert!(served.await.unwrap().unwrap().is_empty());
     }
 
     #[tokio::test]

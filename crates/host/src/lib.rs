@@ -17,8 +17,9 @@
 //!    what starts per instance, and [`LaunchError`] over the launchers'
 //!    errors.
 //! 6. [`client`] (a connected session with a server, lock enforcement,
-//!    typed errors), then [`gateway`] (`moat serve`'s agent sessions),
-//!    [`http`] (its streamable HTTP front) and [`fuzz`].
+//!    typed errors), then [`gateway`] (`moat serve`'s agent sessions, with
+//!    the [`metrics`] it counts), [`http`] (its streamable HTTP front) and
+//!    [`fuzz`].
 //! 7. Bringing configs in: [`importer`] (client configs), [`packages`]
 //!    (package launchers) and [`wassette`] (Wassette policies).
 
@@ -40,6 +41,7 @@ pub mod keys;
 pub mod launch;
 pub mod limits;
 pub mod lock;
+pub mod metrics;
 #[cfg(unix)]
 pub mod native;
 pub mod oci;

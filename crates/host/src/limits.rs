@@ -165,6 +165,36 @@ pub enum LimitHit {
     RandomBytes { max_random_bytes: u64 },
 }
 
+impl LimitHit {
+    /// Every limit's name, as configured.
+    pub const NAMES: [&'static str; 9] = [
+        "fuel_per_request",
+        "memory_bytes",
+        "table_elements",
+        "request_timeout_ms",
+        "max_line_bytes",
+        "resource_table_capacity",
+        "cpu_seconds",
+        "address_space_bytes",
+        "max_random_bytes",
+    ];
+
+    /// The name of the limit that was hit, as configured.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Fuel { .. } => "fuel_per_request",
+            Self::Memory { .. } => "memory_bytes",
+            Self::TableElements { .. } => "table_elements",
+            Self::Deadline { .. } => "request_timeout_ms",
+            Self::LineLength { .. } => "max_line_bytes",
+            Self::ResourceTable { .. } => "resource_table_capacity",
+            Self::CpuSeconds { .. } => "cpu_seconds",
+            Self::AddressSpace { .. } => "address_space_bytes",
+            Self::RandomBytes { .. } => "max_random_bytes",
+        }
+    }
+}
+
 impl fmt::Display for LimitHit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

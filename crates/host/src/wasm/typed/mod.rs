@@ -296,7 +296,8 @@ fn answer(tool: &TypedTool, results: &[Val]) -> CallToolResult {
 
 /// The `_meta` key of a typed call that failed in the host's hands (a trap
 /// or a limit), not by the tool's own `err`: `{"class": "crash" | "limit" |
-/// "hang", "detail": "..."}`. `moat fuzz` classifies such a call by it.
+/// "hang", "detail": "...", "limit": NAME}` (`limit` for a limit or a
+/// deadline: the limit's configured name). `moat fuzz` classifies such a call by it.
 pub const FAULT_META: &str = "moat/fault";
 
 /// A call that trapped, hit a limit or could not start: an error result
@@ -315,10 +316,11 @@ fn failure(server: &str, tool: &str, exit: &Exit) -> CallToolResult {
         "server `{server}`: tool `{tool}` {reason}; the server still answers other calls"
     ))]);
     let mut meta = rmcp::model::MetaObject::new();
-    meta.insert(
-        FAULT_META.to_owned(),
-        serde_json::json!({"class": class, "detail": reason}),
-    );
+    let mut fault = serde_json::json!({"class": class, "detail": reason});
+    if let Exit::Limit(hit) = exit {
+        fault["limit"] = hit.name().into();
+    }
+    meta.insert(FAULT_META.to_owned(), fault);
     result.meta = Some(meta);
     result
 }
