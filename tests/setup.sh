@@ -57,7 +57,11 @@ fi
 PY_MCP=2.3.0
 PY_TIME=2026.10.19
 COMPONENTIZE_PY=0.25.1
-if ! PYTHONPATH=target/py python3 -c "import importlib.metadata as m, sys; sys.exit(m.version('mcp') != '$PY_MCP' or m.version('mcp-server-time') != '$PY_TIME' or m.version('componentize-py') != '$COMPONENTIZE_PY')" 2>/dev/null; then
+# The Prometheus project's Python client: its OpenMetrics parser reads
+# `moat serve`'s /metrics in tests/observability.rs.
+PROMETHEUS_CLIENT=0.26.0
+if ! PYTHONPATH=target/py python3 -c "import importlib.metadata as m, sys; sys.exit(m.version('mcp') != '$PY_MCP' or m.version('mcp-server-time') != '$PY_TIME' or m.version('componentize-py') != '$COMPONENTIZE_PY' or m.version('prometheus-client') != '$PROMETHEUS_CLIENT')" 2>/dev/null; then
     python3 -m pip install --quiet --disable-pip-version-check --target target/py --upgrade \
-        "mcp==$PY_MCP" "mcp-server-time==$PY_TIME" "componentize-py==$COMPONENTIZE_PY"
+        "mcp==$PY_MCP" "mcp-server-time==$PY_TIME" "componentize-py==$COMPONENTIZE_PY" \
+        "prometheus-client==$PROMETHEUS_CLIENT"
 fi

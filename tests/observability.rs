@@ -1,0 +1,273 @@
+//! `moat serve --http`'s metrics against its audit log: a run of calls
+//! across wasm, native and typed servers, with a limit hit and a restart,
+//! scraped from `/metrics` and parsed by the Prometheus project's own
+//! Python client (`prometheus_client`'s OpenMetrics parser, installed by
+//! tests/setup.sh), must count exactly what the audit log records.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Command;
+
+use moat_test_guests as guests;
+use serde_json::{Value, json};
+
+type Agent = rmcp::service::RunningService<rmcp::RoleClient, ()>;
+
+async fn agent(url: &str, token: &str) -> Agent {
+    use rmcp::ServiceExt;
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let config =
+        rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig::with_uri(
+            url.to_owned(),
+        )
+        .auth_header(token.to_owned());
+    let transport = rmcp::transport::StreamableHttpClientTransport::from_config(config);
+    ().serve(transport)
+        .await
+        .expect("an agent session over HTTP")
+}
+
+async fn call(agent: &Agent, tool: &str, arguments: Value) -> Result<bool, String> {
+    let mut params = rmcp::model::CallToolRequestParams::new(tool.to_owned());
+    params.arguments = arguments.as_object().cloned();
+    match agent.call_tool(params).await {
+        Ok(result) => Ok(result.is_error != Some(true)),
+        Err(error) => Err(error.to_string()),
+    }
+}
+
+/// `/metrics`, parsed by prometheus_client: every sample as
+/// `(name, labels, value)`.
+fn scrape(address: &str, token: &str) -> Vec<(String, BTreeMap<String, String>, f64)> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let parser = r#"
+import json, sys, urllib.request
+from prometheus_client.openmetrics.parser import text_string_to_metric_families
+request = urllib.request.Request(sys.argv[1], headers={"Authorization": "Bearer " + sys.argv[2]})
+with urllib.request.urlopen(request) as response:
+    assert response.headers["Content-Type"].startswith("application/openmetrics-text"), response.headers["Content-Type"]
+    text = response.read().decode()
+samples = [[s.name, s.labels, s.value] for family in text_string_to_metric_families(text) for s in family.samples]
+json.dump(samples, sys.stdout)
+"#;
+    let output = Command::new("python3")
+        .args(["-c", parser, &format!("http://{address}/metrics"), token])
+        .env("PYTHONPATH", root.join("target/py"))
+        .output()
+        .expect("python3");
+    assert!(
+        output.status.success(),
+        "prometheus_client (run `bash tests/setup.sh`): {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice::<Vec<(String, BTreeMap<String, String>, f64)>>(&output.stdout).unwrap()
+}
+
+fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
+}
+
+#[test]
+fn metrics_count_exactly_what_the_audit_log_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("moat.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[servers.wasm]\nwasm = {:?}\nallow_unmeasured = true\n\
+             [servers.native]\ncommand = {:?}\nallow_unmeasured = true\n\
+             [servers.typed]\nwasm = {:?}\nallow_unmeasured = true\n\
+             [servers.typed.limits]\nfuel_per_request = 50000000\n\
+             [servers.crash]\nwasm = {:?}\nallow_unmeasured = true\n",
+            guests::EVERYTHING_WASM,
+            guests::EVERYTHING_NATIVE,
+            guests::KINDS_WASM,
+            guests::EXIT_MID_CALL_WASM,
+        ),
+    )
+    .unwrap();
+    let audit = dir.path().join("audit.jsonl");
+    let token = "s3cret";
+    let (server, url) = common::serve_http(&config, token, &audit);
+    // Stopped however the test ends.
+    struct Stop(std::process::Child);
+    impl Drop for Stop {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let server = Stop(server);
+    let address = url
+        .trim_start_matches("http://")
+        .trim_end_matches("/mcp")
+        .to_owned();
+
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let first = agent(&url, token).await;
+        let second = agent(&url, token).await;
+        for agent in [&first, &second] {
+            for _ in 0..3 {
+                let echo = json!({"message": "hi"});
+                assert_eq!(call(agent, "wasm__echo", echo.clone()).await, Ok(true));
+                assert_eq!(call(agent, "native__echo", echo).await, Ok(true));
+            }
+        }
+        let greet = json!({"name": "metrics"});
+        assert_eq!(call(&first, "typed__greet", greet).await, Ok(true));
+        // A limit hit: the typed call fails alone.
+        assert_eq!(call(&first, "typed__spin", json!({})).await, Ok(false));
+        // A crash, then a restart that crashes again.
+        for _ in 0..2 {
+            let crashed = call(&first, "crash__attack", json!({})).await;
+            assert!(
+                crashed
+                    .as_ref()
+                    .is_err_and(|e| e.contains("exited with code 3")),
+                "{crashed:?}"
+            );
+        }
+        second.cancel().await.unwrap();
+        first.cancel().await.unwrap();
+    });
+    // Both sessions closed: read the metrics once the audit log has both
+    // closes (recorded as the server ends each session, after the agent's
+    // DELETE is answered).
+    let samples = loop {
+        let samples = scrape(&address, token);
+        let open = samples
+            .iter()
+            .find(|(name, _, _)| name == "moat_sessions_open")
+            .map(|s| s.2);
+        let audited_closes = std::fs::read_to_string(&audit)
+            .unwrap()
+            .lines()
+            .filter(|l| l.contains("\"event\":\"session_close\""))
+            .count();
+        if open == Some(0.0) && audited_closes == 2 {
+            break samples;
+        }
+        std::thread::yield_now();
+    };
+    drop(server);
+
+    let events: Vec<Value> = std::fs::read_to_string(&audit)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let of = |kind: &'static str| events.iter().filter(move |e| e["event"] == kind);
+    let value = |name: &str, wanted: &BTreeMap<String, String>| {
+        samples
+            .iter()
+            .filter(|(n, l, _)| n == name && l == wanted)
+            .map(|s| s.2)
+            .sum::<f64>()
+    };
+
+    // Calls: by server, tool and outcome class, as audited.
+    let mut audited: BTreeMap<(String, String, String), f64> = BTreeMap::new();
+    for call in of("tool_call") {
+        let outcome = moat_host::metrics::outcome_class(call["outcome"].as_str().unwrap());
+        *audited
+            .entry((
+                call["server"].as_str().unwrap().to_owned(),
+                call["tool"].as_str().unwrap().to_owned(),
+                outcome.to_owned(),
+            ))
+            .or_default() += 1.0;
+    }
+    let counted: BTreeMap<(String, String, String), f64> = samples
+        .iter()
+        .filter(|(n, _, _)| n == "moat_tool_calls_total")
+        .map(|(_, l, v)| {
+            (
+                (l["server"].clone(), l["tool"].clone(), l["outcome"].clone()),
+                *v,
+            )
+        })
+        .collect();
+    assert_eq!(counted, audited);
+    assert_eq!(
+        audited[&("wasm".into(), "echo".into(), "ok".into())],
+        6.0,
+        "{audited:?}"
+    );
+    assert_eq!(
+        audited[&("crash".into(), "attack".into(), "fault".into())],
+        2.0
+    );
+    let total_calls = of("tool_call").count() as f64;
+    let histogram_count: f64 = samples
+        .iter()
+        .filter(|(n, _, _)| n == "moat_tool_call_duration_seconds_count")
+        .map(|s| s.2)
+        .sum();
+    assert_eq!(histogram_count, total_calls);
+
+    // The limit hit, and the fuel the audit log says was used.
+    assert_eq!(
+        value(
+            "moat_limit_hits_total",
+            &labels(&[("server", "typed"), ("limit", "fuel_per_request")])
+        ),
+        1.0
+    );
+    for server in ["wasm", "typed"] {
+        let fuel: f64 = of("tool_call")
+            .filter(|e| e["server"] == server)
+            .map(|e| e["fuel"].as_f64().unwrap())
+            .sum();
+        assert!(fuel > 0.0, "{server}");
+        assert_eq!(
+            value("moat_fuel_consumed_total", &labels(&[("server", server)])),
+            fuel,
+            "{server}"
+        );
+    }
+
+    // Sessions, launches (first starts and the restart) and exits.
+    assert_eq!(
+        value("moat_sessions_total", &BTreeMap::new()),
+        of("session_open").count() as f64
+    );
+    assert_eq!(value("moat_sessions_open", &BTreeMap::new()), 0.0);
+    for server in ["wasm", "native", "typed", "crash"] {
+        let launches = of("server_launch")
+            .filter(|e| e["server"] == server)
+            .count();
+        assert_eq!(
+            value("moat_server_launches_total", &labels(&[("server", server)])),
+            launches as f64,
+            "{server}"
+        );
+        let exits = of("server_exit").filter(|e| e["server"] == server).count();
+        let counted_exits: f64 = samples
+            .iter()
+            .filter(|(n, l, _)| n == "moat_server_exits_total" && l["server"] == server)
+            .map(|s| s.2)
+            .sum();
+        assert_eq!(counted_exits, exits as f64, "{server}");
+        assert_eq!(
+            value("moat_server_instances", &labels(&[("server", server)])),
+            0.0,
+            "{server}"
+        );
+    }
+    assert_eq!(
+        of("server_launch")
+            .filter(|e| e["server"] == "crash")
+            .count(),
+        2,
+        "the crash server was restarted once"
+    );
+}
