@@ -92,6 +92,10 @@ enum Command {
         /// default (agents that are not browsers send no Origin).
         #[arg(long = "allow-origin", value_name = "ORIGIN")]
         allow_origins: Vec<String>,
+        /// Beside stdio serving: serve /metrics, /healthz and /readyz at
+        /// ADDR, a loopback address (with --http they are on its listener).
+        #[arg(long, value_name = "ADDR", conflicts_with = "http")]
+        metrics: Option<std::net::SocketAddr>,
     },
     /// Turn a Claude Desktop or VS Code MCP config into moat.toml entries
     /// (printed), measuring each command; says what was not carried over.
@@ -340,6 +344,7 @@ async fn run(command: Command) -> Result<ExitCode> {
             token,
             allow_hosts,
             allow_origins,
+            ..
         } => {
             let allowed = moat_host::http::Allowed {
                 hosts: allow_hosts,
@@ -352,8 +357,9 @@ async fn run(command: Command) -> Result<ExitCode> {
             locked,
             audit,
             http: None,
+            metrics,
             ..
-        } => serve(&config, locked, audit.as_deref()).await,
+        } => serve(&config, locked, audit.as_deref(), metrics).await,
         Command::Inspect { config, json } => inspect(&config, json).await,
         Command::Learn {
             config,
@@ -936,9 +942,36 @@ fn close_status(failures: &[(String, moat_host::ClientError)]) -> ExitCode {
 /// `moat serve` on stdio: one agent session until stdin closes or a signal
 /// arrives; then every child is closed, and a failure to close is reported
 /// in the exit status.
-async fn serve(config_path: &Path, locked: bool, audit: Option<&Path>) -> Result<ExitCode> {
+async fn serve(
+    config_path: &Path,
+    locked: bool,
+    audit: Option<&Path>,
+    metrics: Option<std::net::SocketAddr>,
+) -> Result<ExitCode> {
     use rmcp::ServiceExt;
     let gateway = gateway_for(config_path, locked, audit).await?;
+    let stop_probes = tokio_util::sync::CancellationToken::new();
+    if let Some(addr) = metrics {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("--metrics: binding {addr}"))?;
+        let bound = listener.local_addr().context("--metrics: local address")?;
+        if !bound.ip().is_loopback() {
+            bail!(moat_host::http::HttpError::MetricsNotLoopback { addr: bound });
+        }
+        eprintln!("moat: serving metrics at http://{bound}/metrics");
+        let probes = moat_host::http::serve_probes(
+            gateway.clone(),
+            listener,
+            stop_probes.clone().cancelled_owned(),
+        );
+        tokio::spawn(async move {
+            if let Err(error) = probes.await {
+                tracing::error!(%error, "metrics listener failed");
+            }
+        });
+    }
+    let _stop_probes = stop_probes.drop_guard();
     let session = gateway.session();
     let service = session
         .clone()

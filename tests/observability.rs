@@ -271,3 +271,97 @@ fn metrics_count_exactly_what_the_audit_log_records() {
         "the crash server was restarted once"
     );
 }
+
+#[test]
+fn stdio_serving_serves_metrics_on_loopback_only() {
+    use std::io::{BufRead as _, Write as _};
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("moat.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[servers.wasm]\nwasm = {:?}\nallow_unmeasured = true\n",
+            guests::EVERYTHING_WASM
+        ),
+    )
+    .unwrap();
+    let moat = |metrics: &str| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_moat"));
+        command
+            .args(["serve", "--metrics", metrics, "--config"])
+            .arg(&config)
+            .env(
+                "MOAT_CACHE_DIR",
+                Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-cache"),
+            )
+            .env("MOAT_STATE_DIR", common::state_dir());
+        command
+    };
+    let refused = moat("0.0.0.0:0").output().unwrap();
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains(
+            "is not a loopback address: beside stdio serving, metrics are served on loopback only"
+        ),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+
+    let mut child = moat("127.0.0.1:0")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let address = stderr
+        .by_ref()
+        .map_while(Result::ok)
+        .find_map(|l| {
+            l.strip_prefix("moat: serving metrics at http://")
+                .map(|rest| rest.trim_end_matches("/metrics").to_owned())
+        })
+        .expect("moat serve announces its metrics address");
+    std::thread::spawn(move || for _ in stderr {});
+    let mut stdin = child.stdin.take().unwrap();
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut request = |id: u64, method: &str, params: Value| {
+        let message = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+        writeln!(stdin, "{message}").unwrap();
+        stdout
+            .by_ref()
+            .map_while(Result::ok)
+            .map(|l| serde_json::from_str::<Value>(&l).unwrap())
+            .find(|m| m["id"] == id)
+            .expect("an answer")
+    };
+    request(
+        1,
+        "initialize",
+        json!({"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}),
+    );
+    let answer = request(
+        2,
+        "tools/call",
+        json!({"name": "wasm__echo", "arguments": {"message": "hi"}}),
+    );
+    assert_eq!(answer["result"]["isError"], Value::Bool(false), "{answer}");
+    // No token on this listener: any value is ignored.
+    let samples = scrape(&address, "unused");
+    let value = |name: &str, wanted: &BTreeMap<String, String>| {
+        samples
+            .iter()
+            .find(|(n, l, _)| n == name && l == wanted)
+            .map(|s| s.2)
+    };
+    assert_eq!(
+        value(
+            "moat_tool_calls_total",
+            &labels(&[("server", "wasm"), ("tool", "echo"), ("outcome", "ok")])
+        ),
+        Some(1.0)
+    );
+    assert_eq!(value("moat_sessions_open", &BTreeMap::new()), Some(1.0));
+    let _ = child.kill();
+    let _ = child.wait();
+}

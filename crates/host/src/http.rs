@@ -69,6 +69,10 @@ pub enum HttpError {
         "--http {addr} is not a loopback address: set a bearer token with --token or MOAT_HTTP_TOKEN"
     )]
     TokenRequired { addr: std::net::SocketAddr },
+    #[error(
+        "--metrics {addr} is not a loopback address: beside stdio serving, metrics are served on loopback only (there is no token to ask for)"
+    )]
+    MetricsNotLoopback { addr: std::net::SocketAddr },
 }
 
 /// A connection that has been admitted but has not sent a request yet: the
@@ -295,6 +299,105 @@ struct Connection {
     hosts: Arc<[String]>,
 }
 
+/// The answer to a probe (`/healthz`, `/readyz`) or a scrape (`/metrics`),
+/// or `None` for any other path. A scrape needs `expected` (the bearer
+/// token's `Authorization` value) when there is one, a `Host` in `hosts`,
+/// no browser `Origin`, and GET.
+fn observe(
+    request: &Request<hyper::body::Incoming>,
+    gateway: &Gateway,
+    hosts: &[String],
+    max_sessions: usize,
+    expected: Option<&str>,
+) -> Option<Response<BoxBody<Bytes, Infallible>>> {
+    Some(match request.uri().path() {
+        "/healthz" => text(StatusCode::OK, "text/plain", "ok\n".into()),
+        "/readyz" if gateway.live_sessions() < max_sessions => {
+            text(StatusCode::OK, "text/plain", "ready\n".into())
+        }
+        "/readyz" => text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "text/plain",
+            format!("not ready: {max_sessions} agent sessions are open (max_sessions)\n"),
+        ),
+        "/metrics" => {
+            if let Some(expected) = expected {
+                let presented = request
+                    .headers()
+                    .get(hyper::header::AUTHORIZATION)
+                    .map(|v| v.as_bytes());
+                if !token_matches(expected, presented) {
+                    refused(gateway, "unauthorized", StatusCode::UNAUTHORIZED);
+                    return Some(status(StatusCode::UNAUTHORIZED));
+                }
+            }
+            if !host_allowed(request, hosts)
+                || request.headers().contains_key(hyper::header::ORIGIN)
+            {
+                status(StatusCode::FORBIDDEN)
+            } else if request.method() != hyper::Method::GET {
+                status(StatusCode::METHOD_NOT_ALLOWED)
+            } else {
+                text(
+                    StatusCode::OK,
+                    crate::metrics::CONTENT_TYPE,
+                    gateway.metrics().encode(),
+                )
+            }
+        }
+        _ => return None,
+    })
+}
+
+/// `moat serve --metrics ADDR` beside stdio serving: `/metrics`,
+/// `/healthz` and `/readyz` only, on a loopback address (there is no token
+/// to ask for), until `shutdown`.
+pub async fn serve_probes(
+    gateway: Gateway,
+    listener: tokio::net::TcpListener,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), HttpError> {
+    let addr = listener.local_addr().map_err(HttpError::LocalAddr)?;
+    if !addr.ip().is_loopback() {
+        return Err(HttpError::MetricsNotLoopback { addr });
+    }
+    let hosts: Arc<[String]> = ["localhost", "127.0.0.1", "::1"].map(String::from).into();
+    let settings = gateway.serve_settings().clone();
+    tokio::pin!(shutdown);
+    loop {
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(error) => {
+                    tracing::warn!(%error, "metrics listener: accept failed");
+                    tokio::select! {
+                        () = tokio::time::sleep(ACCEPT_BACKOFF.0) => continue,
+                        () = &mut shutdown => break,
+                    }
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        let gateway = gateway.clone();
+        let hosts = hosts.clone();
+        let max_sessions = settings.max_sessions.get();
+        let handler = hyper::service::service_fn(move |request: Request<hyper::body::Incoming>| {
+            let response = observe(&request, &gateway, &hosts, max_sessions, None)
+                .unwrap_or_else(|| status(StatusCode::NOT_FOUND));
+            async move { Ok::<_, Infallible>(response) }
+        });
+        let header_timeout = Duration::from_millis(settings.header_timeout_ms.get());
+        tokio::spawn(async move {
+            let _ = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(header_timeout)
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), handler)
+                .await;
+        });
+    }
+    Ok(())
+}
+
 /// A plain-text answer.
 fn text(
     code: StatusCode,
@@ -395,22 +498,14 @@ impl Connection {
         &self,
         request: Request<hyper::body::Incoming>,
     ) -> Response<BoxBody<Bytes, Infallible>> {
-        match request.uri().path() {
-            "/healthz" => return text(StatusCode::OK, "text/plain", "ok\n".into()),
-            "/readyz" if self.gateway.live_sessions() < self.max_sessions => {
-                return text(StatusCode::OK, "text/plain", "ready\n".into());
-            }
-            "/readyz" => {
-                return text(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "text/plain",
-                    format!(
-                        "not ready: {} agent sessions are open (max_sessions)\n",
-                        self.max_sessions
-                    ),
-                );
-            }
-            _ => {}
+        if let Some(response) = observe(
+            &request,
+            &self.gateway,
+            &self.hosts,
+            self.max_sessions,
+            self.expected.as_deref(),
+        ) {
+            return response;
         }
         if let Some(expected) = &self.expected {
             let presented = request
@@ -421,21 +516,6 @@ impl Connection {
                 refused(&self.gateway, "unauthorized", StatusCode::UNAUTHORIZED);
                 return status(StatusCode::UNAUTHORIZED);
             }
-        }
-        if request.uri().path() == "/metrics" {
-            if !host_allowed(&request, &self.hosts)
-                || request.headers().contains_key(hyper::header::ORIGIN)
-            {
-                return status(StatusCode::FORBIDDEN);
-            }
-            if request.method() != hyper::Method::GET {
-                return status(StatusCode::METHOD_NOT_ALLOWED);
-            }
-            return text(
-                StatusCode::OK,
-                crate::metrics::CONTENT_TYPE,
-                self.gateway.metrics().encode(),
-            );
         }
         if request.uri().path() != "/mcp" {
             return status(StatusCode::NOT_FOUND);
