@@ -473,13 +473,11 @@ impl Store {
             .pull_blob_stream(&target, &descriptor)
             .await
             .map_err(|e| registry_error("component", e))?;
-        let blobs = self.blobs();
-        create_dir(&blobs)?;
+        let mut file = self.new_blob()?;
         let io = |source| OciError::Io {
-            path: blobs.clone(),
+            path: self.blobs(),
             source,
         };
-        let mut file = tempfile::NamedTempFile::new_in(&blobs).map_err(io)?;
         let mut hasher = sha2::Sha256::new();
         let mut received: u64 = 0;
         while let Some(chunk) = stream.next().await {
@@ -507,12 +505,7 @@ impl Store {
                 detail: format!("are {received} bytes hashing to sha256:{actual}"),
             });
         }
-        file.as_file().sync_all().map_err(io)?;
-        let path = self.blob(layer);
-        file.persist(&path).map_err(|e| OciError::Io {
-            path: path.clone(),
-            source: e.error,
-        })?;
+        let path = self.keep_blob(file, layer)?;
         progress.done();
         Ok(Pulled {
             reference: resolved,
@@ -526,21 +519,40 @@ impl Store {
 
     /// Writes a verified blob into its place whole.
     fn write_blob(&self, digest: Digest, bytes: &[u8]) -> Result<(), OciError> {
+        let mut file = self.new_blob()?;
+        file.write_all(bytes).map_err(|source| OciError::Io {
+            path: file.path().to_owned(),
+            source,
+        })?;
+        self.keep_blob(file, digest).map(drop)
+    }
+
+    /// A temporary file beside the blobs, gone unless kept.
+    fn new_blob(&self) -> Result<tempfile::NamedTempFile, OciError> {
         let blobs = self.blobs();
         create_dir(&blobs)?;
-        let io = |source| OciError::Io {
-            path: blobs.clone(),
+        tempfile::NamedTempFile::new_in(&blobs).map_err(|source| OciError::Io {
+            path: blobs,
             source,
-        };
-        let mut file = tempfile::NamedTempFile::new_in(&blobs).map_err(io)?;
-        file.write_all(bytes).map_err(io)?;
-        file.as_file().sync_all().map_err(io)?;
+        })
+    }
+
+    /// Syncs `file` and renames it into the place of the blob `digest`.
+    fn keep_blob(
+        &self,
+        file: tempfile::NamedTempFile,
+        digest: Digest,
+    ) -> Result<PathBuf, OciError> {
         let path = self.blob(digest);
+        file.as_file().sync_all().map_err(|source| OciError::Io {
+            path: file.path().to_owned(),
+            source,
+        })?;
         file.persist(&path).map_err(|e| OciError::Io {
-            path,
+            path: path.clone(),
             source: e.error,
         })?;
-        Ok(())
+        Ok(path)
     }
 }
 
