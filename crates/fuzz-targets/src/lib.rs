@@ -97,6 +97,7 @@ fn scripted(stdout: Vec<u8>, tracker: &Arc<Tracker>) -> Launched {
             sandbox: Default::default(),
             evidence: Evidence::NativeUnmeasured,
             component: None,
+            oci: None,
         },
         answers_deadlines: false,
     }
