@@ -514,6 +514,7 @@ async fn run(command: Command) -> Result<ExitCode> {
             session.close().await?;
             let tools = tools?;
             let reports = reports?;
+            let oci = identity.as_ref().and_then(|i| i.oci.clone());
             let (digest, evidence, measured, sandbox, component) = identity
                 .map(|i| {
                     (
@@ -535,6 +536,11 @@ async fn run(command: Command) -> Result<ExitCode> {
                     "kind": kind,
                     "not_tools": not_tools,
                     "sha256": digest,
+                    "oci": oci.as_ref().map(|o| serde_json::json!({
+                        "reference": o.reference,
+                        "manifest": o.manifest.to_string(),
+                        "layer": o.layer.to_string(),
+                    })),
                     "evidence": evidence,
                     "sandbox": sandbox,
                     "measured": measured
@@ -555,6 +561,13 @@ async fn run(command: Command) -> Result<ExitCode> {
                 }
                 println!("evidence  {evidence}");
                 println!("sha256    {digest}");
+                if let Some(oci) = &oci {
+                    println!(
+                        "oci       {} (manifest sha256:{})",
+                        printable(&oci.reference),
+                        oci.manifest
+                    );
+                }
                 for (path, digest) in &measured {
                     println!(
                         "measured  {digest}  {}",

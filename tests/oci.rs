@@ -225,6 +225,12 @@ fn a_digest_reference_is_pulled_once_pinned_by_its_manifest_and_locked() {
 
     let tools = work.ok(&["tools", "tool"]);
     assert!(tools.contains("echo"), "{tools}");
+    assert!(
+        tools.contains(&format!(
+            "oci       {reference} (manifest sha256:{manifest})"
+        )),
+        "{tools}"
+    );
     work.ok(&["lock"]);
     let lock: toml::Value =
         toml::from_str(&std::fs::read_to_string(work.dir.path().join("moat.lock")).unwrap())
