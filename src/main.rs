@@ -295,26 +295,12 @@ fn main() -> ExitCode {
         Err(error) => {
             // One line: the chain of causes, joined, with whatever a server
             // wrote into it (error messages, stderr tails) escaped.
-            let message = printable(&error_chain(&error).replace('\n', " "));
+            let message =
+                printable(&moat_host::lock::error_chain(error.as_ref()).replace('\n', " "));
             eprintln!("moat: error: {message}");
             ExitCode::FAILURE
         }
     }
-}
-
-/// An error and its causes, joined with `: `, leaving out a cause whose
-/// text the message already holds (library errors name their source in
-/// their own text as well as through `source()`).
-fn error_chain(error: &anyhow::Error) -> String {
-    let mut text = error.to_string();
-    for cause in error.chain().skip(1) {
-        let cause = cause.to_string();
-        if !text.contains(&cause) {
-            text.push_str(": ");
-            text.push_str(&cause);
-        }
-    }
-    text
 }
 
 /// The async runtime a command runs on. `moat serve` on stdio has one agent

@@ -503,6 +503,23 @@ fn contains_word(text: &str, word: &str) -> bool {
     })
 }
 
+/// An error and its sources on one line, joined with `: `, leaving out a
+/// source whose text is already there (errors here name their source in
+/// their own message as well as through `source()`).
+pub fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let shown = cause.to_string();
+        if !text.contains(&shown) {
+            text.push_str(": ");
+            text.push_str(&shown);
+        }
+        source = cause.source();
+    }
+    text
+}
+
 /// `text` made safe for one line of a terminal: every control character
 /// (newlines and tabs included, so no line can be forged) and every
 /// invisible or direction-changing character replaced by a visible escape

@@ -421,7 +421,7 @@ impl Store {
             |operation, error: oci_client::errors::OciDistributionError| OciError::Registry {
                 reference: shown.clone(),
                 operation,
-                detail: error_chain(&error),
+                detail: crate::lock::error_chain(&error),
             };
         let client = client_for(reference).map_err(|e| registry_error("client", e))?;
         let target = reference.client_reference();
@@ -635,21 +635,6 @@ fn client_for(
         user_agent: concat!("moat/", env!("CARGO_PKG_VERSION")),
         ..Default::default()
     })
-}
-
-/// An error and its sources, on one line.
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        let shown = cause.to_string();
-        if !text.contains(&shown) {
-            text.push_str(": ");
-            text.push_str(&shown);
-        }
-        source = cause.source();
-    }
-    text
 }
 
 fn create_dir(path: &Path) -> Result<(), OciError> {

@@ -134,23 +134,10 @@ impl RemoteLaunch {
         if endpoint.scheme() == "https" {
             builder = builder.https_only(true);
         }
-        builder.build().map_err(|e| error(chain(&e)))
+        builder
+            .build()
+            .map_err(|e| error(crate::lock::error_chain(&e)))
     }
-}
-
-/// An error and its sources, one after another.
-fn chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        let line = cause.to_string();
-        if !text.contains(&line) {
-            text.push_str(": ");
-            text.push_str(&line);
-        }
-        source = std::error::Error::source(cause);
-    }
-    text
 }
 
 /// Connects the bridge for `launch`: the returned [`Launched`] reads and
@@ -307,7 +294,7 @@ async fn refused(
     let (id, Err(error)) = sent.ok()? else {
         return None;
     };
-    let detail = chain(&error);
+    let detail = crate::lock::error_chain(&error);
     tracing::warn!(server = %name, error = %detail, "remote endpoint refused a message");
     note(stderr, &detail).await;
     if let Some(id) = id {
