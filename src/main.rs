@@ -64,6 +64,20 @@ enum Command {
         #[arg(long, short, env = "MOAT_CONFIG", default_value = "moat.toml")]
         config: PathBuf,
     },
+    /// The kill switch: record in moat.lock that a server, one of its tools
+    /// (SERVER__TOOL) or a digest (sha256:HEX) must not run. Launches and
+    /// calls of it are refused from then on, with who revoked it and why;
+    /// `moat lock` keeps the entry. Remove the entry to lift it.
+    Revoke {
+        /// The config file (moat.lock beside it is written).
+        #[arg(long, short, env = "MOAT_CONFIG", default_value = "moat.toml")]
+        config: PathBuf,
+        /// Why, recorded with the revocation and quoted in every refusal.
+        #[arg(long, default_value = "")]
+        reason: String,
+        /// SERVER, SERVER__TOOL or sha256:DIGEST.
+        target: String,
+    },
     /// Serve every configured server to an agent as one MCP server on stdio:
     /// tools exposed as `server__tool`, servers started on first use and
     /// closed with the session. (Work in progress: stdio only.)
@@ -435,14 +449,34 @@ async fn run(command: Command) -> Result<ExitCode> {
             println!("{}", Digest::of(&bytes));
             Ok(ExitCode::SUCCESS)
         }
+        Command::Revoke {
+            config,
+            reason,
+            target,
+        } => revoke(&config, &target, &reason),
         Command::Lock { config } => {
             let loaded = Config::load(&config)?;
             let host = new_host(&config)?;
+            let previous = previous_revocations(&Lock::path_for(&config))?;
+            let revoked = moat_host::revoke::Revoked::from_lock(&previous);
             let mut lock = Lock {
                 version: LOCK_VERSION,
+                revoked: previous.revoked.clone(),
                 ..Lock::default()
             };
             for (name, spec) in &loaded.servers {
+                if let Some(revocation) = revoked.of_name(name, None) {
+                    // A revoked server is not started to be measured; its
+                    // entry (if any) stays as it was.
+                    eprintln!(
+                        "moat: not measuring `{name}`: {}",
+                        printable(&moat_host::revoke::describe(revocation))
+                    );
+                    if let Some(old) = previous.servers.get(name) {
+                        lock.servers.insert(name.clone(), old.clone());
+                    }
+                    continue;
+                }
                 eprintln!("moat: measuring `{name}`");
                 let locked = host
                     .measure(spec)
@@ -673,6 +707,70 @@ fn parse_arguments(arguments: Option<&str>) -> Result<Option<JsonObject>> {
             }
         ),
     }
+}
+
+/// The lock `moat lock` replaces, for the revocations it must keep. One that
+/// cannot be read is only a warning, unless it holds revocations: those are
+/// never dropped silently.
+fn previous_revocations(path: &Path) -> Result<Lock> {
+    match Lock::load(path) {
+        Ok(lock) => Ok(lock.unwrap_or_default()),
+        Err(error) => {
+            let text = std::fs::read_to_string(path).unwrap_or_default();
+            if text.contains("[[revoked]]") {
+                bail!(
+                    "{error}: it lists revocations, which `moat lock` keeps: fix the file (or move it away) first"
+                );
+            }
+            eprintln!(
+                "moat: warning: replacing {}: {}",
+                path.display(),
+                printable(&error.to_string())
+            );
+            Ok(Lock::default())
+        }
+    }
+}
+
+/// `moat revoke`: appends the revocation of `target` to moat.lock.
+fn revoke(config_path: &Path, target: &str, reason: &str) -> Result<ExitCode> {
+    use moat_host::revoke::Target;
+    let parsed: Target = target.parse()?;
+    let lock_path = Lock::path_for(config_path);
+    let mut lock = Lock::load(&lock_path)?.with_context(|| {
+        format!(
+            "no {}: revocations are kept in the lock; run `moat lock` first",
+            lock_path.display()
+        )
+    })?;
+    let server = match &parsed {
+        Target::Server(server) | Target::Tool { server, .. } => Some(server),
+        Target::Digest(_) => None,
+    };
+    if let Some(server) = server {
+        let config = Config::load(config_path)?;
+        if !config.servers.contains_key(server) && !lock.servers.contains_key(server) {
+            bail!(
+                "no server `{server}` in {} or {}",
+                config_path.display(),
+                lock_path.display()
+            );
+        }
+    }
+    let revoked = moat_host::revoke::Revoked::from_lock(&lock);
+    if let Some((_, earlier)) = revoked.iter().find(|(t, _)| *t == parsed) {
+        println!(
+            "already revoked: {}",
+            printable(&moat_host::revoke::describe(earlier))
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    let revocation = moat_host::revoke::revocation(&parsed, reason);
+    println!("{}", printable(&moat_host::revoke::describe(&revocation)));
+    lock.revoked.push(revocation);
+    lock.write(&lock_path)?;
+    println!("wrote {}", lock_path.display());
+    Ok(ExitCode::SUCCESS)
 }
 
 /// A host for `config_path`, enforcing moat.lock when it exists beside the

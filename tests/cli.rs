@@ -733,3 +733,111 @@ fn a_wassette_policy_imports_as_a_config_with_the_same_grants() {
     );
     assert!(text.contains("sha256"), "{text}");
 }
+
+/// The kill switch at the command line: `moat revoke` records a digest or a
+/// server in moat.lock, each launch of it is refused with who revoked it and
+/// why, the other servers run on, and `moat lock` keeps the revocations
+/// without starting what they revoke.
+#[test]
+fn revoke_refuses_launches_of_what_it_names_and_lock_keeps_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("moat.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[servers.wasm]\nwasm = {:?}\nallow_unmeasured = true\n[servers.native]\ncommand = {:?}\nallow_unmeasured = true\n",
+            guests::EVERYTHING_WASM,
+            guests::EVERYTHING_NATIVE,
+        ),
+    )
+    .unwrap();
+    let config_arg = config.to_str().unwrap();
+    let lock_path = dir.path().join("moat.lock");
+
+    let output = moat(&["revoke", "--config", config_arg, "wasm"]);
+    assert!(!output.status.success());
+    assert!(
+        stderr(&output).contains("revocations are kept in the lock; run `moat lock` first"),
+        "{}",
+        stderr(&output)
+    );
+    let output = moat(&["lock", "--config", config_arg]);
+    assert!(output.status.success(), "stderr: {}", stderr(&output));
+
+    let digest = moat_host::Digest::of(&std::fs::read(guests::EVERYTHING_WASM).unwrap());
+    let target = format!("sha256:{digest}");
+    let output = moat(&[
+        "revoke",
+        "--config",
+        config_arg,
+        "--reason",
+        "CVE-2026-0001",
+        &target,
+    ]);
+    assert!(output.status.success(), "stderr: {}", stderr(&output));
+    assert!(
+        stdout(&output).contains(&format!("`{target}` was revoked by ")),
+        "{}",
+        stdout(&output)
+    );
+    let output = moat(&["tools", "--config", config_arg, "wasm"]);
+    assert!(!output.status.success(), "a revoked digest ran");
+    let error = stderr(&output);
+    assert!(
+        error.contains(&format!(
+            "server `wasm` is refused: `{target}` was revoked by "
+        )) && error.contains(": CVE-2026-0001"),
+        "{error}"
+    );
+    let output = moat(&["tools", "--config", config_arg, "native"]);
+    assert!(output.status.success(), "stderr: {}", stderr(&output));
+
+    let output = moat(&["revoke", "--config", config_arg, &target]);
+    assert!(output.status.success(), "stderr: {}", stderr(&output));
+    assert!(
+        stdout(&output).starts_with("already revoked: "),
+        "{}",
+        stdout(&output)
+    );
+
+    let output = moat(&["revoke", "--config", config_arg, "native"]);
+    assert!(output.status.success(), "stderr: {}", stderr(&output));
+    let output = moat(&["lock", "--config", config_arg]);
+    assert!(output.status.success(), "stderr: {}", stderr(&output));
+    assert!(
+        stderr(&output).contains("moat: not measuring `native`: `native` was revoked by "),
+        "{}",
+        stderr(&output)
+    );
+    let lock = moat_host::lock::Lock::load(&lock_path).unwrap().unwrap();
+    let targets: Vec<&str> = lock.revoked.iter().map(|r| r.target.as_str()).collect();
+    assert_eq!(targets, [target.as_str(), "native"], "kept, in order");
+    assert!(
+        lock.servers.contains_key("native"),
+        "its entry stays as it was"
+    );
+    let output = moat(&["call", "--config", config_arg, "native", "calls"]);
+    assert!(!output.status.success(), "a revoked server ran");
+    assert!(
+        stderr(&output).contains("server `native` is refused: `native` was revoked by "),
+        "{}",
+        stderr(&output)
+    );
+
+    for (bad, expected) in [
+        ("a b", "`a b` is not SERVER, SERVER__TOOL or sha256:DIGEST"),
+        ("nope", "no server `nope` in"),
+        (
+            "sha256:12",
+            "a sha256 digest is 64 hex digits, found 2 characters",
+        ),
+    ] {
+        let output = moat(&["revoke", "--config", config_arg, bad]);
+        assert!(!output.status.success(), "{bad}");
+        assert!(
+            stderr(&output).contains(expected),
+            "{bad}: {}",
+            stderr(&output)
+        );
+    }
+}

@@ -60,6 +60,16 @@ impl Handshake {
 pub enum ClientError {
     #[error(transparent)]
     Launch(#[from] LaunchError),
+    /// The kill switch: moat.lock's `[[revoked]]`, or a reload whose lock
+    /// no longer matches the running server.
+    #[error("{subject} is refused: {revocation}")]
+    Revoked {
+        server: String,
+        /// `server `x`` or `tool `t` on server `x``.
+        subject: String,
+        /// What was revoked, by whom, when and why.
+        revocation: String,
+    },
     #[error("{operation} on server `{server}` failed: {fault}")]
     Fault {
         server: String,
@@ -237,6 +247,22 @@ impl Host {
             host = host.protect(crate::grants::CACHE, dir);
         }
         Ok(host)
+    }
+
+    /// The lock enforced, if any.
+    pub fn lock(&self) -> Option<&Lock> {
+        self.lock.as_ref().map(|(lock, _)| &**lock)
+    }
+
+    /// This host (the same engine, cache and protected paths) enforcing
+    /// `lock` instead, or no lock: what a reload of moat.lock makes.
+    pub fn relocked(&self, lock: Option<(Lock, PathBuf)>) -> Self {
+        let mut host = self.clone();
+        host.lock = None;
+        match lock {
+            Some((lock, path)) => host.with_lock(lock, path),
+            None => host,
+        }
     }
 
     /// Enforces `lock` (read from `path`) on every connect: digests, the
@@ -430,6 +456,13 @@ impl Host {
                 lock: lock_name.clone(),
             })?
             .clone();
+        if let Some(revocation) = revoked_before_launch(lock, &spec.name, &locked) {
+            return Err(ClientError::Revoked {
+                server: spec.name.clone(),
+                subject: format!("server `{}`", spec.name),
+                revocation,
+            });
+        }
         let transport = if matches!(spec.kind, ServerKind::Remote { .. }) {
             // No bytes to pin: the locked identity (the endpoint) and the
             // tool pins are checked below.
@@ -585,6 +618,24 @@ impl Host {
 /// `spec` with each grant pinned to the inode the lock recorded for it. A
 /// grant the lock does not list was added since `moat lock`: its path is
 /// the error.
+/// The revocation in `lock` that forbids launching `server` as `locked`
+/// pins it: of its name, of its digest or of its OCI manifest. (Its tools'
+/// revocations are the gateway's to enforce, per call.)
+fn revoked_before_launch(lock: &Lock, server: &str, locked: &LockedServer) -> Option<String> {
+    let revoked = crate::revoke::Revoked::from_lock(lock);
+    if revoked.is_empty() {
+        return None;
+    }
+    let digests: Vec<Digest> = std::iter::once(&locked.sha256)
+        .chain(locked.oci.as_ref().map(|oci| &oci.manifest))
+        .filter_map(|d| d.parse().ok())
+        .collect();
+    revoked
+        .of_name(server, None)
+        .or_else(|| revoked.of_digests(&digests))
+        .map(crate::revoke::describe)
+}
+
 fn pin_grants(spec: &ServerSpec, locked: &LockedServer) -> Result<ServerSpec, String> {
     let mut spec = spec.clone();
     for dir in &mut spec.dirs {

@@ -887,12 +887,16 @@ fn is_variable_name(name: &str) -> bool {
     !name.is_empty() && !name.contains(['=', '\0'])
 }
 
+/// Separates the server name from the tool name in the names `moat serve`
+/// exposes. Server names cannot contain it.
+pub const SEPARATOR: &str = "__";
+
 /// A server name: 1-32 of `[A-Za-z0-9_-]`, without `__` and not beginning
 /// or ending with `_`, so that `server__tool` splits one way only (`a_` with
 /// tool `x` and `a` with tool `_x` would both expose `a___x`).
-fn valid_server_name(name: &str) -> bool {
+pub(crate) fn valid_server_name(name: &str) -> bool {
     (1..=32).contains(&name.len())
-        && !name.contains("__")
+        && !name.contains(SEPARATOR)
         && !name.starts_with('_')
         && !name.ends_with('_')
         && name

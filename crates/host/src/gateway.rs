@@ -24,9 +24,7 @@ use crate::client::{ClientError, Host, ProgressSender, Session};
 use crate::config::{Config, ServerSpec};
 use crate::identity::Digest;
 
-/// Separates the server name from the tool name in exposed names. Server
-/// names cannot contain it (config validation).
-pub const SEPARATOR: &str = "__";
+pub use crate::config::SEPARATOR;
 
 /// Whether `name` is a valid exposed tool name: `^[a-zA-Z0-9_-]{1,64}$`.
 pub fn valid_exposed_name(name: &str) -> bool {
@@ -635,6 +633,10 @@ impl AgentSession {
             let child = self.child(&server).await?;
             for mut tool in child.list_tools().await? {
                 let name = format!("{server}{SEPARATOR}{}", tool.name);
+                if self.revoked_tool(&server, &tool.name).is_some() {
+                    tracing::debug!(%server, tool = %tool.name, "revoked in moat.lock; hidden");
+                    continue;
+                }
                 if !valid_exposed_name(&name) {
                     tracing::warn!(%server, tool = %tool.name, "tool name not exposable; hidden");
                     continue;
@@ -690,6 +692,9 @@ impl AgentSession {
                 format!("no server {server:?} behind tool {name:?}"),
                 None,
             ));
+        }
+        if let Some(error) = self.revoked_tool(server, tool) {
+            return Err(to_error(error));
         }
         let _in_flight = self.admit()?;
         // What the audit records of the call: only computed for a log.
@@ -791,6 +796,18 @@ impl AgentSession {
         }
         *self.resource_owners.lock().await = owners;
         Ok(exposed)
+    }
+
+    /// The refusal of `tool` on `server` when moat.lock revokes it (or its
+    /// server) by name. A revoked digest is refused at launch, by the host.
+    fn revoked_tool(&self, server: &str, tool: &str) -> Option<ClientError> {
+        let revoked = crate::revoke::Revoked::from_lock(self.gateway.host.lock()?);
+        let revocation = revoked.of_name(server, Some(tool))?;
+        Some(ClientError::Revoked {
+            server: server.to_owned(),
+            subject: format!("tool `{tool}` on server `{server}`"),
+            revocation: crate::revoke::describe(revocation),
+        })
     }
 
     fn servers(&self) -> Vec<String> {
@@ -938,6 +955,7 @@ fn outcome_of(error: &ClientError) -> Outcome {
         }
         ClientError::InvalidOutput { .. } => Outcome::plain("invalid-output"),
         // Moat's own refusals, in its own words.
+        ClientError::Revoked { .. } => Outcome::plain("revoked"),
         ClientError::Launch(_)
         | ClientError::Lock(_)
         | ClientError::NotLocked { .. }
@@ -1162,6 +1180,7 @@ mod tests {
         };
         let mut lock = Lock {
             version: LOCK_VERSION,
+            revoked: Vec::new(),
             servers: Default::default(),
         };
         lock.servers.insert(

@@ -4,7 +4,8 @@
 //! 1. Vocabulary and data: [`config`] (parse and validate `moat.toml`),
 //!    [`identity`] (digests, evidence), [`limits`], [`lock`], [`keys`],
 //!    [`seal`], [`command`] (command resolution), [`grants`], [`oci`]
-//!    (OCI references, the store of pulled components, and the pull).
+//!    (OCI references, the store of pulled components, and the pull),
+//!    [`revoke`] (what the kill switch names, and matching it).
 //! 2. The launch contract, [`instance`]: what a launcher hands up (the
 //!    launched instance, its identity with a typed sandbox report, its exit,
 //!    metrics and tracker).
@@ -48,6 +49,7 @@ pub mod oci;
 pub mod packages;
 pub mod policy;
 pub mod remote;
+pub mod revoke;
 #[cfg(target_os = "linux")]
 pub mod sandbox;
 pub mod seal;

@@ -48,6 +48,26 @@ pub struct Lock {
     pub version: u32,
     #[serde(default)]
     pub servers: BTreeMap<String, LockedServer>,
+    /// The kill switch: servers, tools and digests that must not run, in
+    /// the order they were revoked (`moat revoke`). `moat lock` keeps them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub revoked: Vec<Revocation>,
+}
+
+/// One `[[revoked]]` entry: what was revoked, by whom, when and why.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Revocation {
+    /// `SERVER`, `SERVER__TOOL` or `sha256:DIGEST` (see
+    /// [`crate::revoke::Target`]).
+    pub target: String,
+    /// Who revoked it: the user `moat revoke` ran as.
+    pub by: String,
+    /// When, in RFC 3339 UTC.
+    pub at: String,
+    /// Why, as given to `moat revoke --reason`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub reason: String,
 }
 
 /// What was approved for one server.
@@ -171,6 +191,19 @@ impl Lock {
                 path: path.to_owned(),
                 found: lock.version,
             });
+        }
+        for (index, revocation) in lock.revoked.iter().enumerate() {
+            if let Err(error) = revocation.target.parse::<crate::revoke::Target>() {
+                let (line, column) = text
+                    .find(&format!("{:?}", revocation.target))
+                    .map_or((1, 1), |at| crate::config::line_column(text, at));
+                return Err(LockError::Invalid {
+                    path: path.to_owned(),
+                    line,
+                    column,
+                    message: format!("revoked[{index}].target: {error}"),
+                });
+            }
         }
         Ok(lock)
     }
@@ -641,6 +674,7 @@ mod tests {
         };
         let mut lock = Lock {
             version: LOCK_VERSION,
+            revoked: Vec::new(),
             servers: BTreeMap::from([
                 (
                     "mail".to_owned(),
@@ -680,6 +714,7 @@ mod tests {
     fn lock_round_trips_byte_identically() {
         let mut lock = Lock {
             version: LOCK_VERSION,
+            revoked: Vec::new(),
             servers: BTreeMap::new(),
         };
         lock.servers.insert(

@@ -26,6 +26,7 @@ both_launchers!(
     servers_on_one_binary_with_other_tokens_and_grants_never_share_a_child,
     the_name_checks_instance_serves_the_first_session,
     a_slow_start_never_holds_the_sessions_calls_to_other_servers,
+    a_tool_revoked_in_the_lock_is_hidden_and_refused_while_its_neighbours_answer,
 );
 
 fn gateway(servers: &[moat_host::ServerSpec]) -> Gateway {
@@ -299,6 +300,7 @@ async fn tool_list_changes_reach_the_agent_after_the_pin_check(launcher: Launche
     let locked = host().measure(&x).await.unwrap();
     let lock = Lock {
         version: LOCK_VERSION,
+        revoked: Vec::new(),
         servers: [("x".to_owned(), locked)].into(),
     };
     let config = Config {
@@ -550,4 +552,70 @@ async fn servers_on_one_binary_with_other_tokens_and_grants_never_share_a_child(
         .filter(|line| line.contains("\"server_launch\""))
         .count();
     assert_eq!(launches, 2, "one child per server");
+}
+
+/// A `[[revoked]]` tool in moat.lock: hidden from the agent's list, each
+/// call refused with who revoked it and why (before it reaches the server),
+/// while the same server's other tools answer.
+async fn a_tool_revoked_in_the_lock_is_hidden_and_refused_while_its_neighbours_answer(
+    launcher: Launcher,
+) {
+    use moat_host::lock::{LOCK_VERSION, Lock};
+    let mut x = spec(launcher, guests::EVERYTHING);
+    x.name = "x".into();
+    let locked = host().measure(&x).await.unwrap();
+    let target: moat_host::revoke::Target = "x__echo".parse().unwrap();
+    let lock = Lock {
+        version: LOCK_VERSION,
+        revoked: vec![moat_host::revoke::revocation(&target, "leaks its input")],
+        servers: [("x".to_owned(), locked)].into(),
+    };
+    let config = Config {
+        path: "moat.toml".into(),
+        servers: [("x".to_owned(), x)].into(),
+        serve: Default::default(),
+        wasm: Default::default(),
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let audit = dir.path().join("audit.jsonl");
+    let log = std::sync::Arc::new(moat_host::audit::AuditLog::open(&audit, audit_key()).unwrap());
+    let gateway = Gateway::new(
+        host().with_lock(lock.clone(), "moat.lock".into()),
+        config,
+        Some(log),
+    );
+    let session = gateway.session();
+    let names: Vec<String> = session
+        .tools()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|t| t.name.to_string())
+        .collect();
+    assert!(!names.contains(&"x__echo".to_owned()), "{names:?}");
+    assert!(names.contains(&"x__add".to_owned()), "{names:?}");
+    let refused = session
+        .call("x__echo", args(json!({"text": "secret"})))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        refused.message,
+        format!(
+            "tool `echo` on server `x` is refused: {}",
+            moat_host::revoke::describe(&lock.revoked[0])
+        )
+    );
+    assert!(refused.message.ends_with(": leaks its input"));
+    let result = session
+        .call("x__add", args(json!({"a": 1, "b": 2})))
+        .await
+        .unwrap();
+    assert_eq!(text(&result), "3");
+    assert!(session.close().await.is_empty());
+    let calls: Vec<String> = audited(&audit)
+        .into_iter()
+        .filter(|(event, _)| event == "tool_call")
+        .map(|(_, outcome)| outcome)
+        .collect();
+    assert_eq!(calls, ["ok"], "a refused call never reached the server");
 }

@@ -48,6 +48,7 @@ async fn lock_of(specs: &[&ServerSpec]) -> Lock {
     }
     Lock {
         version: LOCK_VERSION,
+        revoked: Vec::new(),
         servers,
     }
 }
