@@ -997,6 +997,7 @@ async fn serve_http(
         bail!(moat_host::http::HttpError::TokenRequired { addr });
     }
     let gateway = gateway_for(config_path, locked, audit).await?;
+    reread_revocations_on_hangup(&gateway, config_path)?;
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("binding {addr}"))?;
@@ -1036,6 +1037,43 @@ async fn gateway_for(
     Ok(gateway)
 }
 
+/// SIGHUP: moat.lock is read again and its revocations are put in force in
+/// every session, from each one's next call. (Reloading the rest of the
+/// config and lock is not built yet.) A lock that fails to parse changes
+/// nothing, and says why.
+fn reread_revocations_on_hangup(
+    gateway: &moat_host::gateway::Gateway,
+    config_path: &Path,
+) -> Result<()> {
+    let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        .context("installing the SIGHUP handler")?;
+    let gateway = gateway.clone();
+    let lock_path = Lock::path_for(config_path);
+    tokio::spawn(async move {
+        while hangup.recv().await.is_some() {
+            match Lock::load(&lock_path) {
+                Ok(lock) => {
+                    let revoked = lock
+                        .as_ref()
+                        .map(moat_host::revoke::Revoked::from_lock)
+                        .unwrap_or_default();
+                    let total = revoked.iter().count();
+                    let added = gateway.set_revocations(revoked, "SIGHUP");
+                    eprintln!(
+                        "moat: SIGHUP: read {} again: {total} revocations in force ({added} new)",
+                        lock_path.display()
+                    );
+                }
+                Err(error) => eprintln!(
+                    "moat: error: SIGHUP: {}; the revocations in force are unchanged",
+                    printable(&moat_host::lock::error_chain(&error))
+                ),
+            }
+        }
+    });
+    Ok(())
+}
+
 /// Reports every server that failed to close; the exit status says whether any did.
 fn close_status(failures: &[(String, moat_host::ClientError)]) -> ExitCode {
     for (server, error) in failures {
@@ -1062,6 +1100,7 @@ async fn serve(
 ) -> Result<ExitCode> {
     use rmcp::ServiceExt;
     let gateway = gateway_for(config_path, locked, audit).await?;
+    reread_revocations_on_hangup(&gateway, config_path)?;
     let stop_probes = tokio_util::sync::CancellationToken::new();
     if let Some(addr) = metrics {
         let listener = tokio::net::TcpListener::bind(addr)

@@ -541,3 +541,92 @@ async fn a_typed_component_is_served_locked_beside_a_stdio_one() {
     drop(agent);
     assert!(child.wait().await.unwrap().success());
 }
+
+/// SIGHUP reads moat.lock again: a tool `moat revoke` names is refused in the
+/// session already running, its neighbour answers, and a lock that no longer
+/// parses changes nothing and says so. (Each step waits for moat's own line
+/// on stderr, never for time.)
+#[tokio::test]
+async fn sighup_puts_a_new_revocation_in_force_in_the_running_session() {
+    use tokio::io::AsyncBufReadExt;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("moat.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[servers.everything]\nwasm = {:?}\nallow_unmeasured = true\n",
+            guests::EVERYTHING_WASM
+        ),
+    )
+    .unwrap();
+    common::lock(&config);
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_moat"))
+        .args(["serve", "--locked", "--config"])
+        .arg(&config)
+        .env(
+            "MOAT_CACHE_DIR",
+            Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-cache"),
+        )
+        .env("MOAT_STATE_DIR", common::state_dir())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("moat serve");
+    let mut stderr = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let pid = child.id().unwrap() as libc::pid_t;
+    let stdout = child.stdout.take().unwrap();
+    let stdin = child.stdin.take().unwrap();
+    let agent = Agent.serve((stdout, stdin)).await.expect("initialize");
+    let mut add = CallToolRequestParams::new("everything__add");
+    add.arguments = serde_json::json!({"a": 1, "b": 2}).as_object().cloned();
+    agent.call_tool(add.clone()).await.unwrap();
+
+    let revoke = std::process::Command::new(env!("CARGO_BIN_EXE_moat"))
+        .args(["revoke", "--reason", "returns wrong sums", "--config"])
+        .arg(&config)
+        .arg("everything__add")
+        .output()
+        .unwrap();
+    assert!(revoke.status.success(), "{revoke:?}");
+    let mut hangup_line = async || {
+        // SAFETY: kill(2) on the child's pid, which has not been reaped.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGHUP) }, 0);
+        loop {
+            let line = stderr
+                .next_line()
+                .await
+                .unwrap()
+                .expect("moat serve's stderr ended");
+            if line.contains("SIGHUP") {
+                return line;
+            }
+        }
+    };
+    let line = hangup_line().await;
+    assert!(line.contains("1 revocations in force (1 new)"), "{line}");
+    let refused = format!("{:?}", agent.call_tool(add.clone()).await.unwrap_err());
+    assert!(
+        refused.contains(
+            "tool `add` on server `everything` is refused: `everything__add` was revoked by "
+        ) && refused.contains(": returns wrong sums"),
+        "{refused}"
+    );
+    let mut echo = CallToolRequestParams::new("everything__echo");
+    echo.arguments = serde_json::json!({"message": "still here"})
+        .as_object()
+        .cloned();
+    agent.call_tool(echo).await.unwrap();
+
+    std::fs::write(dir.path().join("moat.lock"), "version = [").unwrap();
+    let line = hangup_line().await;
+    assert!(
+        line.starts_with("moat: error: SIGHUP: ")
+            && line.ends_with("the revocations in force are unchanged"),
+        "{line}"
+    );
+    agent.call_tool(add).await.unwrap_err();
+    drop(agent);
+    assert!(child.wait().await.unwrap().success());
+}

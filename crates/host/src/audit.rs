@@ -161,6 +161,17 @@ pub enum Event {
         reason: String,
         status: u16,
     },
+    /// A revocation came into force while serving (moat.lock re-read), or
+    /// was lifted (`lifted`).
+    Revoke {
+        target: String,
+        by: String,
+        at: String,
+        reason: String,
+        /// What made the gateway read it: `SIGHUP`, say.
+        source: String,
+        lifted: bool,
+    },
     ToolCall {
         session: String,
         server: String,

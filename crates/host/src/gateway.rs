@@ -23,6 +23,7 @@ use crate::audit::{AuditLog, Event, Outcome};
 use crate::client::{ClientError, Host, ProgressSender, Session};
 use crate::config::{Config, ServerSpec};
 use crate::identity::Digest;
+use crate::revoke::Revoked;
 
 pub use crate::config::SEPARATOR;
 
@@ -44,6 +45,9 @@ pub struct Gateway {
     metrics: Arc<crate::metrics::Metrics>,
     sessions: Arc<AtomicU64>,
     live: Arc<std::sync::Mutex<Vec<std::sync::Weak<SessionState>>>>,
+    /// The revocations in force, checked on every call: moat.lock's at
+    /// start, replaced when the lock is read again.
+    revoked: Arc<std::sync::RwLock<Arc<Revoked>>>,
     /// Servers the name check started, kept for the first session that
     /// needs each one, so start-up never pays for an instance it throws
     /// away.
@@ -150,9 +154,49 @@ impl Gateway {
         }
     }
 
+    /// The revocations in force.
+    pub fn revoked(&self) -> Arc<Revoked> {
+        self.revoked
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Puts `revoked` (moat.lock's `[[revoked]]`, read again while serving)
+    /// in force for every session, from each one's next call: a revoked
+    /// server, tool or digest is refused even where it already runs. Each
+    /// entry that comes into force or is lifted is audited, with `source`.
+    /// Returns how many came into force.
+    pub fn set_revocations(&self, revoked: Revoked, source: &str) -> usize {
+        let before = std::mem::replace(
+            &mut *self.revoked.write().unwrap_or_else(|e| e.into_inner()),
+            Arc::new(revoked.clone()),
+        );
+        let (_, added) = before.with(&revoked);
+        let (_, lifted) = revoked.with(&before);
+        for ((_, entry), lifted) in added
+            .iter()
+            .map(|e| (e, false))
+            .chain(lifted.iter().map(|e| (e, true)))
+        {
+            tracing::warn!(target = %entry.target, by = %entry.by, lifted, "revocation");
+            self.record(&Event::Revoke {
+                target: entry.target.clone(),
+                by: entry.by.clone(),
+                at: entry.at.clone(),
+                reason: entry.reason.clone(),
+                source: source.to_owned(),
+                lifted,
+            });
+        }
+        added.len()
+    }
+
     /// A gateway for `config`'s servers, launched by `host`.
     pub fn new(host: Host, config: Config, audit: Option<Arc<AuditLog>>) -> Self {
+        let revoked = host.lock().map(Revoked::from_lock).unwrap_or_default();
         Self {
+            revoked: Arc::new(std::sync::RwLock::new(Arc::new(revoked))),
             host,
             config: Arc::new(config),
             audit,
@@ -630,10 +674,16 @@ impl AgentSession {
     pub async fn tools(&self) -> Result<Vec<Tool>, ClientError> {
         let mut exposed = Vec::new();
         for server in self.servers() {
+            if self.refusal(&server, None, None).is_some() {
+                continue;
+            }
             let child = self.child(&server).await?;
+            if self.refusal(&server, None, Some(&child)).is_some() {
+                continue;
+            }
             for mut tool in child.list_tools().await? {
                 let name = format!("{server}{SEPARATOR}{}", tool.name);
-                if self.revoked_tool(&server, &tool.name).is_some() {
+                if self.refusal(&server, Some(&tool.name), None).is_some() {
                     tracing::debug!(%server, tool = %tool.name, "revoked in moat.lock; hidden");
                     continue;
                 }
@@ -693,7 +743,7 @@ impl AgentSession {
                 None,
             ));
         }
-        if let Some(error) = self.revoked_tool(server, tool) {
+        if let Some(error) = self.refusal(server, Some(tool), None) {
             return Err(to_error(error));
         }
         let _in_flight = self.admit()?;
@@ -713,6 +763,9 @@ impl AgentSession {
             () = cancel_call.cancelled() => return Err(cancelled(server, tool)),
             () = cancel.cancelled() => return Err(cancelled(server, tool)),
         };
+        if let Some(error) = self.refusal(server, Some(tool), Some(&child)) {
+            return Err(to_error(error));
+        }
         let fuel_before = child.shared().metrics().fuel_consumed();
         let call = child.call_tool_with(tool, arguments, progress, cancel_call.clone());
         tokio::pin!(call);
@@ -798,14 +851,45 @@ impl AgentSession {
         Ok(exposed)
     }
 
-    /// The refusal of `tool` on `server` when moat.lock revokes it (or its
-    /// server) by name. A revoked digest is refused at launch, by the host.
-    fn revoked_tool(&self, server: &str, tool: &str) -> Option<ClientError> {
-        let revoked = crate::revoke::Revoked::from_lock(self.gateway.host.lock()?);
-        let revocation = revoked.of_name(server, Some(tool))?;
+    /// The refusal of `server` (or its `tool`) when a revocation in force
+    /// names it, or names a digest it runs: the one its config or lock
+    /// pins (checked before anything starts), or the one `child` measured.
+    fn refusal(
+        &self,
+        server: &str,
+        tool: Option<&str>,
+        child: Option<&Session>,
+    ) -> Option<ClientError> {
+        let revoked = self.gateway.revoked();
+        if revoked.is_empty() {
+            return None;
+        }
+        let mut digests: Vec<Digest> = Vec::new();
+        if let Ok(spec) = self.gateway.config.server(server) {
+            digests.extend(spec.sha256);
+        }
+        if let Some(locked) = self.gateway.host.locked(server) {
+            let oci = locked.oci.as_ref().map(|oci| &oci.manifest);
+            digests.extend(
+                std::iter::once(&locked.sha256)
+                    .chain(oci)
+                    .filter_map(|d| d.parse::<Digest>().ok()),
+            );
+        }
+        if let Some(identity) = child.and_then(|c| c.shared().identity()) {
+            digests.extend(identity.digest);
+            digests.extend(identity.oci.map(|oci| oci.manifest));
+        }
+        let (revocation, subject) = match revoked.of_name(server, tool) {
+            Some(revocation) => (revocation, tool),
+            None => (revoked.of_digests(&digests)?, None),
+        };
         Some(ClientError::Revoked {
             server: server.to_owned(),
-            subject: format!("tool `{tool}` on server `{server}`"),
+            subject: match subject {
+                Some(tool) => format!("tool `{tool}` on server `{server}`"),
+                None => format!("server `{server}`"),
+            },
             revocation: crate::revoke::describe(revocation),
         })
     }

@@ -27,6 +27,7 @@ both_launchers!(
     the_name_checks_instance_serves_the_first_session,
     a_slow_start_never_holds_the_sessions_calls_to_other_servers,
     a_tool_revoked_in_the_lock_is_hidden_and_refused_while_its_neighbours_answer,
+    a_digest_revoked_while_serving_is_refused_where_it_already_runs,
 );
 
 fn gateway(servers: &[moat_host::ServerSpec]) -> Gateway {
@@ -618,4 +619,86 @@ async fn a_tool_revoked_in_the_lock_is_hidden_and_refused_while_its_neighbours_a
         .map(|(_, outcome)| outcome)
         .collect();
     assert_eq!(calls, ["ok"], "a refused call never reached the server");
+}
+
+/// Revocations read again while serving (SIGHUP) are in force in every
+/// session from its next call, also where the revoked digest already runs;
+/// the other server answers throughout, and lifting the revocation lets the
+/// server run again. Both changes are audited.
+async fn a_digest_revoked_while_serving_is_refused_where_it_already_runs(launcher: Launcher) {
+    use moat_host::lock::{LOCK_VERSION, Lock};
+    use moat_host::revoke::{Revoked, revocation};
+    let mut x = spec(launcher, guests::EVERYTHING);
+    x.name = "x".into();
+    let other = match launcher {
+        Launcher::Wasm => Launcher::Native,
+        Launcher::Native => Launcher::Wasm,
+    };
+    let mut y = spec(other, guests::EVERYTHING);
+    y.name = "y".into();
+    let digest = host().measure(&x).await.unwrap().sha256;
+    if matches!(launcher, Launcher::Native) {
+        // Only a measured launch has a digest to match: a native server
+        // run without a pin is revoked by name.
+        x.sha256 = Some(digest.parse().unwrap());
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let audit = dir.path().join("audit.jsonl");
+    let gateway = gateway_audited(&[x, y], 30_000, Some(&audit));
+    let session = gateway.session();
+    let add = args(json!({"a": 1, "b": 2}));
+    assert_eq!(
+        text(&session.call("x__add", add.clone()).await.unwrap()),
+        "3"
+    );
+    let target = format!("sha256:{digest}").parse().unwrap();
+    let lock = Lock {
+        version: LOCK_VERSION,
+        revoked: vec![revocation(&target, "compromised build")],
+        ..Lock::default()
+    };
+    assert_eq!(
+        gateway.set_revocations(Revoked::from_lock(&lock), "test"),
+        1
+    );
+    let expected = format!(
+        "server `x` is refused: {}",
+        moat_host::revoke::describe(&lock.revoked[0])
+    );
+    let refused = session.call("x__add", add.clone()).await.unwrap_err();
+    assert_eq!(refused.message, expected, "refused where it already runs");
+    assert_eq!(
+        text(&session.call("y__add", add.clone()).await.unwrap()),
+        "3"
+    );
+    let names: Vec<String> = session
+        .tools()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|t| t.name.to_string())
+        .collect();
+    assert!(names.iter().all(|n| n.starts_with("y__")), "{names:?}");
+    let fresh = gateway.session();
+    let refused = fresh.call("x__add", add.clone()).await.unwrap_err();
+    assert_eq!(refused.message, expected, "and in a new session");
+    assert_eq!(
+        gateway.set_revocations(Revoked::default(), "test"),
+        0,
+        "lifted"
+    );
+    assert_eq!(text(&fresh.call("x__add", add).await.unwrap()), "3");
+    assert!(session.close().await.is_empty());
+    assert!(fresh.close().await.is_empty());
+    let revokes: Vec<serde_json::Value> = std::fs::read_to_string(&audit)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|e| e["event"] == "revoke")
+        .collect();
+    assert_eq!(revokes.len(), 2, "{revokes:?}");
+    assert_eq!(revokes[0]["target"], target.to_string());
+    assert_eq!(revokes[0]["lifted"], false);
+    assert_eq!(revokes[0]["reason"], "compromised build");
+    assert_eq!(revokes[1]["lifted"], true);
 }
