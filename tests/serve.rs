@@ -18,6 +18,15 @@ impl ClientHandler for Agent {}
 /// `moat serve --config CONFIG EXTRA..` on piped stdio, with the tests'
 /// component cache and state directory.
 fn serve_stdio(config: &Path, extra: &[&std::ffi::OsStr]) -> tokio::process::Child {
+    serve_stdio_with(config, extra, Stdio::inherit())
+}
+
+/// [`serve_stdio`], with moat's stderr going to `stderr`.
+fn serve_stdio_with(
+    config: &Path,
+    extra: &[&std::ffi::OsStr],
+    stderr: Stdio,
+) -> tokio::process::Child {
     tokio::process::Command::new(env!("CARGO_BIN_EXE_moat"))
         .arg("serve")
         .arg("--config")
@@ -30,7 +39,7 @@ fn serve_stdio(config: &Path, extra: &[&std::ffi::OsStr]) -> tokio::process::Chi
         .env("MOAT_STATE_DIR", common::state_dir())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
+        .stderr(stderr)
         .kill_on_drop(true)
         .spawn()
         .expect("moat serve")
@@ -560,20 +569,7 @@ async fn sighup_puts_a_new_revocation_in_force_in_the_running_session() {
     )
     .unwrap();
     common::lock(&config);
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_moat"))
-        .args(["serve", "--locked", "--config"])
-        .arg(&config)
-        .env(
-            "MOAT_CACHE_DIR",
-            Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-cache"),
-        )
-        .env("MOAT_STATE_DIR", common::state_dir())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("moat serve");
+    let mut child = serve_stdio_with(&config, &["--locked".as_ref()], Stdio::piped());
     let mut stderr = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
     let pid = child.id().unwrap() as libc::pid_t;
     let stdout = child.stdout.take().unwrap();

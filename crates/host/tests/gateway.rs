@@ -493,13 +493,7 @@ async fn servers_on_one_binary_with_other_tokens_and_grants_never_share_a_child(
     let audit = dir.path().join("audit.jsonl");
     let gateway = gateway_audited(&[work, personal], 30_000, Some(&audit));
     let session = gateway.session();
-    let names: Vec<String> = session
-        .tools()
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|t| t.name.to_string())
-        .collect();
+    let names = exposed(&session).await;
     assert_eq!(names, ["personal__attack", "work__attack"]);
     let probe = |server: &'static str, arguments: serde_json::Value| {
         let session = session.clone();
@@ -586,13 +580,7 @@ async fn a_tool_revoked_in_the_lock_is_hidden_and_refused_while_its_neighbours_a
         Some(log),
     );
     let session = gateway.session();
-    let names: Vec<String> = session
-        .tools()
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|t| t.name.to_string())
-        .collect();
+    let names = exposed(&session).await;
     assert!(!names.contains(&"x__echo".to_owned()), "{names:?}");
     assert!(names.contains(&"x__add".to_owned()), "{names:?}");
     let refused = session
@@ -671,13 +659,7 @@ async fn a_digest_revoked_while_serving_is_refused_where_it_already_runs(launche
         text(&session.call("y__add", add.clone()).await.unwrap()),
         "3"
     );
-    let names: Vec<String> = session
-        .tools()
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|t| t.name.to_string())
-        .collect();
+    let names = exposed(&session).await;
     assert!(names.iter().all(|n| n.starts_with("y__")), "{names:?}");
     let fresh = gateway.session();
     let refused = fresh.call("x__add", add.clone()).await.unwrap_err();
@@ -701,4 +683,15 @@ async fn a_digest_revoked_while_serving_is_refused_where_it_already_runs(launche
     assert_eq!(revokes[0]["lifted"], false);
     assert_eq!(revokes[0]["reason"], "compromised build");
     assert_eq!(revokes[1]["lifted"], true);
+}
+
+/// The names the session exposes to the agent.
+async fn exposed(session: &moat_host::gateway::AgentSession) -> Vec<String> {
+    session
+        .tools()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|t| t.name.to_string())
+        .collect()
 }
