@@ -24,6 +24,7 @@ use crate::lock::{
     IdentityParts, Lock, LockedServer, LockedTool, canonical_tool, execution_identity, tool_pin,
 };
 use crate::policy::{Pins, ToolReport, ToolStatus};
+use crate::revoke::Revoked;
 use crate::transport::{Fault, Shared};
 use crate::wasm::WasmEngine;
 
@@ -208,6 +209,9 @@ pub struct Host {
     /// Connects attempted through this host (and its clones): each starts
     /// one instance.
     launches: Arc<std::sync::atomic::AtomicU64>,
+    /// The kill switch, checked at every launch under the lock (and by the
+    /// gateway on every call).
+    revoked: Arc<std::sync::RwLock<Arc<Revoked>>>,
 }
 
 impl Host {
@@ -242,6 +246,7 @@ impl Host {
             #[cfg(unix)]
             protected: Vec::new(),
             launches: Arc::default(),
+            revoked: Arc::default(),
         };
         if let Some(dir) = cache_dir {
             host = host.protect(crate::grants::CACHE, dir);
@@ -249,26 +254,31 @@ impl Host {
         Ok(host)
     }
 
-    /// The lock enforced, if any.
-    pub fn lock(&self) -> Option<&Lock> {
-        self.lock.as_ref().map(|(lock, _)| &**lock)
+    /// The revocations in force: the lock's `[[revoked]]` when it was
+    /// enforced, or what [`Host::set_revoked`] put in force since. Shared by
+    /// every clone of this host.
+    pub fn revoked(&self) -> Arc<Revoked> {
+        self.revoked
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
-    /// This host (the same engine, cache and protected paths) enforcing
-    /// `lock` instead, or no lock: what a reload of moat.lock makes.
-    pub fn relocked(&self, lock: Option<(Lock, PathBuf)>) -> Self {
-        let mut host = self.clone();
-        host.lock = None;
-        match lock {
-            Some((lock, path)) => host.with_lock(lock, path),
-            None => host,
-        }
+    /// Puts `revoked` in force for this host and all its clones (moat.lock
+    /// read again while serving), from the next launch on. Returns the
+    /// revocations it replaces.
+    pub fn set_revoked(&self, revoked: Revoked) -> Arc<Revoked> {
+        std::mem::replace(
+            &mut *self.revoked.write().unwrap_or_else(|e| e.into_inner()),
+            Arc::new(revoked),
+        )
     }
 
     /// Enforces `lock` (read from `path`) on every connect: digests, the
     /// execution identity, grant inodes and tool pins.
     pub fn with_lock(mut self, lock: Lock, path: PathBuf) -> Self {
         self = self.protect("lock", path.clone());
+        self.revoked = Arc::new(std::sync::RwLock::new(Arc::new(Revoked::from_lock(&lock))));
         self.lock = Some((Arc::new(lock), path));
         self
     }
@@ -456,7 +466,7 @@ impl Host {
                 lock: lock_name.clone(),
             })?
             .clone();
-        if let Some(revocation) = revoked_before_launch(lock, &spec.name, &locked) {
+        if let Some(revocation) = revoked_before_launch(&self.revoked(), &spec.name, &locked) {
             return Err(ClientError::Revoked {
                 server: spec.name.clone(),
                 subject: format!("server `{}`", spec.name),
@@ -618,21 +628,13 @@ impl Host {
 /// `spec` with each grant pinned to the inode the lock recorded for it. A
 /// grant the lock does not list was added since `moat lock`: its path is
 /// the error.
-/// The revocation in `lock` that forbids launching `server` as `locked`
-/// pins it: of its name, of its digest or of its OCI manifest. (Its tools'
-/// revocations are the gateway's to enforce, per call.)
-fn revoked_before_launch(lock: &Lock, server: &str, locked: &LockedServer) -> Option<String> {
-    let revoked = crate::revoke::Revoked::from_lock(lock);
-    if revoked.is_empty() {
-        return None;
-    }
-    let digests: Vec<Digest> = std::iter::once(&locked.sha256)
-        .chain(locked.oci.as_ref().map(|oci| &oci.manifest))
-        .filter_map(|d| d.parse().ok())
-        .collect();
+/// The revocation that forbids launching `server` as `locked` pins it: of
+/// its name, of its digest or of its OCI manifest. (Its tools' revocations
+/// are the gateway's to enforce, per call.)
+fn revoked_before_launch(revoked: &Revoked, server: &str, locked: &LockedServer) -> Option<String> {
     revoked
         .of_name(server, None)
-        .or_else(|| revoked.of_digests(&digests))
+        .or_else(|| revoked.of_digests(&locked.digests()))
         .map(crate::revoke::describe)
 }
 

@@ -45,9 +45,6 @@ pub struct Gateway {
     metrics: Arc<crate::metrics::Metrics>,
     sessions: Arc<AtomicU64>,
     live: Arc<std::sync::Mutex<Vec<std::sync::Weak<SessionState>>>>,
-    /// The revocations in force, checked on every call: moat.lock's at
-    /// start, replaced when the lock is read again.
-    revoked: Arc<std::sync::RwLock<Arc<Revoked>>>,
     /// Servers the name check started, kept for the first session that
     /// needs each one, so start-up never pays for an instance it throws
     /// away.
@@ -156,10 +153,7 @@ impl Gateway {
 
     /// The revocations in force.
     pub fn revoked(&self) -> Arc<Revoked> {
-        self.revoked
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        self.host.revoked()
     }
 
     /// Puts `revoked` (moat.lock's `[[revoked]]`, read again while serving)
@@ -168,10 +162,7 @@ impl Gateway {
     /// entry that comes into force or is lifted is audited, with `source`.
     /// Returns how many came into force.
     pub fn set_revocations(&self, revoked: Revoked, source: &str) -> usize {
-        let before = std::mem::replace(
-            &mut *self.revoked.write().unwrap_or_else(|e| e.into_inner()),
-            Arc::new(revoked.clone()),
-        );
+        let before = self.host.set_revoked(revoked.clone());
         let (_, added) = before.with(&revoked);
         let (_, lifted) = revoked.with(&before);
         for ((_, entry), lifted) in added
@@ -194,9 +185,7 @@ impl Gateway {
 
     /// A gateway for `config`'s servers, launched by `host`.
     pub fn new(host: Host, config: Config, audit: Option<Arc<AuditLog>>) -> Self {
-        let revoked = host.lock().map(Revoked::from_lock).unwrap_or_default();
         Self {
-            revoked: Arc::new(std::sync::RwLock::new(Arc::new(revoked))),
             host,
             config: Arc::new(config),
             audit,
@@ -869,12 +858,7 @@ impl AgentSession {
             digests.extend(spec.sha256);
         }
         if let Some(locked) = self.gateway.host.locked(server) {
-            let oci = locked.oci.as_ref().map(|oci| &oci.manifest);
-            digests.extend(
-                std::iter::once(&locked.sha256)
-                    .chain(oci)
-                    .filter_map(|d| d.parse::<Digest>().ok()),
-            );
+            digests.extend(locked.digests());
         }
         if let Some(identity) = child.and_then(|c| c.shared().identity()) {
             digests.extend(identity.digest);

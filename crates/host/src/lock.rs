@@ -110,6 +110,18 @@ pub struct LockedServer {
     pub oci: Option<LockedOci>,
 }
 
+impl LockedServer {
+    /// The digests it was locked with: its bytes' and, for a pulled
+    /// component, its manifest's (what a revoked digest is matched against
+    /// before anything starts).
+    pub fn digests(&self) -> Vec<Digest> {
+        std::iter::once(&self.sha256)
+            .chain(self.oci.as_ref().map(|oci| &oci.manifest))
+            .filter_map(|d| d.parse().ok())
+            .collect()
+    }
+}
+
 /// A component pulled from an OCI registry, as locked. Under the lock the
 /// manifest is what runs, pulled by its digest: a tag is not looked up
 /// again, so a tag that moves changes nothing until `moat lock`.

@@ -28,6 +28,7 @@ both_launchers!(
     a_slow_start_never_holds_the_sessions_calls_to_other_servers,
     a_tool_revoked_in_the_lock_is_hidden_and_refused_while_its_neighbours_answer,
     a_digest_revoked_while_serving_is_refused_where_it_already_runs,
+    a_server_revoked_in_the_lock_at_start_launches_once_lifted,
 );
 
 fn gateway(servers: &[moat_host::ServerSpec]) -> Gateway {
@@ -694,4 +695,41 @@ async fn exposed(session: &moat_host::gateway::AgentSession) -> Vec<String> {
         .into_iter()
         .map(|t| t.name.to_string())
         .collect()
+}
+
+/// A server revoked by name in the lock the gateway started with is never
+/// launched (the host refuses it); once moat.lock is read again without the
+/// entry, the same gateway launches it.
+async fn a_server_revoked_in_the_lock_at_start_launches_once_lifted(launcher: Launcher) {
+    use moat_host::lock::{LOCK_VERSION, Lock};
+    let mut x = spec(launcher, guests::EVERYTHING);
+    x.name = "x".into();
+    let locked = host().measure(&x).await.unwrap();
+    let lock = Lock {
+        version: LOCK_VERSION,
+        revoked: vec![moat_host::revoke::revocation(&"x".parse().unwrap(), "")],
+        servers: [("x".to_owned(), locked)].into(),
+    };
+    let config = Config {
+        path: "moat.toml".into(),
+        servers: [("x".to_owned(), x)].into(),
+        serve: Default::default(),
+        wasm: Default::default(),
+    };
+    let host = host().with_lock(lock, "moat.lock".into());
+    let gateway = Gateway::new(host.clone(), config, None);
+    let session = gateway.session();
+    let add = args(json!({"a": 1, "b": 2}));
+    let refused = session.call("x__add", add.clone()).await.unwrap_err();
+    assert!(
+        refused
+            .message
+            .starts_with("tool `add` on server `x` is refused: `x` was revoked by "),
+        "{}",
+        refused.message
+    );
+    assert_eq!(host.launches(), 0, "nothing started");
+    gateway.set_revocations(moat_host::revoke::Revoked::default(), "test");
+    assert_eq!(text(&session.call("x__add", add).await.unwrap()), "3");
+    assert!(session.close().await.is_empty());
 }
