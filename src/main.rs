@@ -1037,8 +1037,9 @@ async fn gateway_for(
     Ok(gateway)
 }
 
-/// SIGHUP: moat.lock is read again and its revocations are put in force in
-/// every session, from each one's next call. (Reloading the rest of the
+/// SIGHUP: moat.lock is read again and its revocations are put in force at
+/// once in every session: calls in flight drain, then are cancelled, and
+/// the revoked children stop. (Reloading the rest of the
 /// config and lock is not built yet.) A lock that fails to parse changes
 /// nothing, and says why.
 fn reread_revocations_on_hangup(
@@ -1058,10 +1059,16 @@ fn reread_revocations_on_hangup(
                         .map(moat_host::revoke::Revoked::from_lock)
                         .unwrap_or_default();
                     let total = revoked.iter().count();
-                    let added = gateway.set_revocations(revoked, "SIGHUP");
+                    let done = gateway.set_revocations(revoked, "SIGHUP").await;
                     eprintln!(
-                        "moat: SIGHUP: read {} again: {total} revocations in force ({added} new)",
-                        lock_path.display()
+                        "moat: SIGHUP: read {} again: {total} revocations in force ({} new, {} lifted); \
+                         calls in flight to what they refuse: {} drained, {} cancelled; {} children stopped",
+                        lock_path.display(),
+                        done.added,
+                        done.lifted,
+                        done.drained,
+                        done.cancelled,
+                        done.stopped,
                     );
                 }
                 Err(error) => eprintln!(

@@ -601,7 +601,10 @@ async fn sighup_puts_a_new_revocation_in_force_in_the_running_session() {
         }
     };
     let line = hangup_line().await;
-    assert!(line.contains("1 revocations in force (1 new)"), "{line}");
+    assert!(
+        line.contains("1 revocations in force (1 new, 0 lifted)"),
+        "{line}"
+    );
     let refused = format!("{:?}", agent.call_tool(add.clone()).await.unwrap_err());
     assert!(
         refused.contains(

@@ -163,6 +163,14 @@ pub enum ClientError {
     },
     #[error("tool `{tool}` on server `{server}`: the call was cancelled")]
     Cancelled { server: String, tool: String },
+    /// A call in flight when a revocation of what it calls came into force,
+    /// cancelled when the drain timeout passed.
+    #[error("tool `{tool}` on server `{server}`: the call was cancelled in flight: {refusal}")]
+    CancelledByRevocation {
+        server: String,
+        tool: String,
+        refusal: String,
+    },
     #[error("tool `{tool}` on server `{server}` is unavailable: {reason}")]
     ToolUnavailable {
         server: String,
@@ -197,6 +205,10 @@ impl ClientError {
     }
 }
 
+/// One instance a host started: its server, and its transport's state
+/// (gone once every part of the instance has ended).
+type Started = (String, std::sync::Weak<Shared>);
+
 /// Launches servers. One per process: it holds the wasm engine and cache.
 #[derive(Clone)]
 pub struct Host {
@@ -209,6 +221,8 @@ pub struct Host {
     /// Connects attempted through this host (and its clones): each starts
     /// one instance.
     launches: Arc<std::sync::atomic::AtomicU64>,
+    /// Every instance started, by server, for [`Host::running`].
+    started: Arc<std::sync::Mutex<Vec<Started>>>,
     /// The kill switch, checked at every launch under the lock (and by the
     /// gateway on every call).
     revoked: Arc<std::sync::RwLock<Arc<Revoked>>>,
@@ -218,6 +232,30 @@ impl Host {
     /// How many instances this host (and its clones) has started.
     pub fn launches(&self) -> u64 {
         self.launches.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// How many instances of `server` this host (and its clones) started
+    /// that still run: a task of their transport (the instance or process
+    /// itself, its pipes) is alive.
+    pub fn running(&self, server: &str) -> usize {
+        let mut started = self.started.lock().unwrap_or_else(|e| e.into_inner());
+        started.retain(|(_, shared)| shared.strong_count() > 0);
+        started
+            .iter()
+            .filter(|(name, shared)| {
+                name == server
+                    && shared
+                        .upgrade()
+                        .is_some_and(|shared| shared.tracker().live() > 0)
+            })
+            .count()
+    }
+
+    /// Records an instance for [`Host::running`], forgetting those gone.
+    fn track(&self, server: &str, session: &Session) {
+        let mut started = self.started.lock().unwrap_or_else(|e| e.into_inner());
+        started.retain(|(_, shared)| shared.strong_count() > 0);
+        started.push((server.to_owned(), Arc::downgrade(session.shared())));
     }
 
     /// A host caching compiled components in `cache_dir`, when given.
@@ -246,6 +284,7 @@ impl Host {
             #[cfg(unix)]
             protected: Vec::new(),
             launches: Arc::default(),
+            started: Arc::default(),
             revoked: Arc::default(),
         };
         if let Some(dir) = cache_dir {
@@ -454,6 +493,7 @@ impl Host {
         let Some((lock, lock_path)) = &self.lock else {
             let transport = self.transport(spec)?;
             let mut session = Session::connect(transport, handshake).await?;
+            self.track(&spec.name, &session);
             session.execution = session.execution_identity(spec);
             return Ok(session);
         };
@@ -501,6 +541,7 @@ impl Host {
             self.transport_expecting(&spec, Expectation::Pinned(digest))?
         };
         let mut session = Session::connect(transport, handshake).await?;
+        self.track(&spec.name, &session);
         session.execution = session.execution_identity(spec);
         if let Err(error) = session.enforce(&locked).await {
             let _ = session.close_quietly().await;
@@ -1336,6 +1377,13 @@ impl Session {
             .get_prompt(params)
             .await
             .map_err(|e| self.error(&format!("prompts/get `{name}`"), e))
+    }
+
+    /// Stops the server from a shared handle: the service ends, which
+    /// closes the transport and stops the instance or process group in the
+    /// background. [`Session::close`] does the same and awaits it.
+    pub fn stop(&self) {
+        self.service.cancellation_token().cancel();
     }
 
     /// Closes the session: EOF on the server's stdin, the grace period, then

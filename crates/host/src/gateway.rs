@@ -5,7 +5,7 @@
 //! `server__tool`; calls are routed to the right child and audited. It never
 //! matches on the launcher kind.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -151,17 +151,36 @@ impl Gateway {
         }
     }
 
+    /// The host that launches this gateway's servers.
+    pub fn host(&self) -> &Host {
+        &self.host
+    }
+
+    /// Tool calls admitted and not yet finished, over every live session.
+    pub fn calls_in_flight(&self) -> usize {
+        self.live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter_map(std::sync::Weak::upgrade)
+            .map(|state| state.calls().open.len())
+            .sum()
+    }
+
     /// The revocations in force.
     pub fn revoked(&self) -> Arc<Revoked> {
         self.host.revoked()
     }
 
     /// Puts `revoked` (moat.lock's `[[revoked]]`, read again while serving)
-    /// in force for every session, from each one's next call: a revoked
-    /// server, tool or digest is refused even where it already runs. Each
-    /// entry that comes into force or is lifted is audited, with `source`.
-    /// Returns how many came into force.
-    pub fn set_revocations(&self, revoked: Revoked, source: &str) -> usize {
+    /// in force at once, in every session: new calls to what it names are
+    /// refused; its calls in flight get up to the drain timeout
+    /// (`[serve] drain_timeout_ms`) to end and are then cancelled; its
+    /// children stop, and agents are told that their tools changed. A
+    /// digest is matched also where it already runs. Each entry that comes
+    /// into force or is lifted is audited, with `source`. Returns when all
+    /// of that is done.
+    pub async fn set_revocations(&self, revoked: Revoked, source: &str) -> Enforced {
         let before = self.host.set_revoked(revoked.clone());
         let (_, added) = before.with(&revoked);
         let (_, lifted) = revoked.with(&before);
@@ -180,7 +199,97 @@ impl Gateway {
                 lifted,
             });
         }
-        added.len()
+        let mut enforced = Enforced {
+            added: added.len(),
+            lifted: lifted.len(),
+            ..Enforced::default()
+        };
+        if added.is_empty() && lifted.is_empty() {
+            return enforced;
+        }
+        enforced.stopped += self.stop_refused_spares().await;
+        let live: Vec<Arc<SessionState>> = self
+            .live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter_map(std::sync::Weak::upgrade)
+            .collect();
+        let mut sessions = tokio::task::JoinSet::new();
+        for state in live {
+            sessions.spawn(async move { state.enforce_revocations().await });
+        }
+        while let Some(done) = sessions.join_next().await {
+            match done {
+                Ok(done) => enforced.merge(&done),
+                Err(error) => {
+                    tracing::error!(%error, "enforcing revocations in a session panicked")
+                }
+            }
+        }
+        enforced
+    }
+
+    /// Closes the instances kept from the name check that the revocations
+    /// in force refuse. Returns how many.
+    async fn stop_refused_spares(&self) -> usize {
+        let refused: Vec<Session> = {
+            let mut spares = self.spares.lock().unwrap_or_else(|e| e.into_inner());
+            let names: Vec<String> = spares
+                .iter()
+                .filter(|(server, spare)| self.refusal(server, None, Some(spare)).is_some())
+                .map(|(server, _)| server.clone())
+                .collect();
+            names
+                .iter()
+                .filter_map(|name| spares.remove(name))
+                .collect()
+        };
+        let stopped = refused.len();
+        for spare in refused {
+            if let Err(error) = spare.close().await {
+                tracing::warn!(%error, "closing a revoked server's name-check instance");
+            }
+        }
+        stopped
+    }
+
+    /// The refusal of `server` (or its `tool`) when a revocation in force
+    /// names it, or names a digest it runs: the one its config or lock
+    /// pins (checked before anything starts), or the one `child` measured.
+    fn refusal(
+        &self,
+        server: &str,
+        tool: Option<&str>,
+        child: Option<&Session>,
+    ) -> Option<ClientError> {
+        let revoked = self.revoked();
+        if revoked.is_empty() {
+            return None;
+        }
+        let mut digests: Vec<Digest> = Vec::new();
+        if let Ok(spec) = self.config.server(server) {
+            digests.extend(spec.sha256);
+        }
+        if let Some(locked) = self.host.locked(server) {
+            digests.extend(locked.digests());
+        }
+        if let Some(identity) = child.and_then(|c| c.shared().identity()) {
+            digests.extend(identity.digest);
+            digests.extend(identity.oci.map(|oci| oci.manifest));
+        }
+        let (revocation, subject) = match revoked.of_name(server, tool) {
+            Some(revocation) => (revocation, tool),
+            None => (revoked.of_digests(&digests)?, None),
+        };
+        Some(ClientError::Revoked {
+            server: server.to_owned(),
+            subject: match subject {
+                Some(tool) => format!("tool `{tool}` on server `{server}`"),
+                None => format!("server `{server}`"),
+            },
+            revocation: crate::revoke::describe(revocation),
+        })
     }
 
     /// A gateway for `config`'s servers, launched by `host`.
@@ -312,6 +421,7 @@ impl Gateway {
             closing: CancellationToken::new(),
             cancel_calls: CancellationToken::new(),
             in_flight: Arc::new(watch::Sender::new(0)),
+            calls: std::sync::Mutex::default(),
             agent: Arc::default(),
             closed: Arc::default(),
         });
@@ -385,6 +495,9 @@ pub struct SessionState {
     cancel_calls: CancellationToken,
     /// Calls admitted and not yet finished.
     in_flight: Arc<watch::Sender<usize>>,
+    /// The tool calls among them, each with what it calls: a revocation
+    /// drains and cancels those it names.
+    calls: std::sync::Mutex<Calls>,
     /// The agent, once initialized: told when a server's tools change.
     agent: Arc<OnceLock<Peer<RoleServer>>>,
     /// Set by the first close; later ones return at once.
@@ -433,12 +546,58 @@ fn process_key(
     Digest::of(format!("{identity}\n{unnamed:?}\n{locked:?}").as_bytes())
 }
 
-/// Counts one admitted call until dropped.
-struct InFlight(Arc<watch::Sender<usize>>);
+/// The tool calls one session has admitted and not yet finished.
+#[derive(Default)]
+struct Calls {
+    next: u64,
+    open: BTreeMap<u64, Ticket>,
+}
 
-impl Drop for InFlight {
+/// One admitted tool call: what it calls, and how to cancel it.
+struct Ticket {
+    server: String,
+    tool: String,
+    cancel: CancellationToken,
+}
+
+/// Counts one admitted call until dropped. A tool call's ticket goes
+/// before the count, so whoever waits on the count sees it gone.
+struct InFlight<'s> {
+    session: &'s SessionState,
+    ticket: Option<u64>,
+}
+
+impl Drop for InFlight<'_> {
     fn drop(&mut self) {
-        self.0.send_modify(|n| *n -= 1);
+        if let Some(ticket) = self.ticket {
+            self.session.calls().open.remove(&ticket);
+        }
+        self.session.in_flight.send_modify(|n| *n -= 1);
+    }
+}
+
+/// What putting revocations in force did, across sessions.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Enforced {
+    /// Revocations that came into force.
+    pub added: usize,
+    /// Revocations that were lifted.
+    pub lifted: usize,
+    /// Calls in flight to what they refuse that ended within the drain
+    /// timeout.
+    pub drained: usize,
+    /// Calls in flight to what they refuse that were cancelled when the
+    /// drain timeout passed.
+    pub cancelled: usize,
+    /// Children (and instances kept from the name check) stopped.
+    pub stopped: usize,
+}
+
+impl Enforced {
+    fn merge(&mut self, other: &Enforced) {
+        self.drained += other.drained;
+        self.cancelled += other.cancelled;
+        self.stopped += other.stopped;
     }
 }
 
@@ -454,14 +613,145 @@ impl SessionState {
     fn audit(&self, event: Event) {
         self.gateway.record(&event);
     }
+
+    fn calls(&self) -> std::sync::MutexGuard<'_, Calls> {
+        self.calls.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Puts the revocations in force in this session: its calls in flight
+    /// to what they refuse get up to the drain timeout to end, those still
+    /// running are cancelled, the children of refused servers stop, and
+    /// the agent is told that its tools changed.
+    async fn enforce_revocations(&self) -> Enforced {
+        let refused_servers = self.refused_servers().await;
+        let refused = |ticket: &Ticket| {
+            refused_servers.contains(&ticket.server)
+                || self
+                    .gateway
+                    .refusal(&ticket.server, Some(&ticket.tool), None)
+                    .is_some()
+        };
+        let running = || self.calls().open.values().filter(|t| refused(t)).count();
+        let mut enforced = Enforced::default();
+        let pending = running();
+        if pending > 0 {
+            let drain = Duration::from_millis(self.gateway.config.serve.drain_timeout_ms);
+            let mut in_flight = self.in_flight.subscribe();
+            if tokio::time::timeout(drain, in_flight.wait_for(|_| running() == 0))
+                .await
+                .is_err()
+            {
+                let cancel: Vec<CancellationToken> = self
+                    .calls()
+                    .open
+                    .values()
+                    .filter(|t| refused(t))
+                    .map(|t| t.cancel.clone())
+                    .collect();
+                tracing::warn!(session = %self.id, calls = cancel.len(), ?drain, "drain timeout: cancelling calls to what was revoked");
+                enforced.cancelled = cancel.len();
+                cancel.iter().for_each(CancellationToken::cancel);
+                if tokio::time::timeout(CANCEL_GRACE, in_flight.wait_for(|_| running() == 0))
+                    .await
+                    .is_err()
+                {
+                    tracing::error!(session = %self.id, calls = running(), "calls to what was revoked still running {CANCEL_GRACE:?} after cancellation");
+                }
+            }
+            enforced.drained = pending.saturating_sub(enforced.cancelled);
+        }
+        enforced.stopped = self.stop_refused().await;
+        if let Some(agent) = self.agent.get()
+            && let Err(error) = agent.notify_tool_list_changed().await
+        {
+            tracing::debug!(session = %self.id, %error, "telling the agent its tools changed");
+        }
+        enforced
+    }
+
+    /// The configured servers the revocations in force refuse as a whole,
+    /// by name, by pinned digest, or by the digest their child measured.
+    async fn refused_servers(&self) -> BTreeSet<String> {
+        let children = self.children.lock().await;
+        self.gateway
+            .config
+            .servers
+            .keys()
+            .filter(|server| {
+                let child = children
+                    .by_server
+                    .get(*server)
+                    .and_then(|key| children.by_key.get(key))
+                    .map(|child| &*child.session);
+                self.gateway.refusal(server, None, child).is_some()
+            })
+            .cloned()
+            .collect()
+    }
+
+    /// Stops this session's children of the servers that the revocations in
+    /// force refuse as a whole (a child shared with a server they do not
+    /// refuse keeps running for that one), auditing each exit as `revoked`.
+    /// Returns how many stopped.
+    async fn stop_refused(&self) -> usize {
+        let refused = self.refused_servers().await;
+        let stopping: Vec<(String, Child)> = {
+            let mut children = self.children.lock().await;
+            let mut stopping = Vec::new();
+            for server in refused {
+                let Some(key) = children.by_server.remove(&server) else {
+                    continue;
+                };
+                if children.by_server.values().all(|k| *k != key)
+                    && let Some(child) = children.by_key.remove(&key)
+                {
+                    stopping.push((server, child));
+                }
+            }
+            stopping
+        };
+        let stopped = stopping.len();
+        for (server, Child { identity, session }) in stopping {
+            let evidence = evidence_of(&session);
+            match Arc::try_unwrap(session) {
+                Ok(child) => {
+                    if let Err(error) = child.close().await {
+                        tracing::warn!(session = %self.id, %server, %error, "closing a revoked server");
+                    }
+                }
+                // Still held by a call that outlived its cancellation: its
+                // service ends, which stops the instance in the background.
+                Err(shared) => shared.stop(),
+            }
+            self.audit(Event::ServerExit {
+                session: self.id.clone(),
+                server,
+                identity: identity.to_string(),
+                evidence,
+                outcome: Outcome::plain("revoked"),
+            });
+        }
+        stopped
+    }
 }
 
 impl AgentSession {
     /// Admits one call, or refuses it when the session is closing. The
-    /// count goes up before the check, so close never misses a call.
-    fn admit(&self) -> Result<InFlight, ErrorData> {
+    /// count goes up before the check, so close never misses a call; a tool
+    /// call's `ticket` is registered with it, so a revocation finds it.
+    fn admit(&self, ticket: Option<Ticket>) -> Result<InFlight<'_>, ErrorData> {
         self.in_flight.send_modify(|n| *n += 1);
-        let guard = InFlight(self.in_flight.clone());
+        let ticket = ticket.map(|ticket| {
+            let mut calls = self.calls();
+            calls.next += 1;
+            let id = calls.next;
+            calls.open.insert(id, ticket);
+            id
+        });
+        let guard = InFlight {
+            session: &self.state,
+            ticket,
+        };
         if self.closing.is_cancelled() {
             return Err(ErrorData::internal_error(
                 format!("session {} is closing: no new calls", self.id),
@@ -663,16 +953,22 @@ impl AgentSession {
     pub async fn tools(&self) -> Result<Vec<Tool>, ClientError> {
         let mut exposed = Vec::new();
         for server in self.servers() {
-            if self.refusal(&server, None, None).is_some() {
+            if self.gateway.refusal(&server, None, None).is_some() {
                 continue;
             }
             let child = self.child(&server).await?;
-            if self.refusal(&server, None, Some(&child)).is_some() {
+            if self.gateway.refusal(&server, None, Some(&child)).is_some() {
+                drop(child);
+                self.stop_refused().await;
                 continue;
             }
             for mut tool in child.list_tools().await? {
                 let name = format!("{server}{SEPARATOR}{}", tool.name);
-                if self.refusal(&server, Some(&tool.name), None).is_some() {
+                if self
+                    .gateway
+                    .refusal(&server, Some(&tool.name), None)
+                    .is_some()
+                {
                     tracing::debug!(%server, tool = %tool.name, "revoked in moat.lock; hidden");
                     continue;
                 }
@@ -732,10 +1028,20 @@ impl AgentSession {
                 None,
             ));
         }
-        if let Some(error) = self.refusal(server, Some(tool), None) {
+        // Cancelled by the agent, by close once the drain timeout passes, or
+        // by a revocation of what it calls; a start still under way is
+        // dropped, which leaves nothing running.
+        let cancel_call = self.cancel_calls.child_token();
+        let _in_flight = self.admit(Some(Ticket {
+            server: server.to_owned(),
+            tool: tool.to_owned(),
+            cancel: cancel_call.clone(),
+        }))?;
+        // Checked once the ticket is registered: a revocation that comes
+        // into force after this check finds the call and drains it.
+        if let Some(error) = self.gateway.refusal(server, Some(tool), None) {
             return Err(to_error(error));
         }
-        let _in_flight = self.admit()?;
         // What the audit records of the call: only computed for a log.
         let audited = self.gateway.audit.is_some();
         let arguments_json = if audited {
@@ -744,15 +1050,15 @@ impl AgentSession {
             Vec::new()
         };
         let started = Instant::now();
-        // Cancelled by the agent, or by close once the drain timeout passes;
-        // a start still under way is dropped, which leaves nothing running.
-        let cancel_call = self.cancel_calls.child_token();
         let child = tokio::select! {
             child = self.child(server) => child.map_err(to_error)?,
-            () = cancel_call.cancelled() => return Err(cancelled(server, tool)),
+            () = cancel_call.cancelled() => return Err(self.cancellation(server, tool, None, &cancel)),
             () = cancel.cancelled() => return Err(cancelled(server, tool)),
         };
-        if let Some(error) = self.refusal(server, Some(tool), Some(&child)) {
+        // The digest it measured may be revoked: then it stops too.
+        if let Some(error) = self.gateway.refusal(server, Some(tool), Some(&child)) {
+            drop(child);
+            self.stop_refused().await;
             return Err(to_error(error));
         }
         let fuel_before = child.shared().metrics().fuel_consumed();
@@ -764,6 +1070,19 @@ impl AgentSession {
                 () = cancel.cancelled(), if !cancel_call.is_cancelled() => cancel_call.cancel(),
             }
         };
+        let result = result.map_err(|error| match error {
+            ClientError::Cancelled { .. } if !cancel.is_cancelled() => {
+                match self.gateway.refusal(server, Some(tool), Some(&child)) {
+                    Some(refusal) => ClientError::CancelledByRevocation {
+                        server: server.to_owned(),
+                        tool: tool.to_owned(),
+                        refusal: refusal.to_string(),
+                    },
+                    None => error,
+                }
+            }
+            error => error,
+        });
         let fuel = child.shared().metrics().fuel_consumed() - fuel_before;
         let elapsed = started.elapsed();
         let (outcome, limit) = match &result {
@@ -838,44 +1157,6 @@ impl AgentSession {
         }
         *self.resource_owners.lock().await = owners;
         Ok(exposed)
-    }
-
-    /// The refusal of `server` (or its `tool`) when a revocation in force
-    /// names it, or names a digest it runs: the one its config or lock
-    /// pins (checked before anything starts), or the one `child` measured.
-    fn refusal(
-        &self,
-        server: &str,
-        tool: Option<&str>,
-        child: Option<&Session>,
-    ) -> Option<ClientError> {
-        let revoked = self.gateway.revoked();
-        if revoked.is_empty() {
-            return None;
-        }
-        let mut digests: Vec<Digest> = Vec::new();
-        if let Ok(spec) = self.gateway.config.server(server) {
-            digests.extend(spec.sha256);
-        }
-        if let Some(locked) = self.gateway.host.locked(server) {
-            digests.extend(locked.digests());
-        }
-        if let Some(identity) = child.and_then(|c| c.shared().identity()) {
-            digests.extend(identity.digest);
-            digests.extend(identity.oci.map(|oci| oci.manifest));
-        }
-        let (revocation, subject) = match revoked.of_name(server, tool) {
-            Some(revocation) => (revocation, tool),
-            None => (revoked.of_digests(&digests)?, None),
-        };
-        Some(ClientError::Revoked {
-            server: server.to_owned(),
-            subject: match subject {
-                Some(tool) => format!("tool `{tool}` on server `{server}`"),
-                None => format!("server `{server}`"),
-            },
-            revocation: crate::revoke::describe(revocation),
-        })
     }
 
     fn servers(&self) -> Vec<String> {
@@ -1023,7 +1304,9 @@ fn outcome_of(error: &ClientError) -> Outcome {
         }
         ClientError::InvalidOutput { .. } => Outcome::plain("invalid-output"),
         // Moat's own refusals, in its own words.
-        ClientError::Revoked { .. } => Outcome::plain("revoked"),
+        ClientError::Revoked { .. } | ClientError::CancelledByRevocation { .. } => {
+            Outcome::plain("revoked")
+        }
         ClientError::Launch(_)
         | ClientError::Lock(_)
         | ClientError::NotLocked { .. }
@@ -1073,6 +1356,29 @@ fn typed_limit(child: &Session, answer: &rmcp::model::CallToolResult) -> Option<
 }
 
 /// The error of a call cancelled before its server had started.
+impl AgentSession {
+    /// The answer to a call cancelled by close or by a revocation (then
+    /// naming it), before its child answered.
+    fn cancellation(
+        &self,
+        server: &str,
+        tool: &str,
+        child: Option<&Session>,
+        agent: &CancellationToken,
+    ) -> ErrorData {
+        match self.gateway.refusal(server, Some(tool), child) {
+            Some(refusal) if !agent.is_cancelled() => {
+                to_error(ClientError::CancelledByRevocation {
+                    server: server.to_owned(),
+                    tool: tool.to_owned(),
+                    refusal: refusal.to_string(),
+                })
+            }
+            _ => cancelled(server, tool),
+        }
+    }
+}
+
 fn cancelled(server: &str, tool: &str) -> ErrorData {
     to_error(ClientError::Cancelled {
         server: server.to_owned(),
@@ -1110,7 +1416,7 @@ impl ServerHandler for AgentSession {
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::ListPromptsResult, ErrorData> {
-        let _in_flight = self.admit()?;
+        let _in_flight = self.admit(None)?;
         self.prompts()
             .await
             .map(rmcp::model::ListPromptsResult::with_all_items)
@@ -1122,7 +1428,7 @@ impl ServerHandler for AgentSession {
         request: rmcp::model::GetPromptRequestParams,
         _context: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::GetPromptResponse, ErrorData> {
-        let _in_flight = self.admit()?;
+        let _in_flight = self.admit(None)?;
         let (server, prompt) = self.route(&request.name)?;
         let child = self.child(server).await.map_err(to_error)?;
         child
@@ -1137,7 +1443,7 @@ impl ServerHandler for AgentSession {
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::ListResourcesResult, ErrorData> {
-        let _in_flight = self.admit()?;
+        let _in_flight = self.admit(None)?;
         self.resources()
             .await
             .map(rmcp::model::ListResourcesResult::with_all_items)
@@ -1149,7 +1455,7 @@ impl ServerHandler for AgentSession {
         request: rmcp::model::ReadResourceRequestParams,
         _context: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::ReadResourceResponse, ErrorData> {
-        let _in_flight = self.admit()?;
+        let _in_flight = self.admit(None)?;
         if !self.resource_owners.lock().await.contains_key(&request.uri) {
             self.resources().await.map_err(to_error)?;
         }
@@ -1175,7 +1481,7 @@ impl ServerHandler for AgentSession {
     ) -> Result<ListToolsResult, ErrorData> {
         // Revisions without `initialized` reach the agent through here.
         let _ = self.agent.set(context.peer.clone());
-        let _in_flight = self.admit()?;
+        let _in_flight = self.admit(None)?;
         self.tools()
             .await
             .map(ListToolsResult::with_all_items)
