@@ -110,6 +110,10 @@ enum Command {
         /// ADDR, a loopback address (with --http they are on its listener).
         #[arg(long, value_name = "ADDR", conflicts_with = "http")]
         metrics: Option<std::net::SocketAddr>,
+        /// Reload the config and moat.lock whenever either changes on disk
+        /// (as on SIGHUP, which always reloads).
+        #[arg(long)]
+        watch: bool,
     },
     /// Turn a Claude Desktop or VS Code MCP config into moat.toml entries
     /// (printed), measuring each command; says what was not carried over.
@@ -359,13 +363,24 @@ async fn run(command: Command) -> Result<ExitCode> {
             token,
             allow_hosts,
             allow_origins,
+            watch,
             ..
         } => {
             let allowed = moat_host::http::Allowed {
                 hosts: allow_hosts,
                 origins: allow_origins,
             };
-            serve_http(&config, locked, audit.as_deref(), addr, token, allowed).await
+            let reload = Reload { watch };
+            serve_http(
+                &config,
+                locked,
+                audit.as_deref(),
+                addr,
+                token,
+                allowed,
+                reload,
+            )
+            .await
         }
         Command::Serve {
             config,
@@ -373,8 +388,9 @@ async fn run(command: Command) -> Result<ExitCode> {
             audit,
             http: None,
             metrics,
+            watch,
             ..
-        } => serve(&config, locked, audit.as_deref(), metrics).await,
+        } => serve(&config, locked, audit.as_deref(), metrics, Reload { watch }).await,
         Command::Inspect { config, json } => inspect(&config, json).await,
         Command::Learn {
             config,
@@ -992,12 +1008,13 @@ async fn serve_http(
     addr: std::net::SocketAddr,
     token: Option<String>,
     allowed: moat_host::http::Allowed,
+    reload: Reload,
 ) -> Result<ExitCode> {
     if !addr.ip().is_loopback() && token.is_none() {
         bail!(moat_host::http::HttpError::TokenRequired { addr });
     }
     let gateway = gateway_for(config_path, locked, audit).await?;
-    reread_revocations_on_hangup(&gateway, config_path)?;
+    reload_on_hangup(&gateway, config_path, reload.watch)?;
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("binding {addr}"))?;
@@ -1037,48 +1054,89 @@ async fn gateway_for(
     Ok(gateway)
 }
 
-/// SIGHUP: moat.lock is read again and its revocations are put in force at
-/// once in every session: calls in flight drain, then are cancelled, and
-/// the revoked children stop. (Reloading the rest of the
-/// config and lock is not built yet.) A lock that fails to parse changes
-/// nothing, and says why.
-fn reread_revocations_on_hangup(
+/// When `moat serve` reloads: on SIGHUP always, and with `watch` when the
+/// config or its lock changes.
+#[derive(Clone, Copy)]
+struct Reload {
+    watch: bool,
+}
+
+/// How long `--watch` lets a burst of file events settle before reloading
+/// (an editor's save can be several writes and renames).
+const WATCH_SETTLE: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// SIGHUP, and with `watch` a change to the config or its lock: both are
+/// read again ([`moat_host::gateway::Gateway::reload`]). New sessions get
+/// the new configuration, open ones keep theirs, and what the new lock
+/// revokes or no longer matches stops at once everywhere. A reload that
+/// fails changes nothing; either way one line says what happened.
+fn reload_on_hangup(
     gateway: &moat_host::gateway::Gateway,
     config_path: &Path,
+    watch: bool,
 ) -> Result<()> {
     let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
         .context("installing the SIGHUP handler")?;
+    let mut changes = if watch {
+        let files = [config_path.to_owned(), Lock::path_for(config_path)];
+        let changes = moat_host::watch::watch(&files)?;
+        eprintln!(
+            "moat: watching {} and {} for changes",
+            files[0].display(),
+            files[1].display()
+        );
+        Some(changes)
+    } else {
+        None
+    };
     let gateway = gateway.clone();
-    let lock_path = Lock::path_for(config_path);
     tokio::spawn(async move {
-        while hangup.recv().await.is_some() {
-            match Lock::load(&lock_path) {
-                Ok(lock) => {
-                    let revoked = lock
-                        .as_ref()
-                        .map(moat_host::revoke::Revoked::from_lock)
-                        .unwrap_or_default();
-                    let total = revoked.iter().count();
-                    let done = gateway.set_revocations(revoked, "SIGHUP").await;
-                    eprintln!(
-                        "moat: SIGHUP: read {} again: {total} revocations in force ({} new, {} lifted); \
-                         calls in flight to what they refuse: {} drained, {} cancelled; {} children stopped",
-                        lock_path.display(),
-                        done.added,
-                        done.lifted,
-                        done.drained,
-                        done.cancelled,
-                        done.stopped,
-                    );
+        loop {
+            let source = tokio::select! {
+                signal = hangup.recv() => match signal {
+                    Some(()) => "SIGHUP",
+                    None => return,
+                },
+                Some(_) = async { changes.as_mut()?.recv().await }, if changes.is_some() => {
+                    tokio::time::sleep(WATCH_SETTLE).await;
+                    while changes.as_mut().is_some_and(|c| c.try_recv().is_ok()) {}
+                    "watch"
                 }
-                Err(error) => eprintln!(
-                    "moat: error: SIGHUP: {}; the revocations in force are unchanged",
-                    printable(&moat_host::lock::error_chain(&error))
-                ),
-            }
+            };
+            eprintln!(
+                "moat: {}",
+                reload_report(source, &gateway, gateway.reload(source).await)
+            );
         }
     });
     Ok(())
+}
+
+/// The line `moat serve` prints after a reload from `source`.
+fn reload_report(
+    source: &str,
+    gateway: &moat_host::gateway::Gateway,
+    result: Result<moat_host::gateway::Reloaded, moat_host::gateway::ReloadError>,
+) -> String {
+    match result {
+        Ok(done) => format!(
+            "{source}: reloaded (generation {}, {} servers): {} revocations in force ({} new, {} lifted); \
+             calls in flight to what is refused: {} drained, {} cancelled; {} children stopped",
+            done.generation,
+            done.servers,
+            done.revocations,
+            done.enforced.added,
+            done.enforced.lifted,
+            done.enforced.drained,
+            done.enforced.cancelled,
+            done.enforced.stopped,
+        ),
+        Err(error) => format!(
+            "error: {source}: reload refused: {}; still serving generation {}, unchanged",
+            printable(&moat_host::lock::error_chain(&error)),
+            gateway.generation()
+        ),
+    }
 }
 
 /// Reports every server that failed to close; the exit status says whether any did.
@@ -1104,10 +1162,11 @@ async fn serve(
     locked: bool,
     audit: Option<&Path>,
     metrics: Option<std::net::SocketAddr>,
+    reload: Reload,
 ) -> Result<ExitCode> {
     use rmcp::ServiceExt;
     let gateway = gateway_for(config_path, locked, audit).await?;
-    reread_revocations_on_hangup(&gateway, config_path)?;
+    reload_on_hangup(&gateway, config_path, reload.watch)?;
     let stop_probes = tokio_util::sync::CancellationToken::new();
     if let Some(addr) = metrics {
         let listener = tokio::net::TcpListener::bind(addr)

@@ -551,9 +551,9 @@ async fn a_typed_component_is_served_locked_beside_a_stdio_one() {
     assert!(child.wait().await.unwrap().success());
 }
 
-/// SIGHUP reads moat.lock again: a tool `moat revoke` names is refused in the
-/// session already running, its neighbour answers, and a lock that no longer
-/// parses changes nothing and says so. (Each step waits for moat's own line
+/// SIGHUP reloads the config and moat.lock: a tool `moat revoke` names is
+/// refused in the session already running, its neighbour answers, and a
+/// lock that no longer parses changes nothing and says so. (Each step waits for moat's own line
 /// on stderr, never for time.)
 #[tokio::test]
 async fn sighup_puts_a_new_revocation_in_force_in_the_running_session() {
@@ -621,11 +621,84 @@ async fn sighup_puts_a_new_revocation_in_force_in_the_running_session() {
     std::fs::write(dir.path().join("moat.lock"), "version = [").unwrap();
     let line = hangup_line().await;
     assert!(
-        line.starts_with("moat: error: SIGHUP: ")
-            && line.ends_with("the revocations in force are unchanged"),
+        line.starts_with("moat: error: SIGHUP: reload refused: ")
+            && line.contains("moat.lock")
+            && line.ends_with("still serving generation 2, unchanged"),
         "{line}"
     );
     agent.call_tool(add).await.unwrap_err();
     drop(agent);
     assert!(child.wait().await.unwrap().success());
+}
+
+/// `--watch` reloads when moat.lock changes on disk, with no signal: the
+/// tool `moat revoke` names is refused in the running session from the
+/// reload on, and the reload is audited.
+#[tokio::test]
+async fn watch_reloads_when_the_lock_changes() {
+    use tokio::io::AsyncBufReadExt;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("moat.toml");
+    let audit = dir.path().join("audit.jsonl");
+    std::fs::write(
+        &config,
+        format!(
+            "[servers.everything]\nwasm = {:?}\nallow_unmeasured = true\n",
+            guests::EVERYTHING_WASM
+        ),
+    )
+    .unwrap();
+    common::lock(&config);
+    let mut child = serve_stdio_with(
+        &config,
+        &["--watch".as_ref(), "--audit".as_ref(), audit.as_os_str()],
+        Stdio::piped(),
+    );
+    let mut stderr = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut line_with = async |text: &str| loop {
+        let line = stderr
+            .next_line()
+            .await
+            .unwrap()
+            .expect("moat serve's stderr ended");
+        if line.contains(text) {
+            return line;
+        }
+    };
+    line_with("moat: watching ").await;
+    let stdout = child.stdout.take().unwrap();
+    let stdin = child.stdin.take().unwrap();
+    let agent = Agent.serve((stdout, stdin)).await.expect("initialize");
+    let mut add = CallToolRequestParams::new("everything__add");
+    add.arguments = serde_json::json!({"a": 1, "b": 2}).as_object().cloned();
+    agent.call_tool(add.clone()).await.unwrap();
+
+    let revoke = std::process::Command::new(env!("CARGO_BIN_EXE_moat"))
+        .args(["revoke", "--config"])
+        .arg(&config)
+        .arg("everything__add")
+        .output()
+        .unwrap();
+    assert!(revoke.status.success(), "{revoke:?}");
+    let line = line_with("moat: watch: ").await;
+    assert!(
+        line.starts_with("moat: watch: reloaded (generation 2, 1 servers): 1 revocations in force (1 new, 0 lifted)"),
+        "{line}"
+    );
+    let refused = format!("{:?}", agent.call_tool(add).await.unwrap_err());
+    assert!(
+        refused.contains("`everything__add` was revoked by "),
+        "{refused}"
+    );
+    drop(agent);
+    assert!(child.wait().await.unwrap().success());
+    let reloads: Vec<serde_json::Value> = std::fs::read_to_string(&audit)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|e| e["event"] == "reload")
+        .collect();
+    assert_eq!(reloads.len(), 1, "{reloads:?}");
+    assert_eq!(reloads[0]["source"], "watch");
+    assert_eq!(reloads[0]["outcome"], "reloaded");
 }

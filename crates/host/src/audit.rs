@@ -172,6 +172,16 @@ pub enum Event {
         source: String,
         lifted: bool,
     },
+    /// `moat serve` read its config and lock again (SIGHUP, `--watch`):
+    /// `generation` serves new sessions from then on, or, when `error` is
+    /// set, the reload was refused and nothing changed.
+    Reload {
+        source: String,
+        generation: u64,
+        outcome: String,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        error: Option<String>,
+    },
     ToolCall {
         session: String,
         server: String,

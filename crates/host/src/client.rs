@@ -163,6 +163,12 @@ pub enum ClientError {
     },
     #[error("tool `{tool}` on server `{server}`: the call was cancelled")]
     Cancelled { server: String, tool: String },
+    /// A server a session still ran when moat.lock was read again and no
+    /// longer matched it: that session stops it and refuses it from then on.
+    #[error(
+        "server `{server}` is refused in this session: moat.lock was reloaded and no longer matches what this session runs ({detail}); a new session runs what the lock pins now"
+    )]
+    Stale { server: String, detail: String },
     /// A call in flight when a revocation of what it calls came into force,
     /// cancelled when the drain timeout passed.
     #[error("tool `{tool}` on server `{server}`: the call was cancelled in flight: {refusal}")]
@@ -320,6 +326,20 @@ impl Host {
         self.revoked = Arc::new(std::sync::RwLock::new(Arc::new(Revoked::from_lock(&lock))));
         self.lock = Some((Arc::new(lock), path));
         self
+    }
+
+    /// A clone of this host enforcing `lock` (or none) instead: moat.lock
+    /// read again while serving. It shares the engine, its cache, the launch
+    /// counts and the revocations in force (which the caller updates).
+    pub fn relocked(&self, lock: Option<(Lock, PathBuf)>) -> Self {
+        let mut host = self.clone();
+        host.lock = lock.map(|(lock, path)| (Arc::new(lock), path));
+        host
+    }
+
+    /// The lock this host enforces, when there is one.
+    pub fn lock(&self) -> Option<&Lock> {
+        self.lock.as_ref().map(|(lock, _)| &**lock)
     }
 
     /// Refuses, at every launch, a `dirs` grant that overlaps `path` (the

@@ -5,7 +5,7 @@
 //! `server__tool`; calls are routed to the right child and audited. It never
 //! matches on the launcher kind.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -35,20 +35,73 @@ pub fn valid_exposed_name(name: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
-/// Everything sessions share: the host, the config, the audit log.
+/// Everything sessions share: the configuration in force (a
+/// [`Generation`]), the audit log and the metrics.
 #[derive(Clone)]
 pub struct Gateway {
-    host: Host,
-    config: Arc<Config>,
+    /// What new sessions get; a reload replaces it, and each session keeps
+    /// the one it began with.
+    current: Arc<std::sync::RwLock<Arc<Generation>>>,
     audit: Option<Arc<AuditLog>>,
     /// Counted where the audit events are written, log or not.
     metrics: Arc<crate::metrics::Metrics>,
     sessions: Arc<AtomicU64>,
     live: Arc<std::sync::Mutex<Vec<std::sync::Weak<SessionState>>>>,
+}
+
+/// One configuration that a gateway serves: the config and lock read at
+/// start or at a reload, with the host that enforces that lock. Sessions
+/// keep the generation they began in until they end.
+struct Generation {
+    /// 1 at start, one more at each reload.
+    number: u64,
+    host: Host,
+    config: Arc<Config>,
     /// Servers the name check started, kept for the first session that
     /// needs each one, so start-up never pays for an instance it throws
     /// away.
-    spares: Arc<std::sync::Mutex<HashMap<String, Session>>>,
+    spares: std::sync::Mutex<HashMap<String, Session>>,
+    /// Set once a reload replaced this generation: the lock read then.
+    /// A server that this generation runs and that lock no longer pins
+    /// as it is refused here (see [`Generation::stale`]).
+    superseded: std::sync::RwLock<Option<Arc<crate::lock::Lock>>>,
+}
+
+/// Why a reload (SIGHUP, `--watch`) was refused. Nothing changed.
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    #[error(transparent)]
+    Lock(#[from] crate::lock::LockError),
+    #[error("{path}: {source}")]
+    Names {
+        path: String,
+        #[source]
+        source: GatewayError,
+    },
+    #[error(
+        "{path}: the [wasm] table changed, and the engine cannot change while serving: restart `moat serve` to apply it"
+    )]
+    WasmChanged { path: String },
+    #[error(
+        "{path} is gone: a reload never drops the pins of a gateway that enforces a lock (restart `moat serve` to run without one)"
+    )]
+    LockRemoved { path: String },
+}
+
+/// What a reload did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reloaded {
+    /// The generation new sessions get from now on.
+    pub generation: u64,
+    /// Its configured servers.
+    pub servers: usize,
+    /// The revocations its lock holds.
+    pub revocations: usize,
+    /// The revocations put in force, and the servers that older sessions
+    /// stopped because the lock no longer matches them.
+    pub enforced: Enforced,
 }
 
 /// Why a gateway cannot start.
@@ -122,186 +175,14 @@ pub fn check_lock_names(lock: &crate::lock::Lock) -> Result<(), GatewayError> {
     Ok(())
 }
 
-impl Gateway {
-    /// How `moat serve` runs sessions (`[serve]`).
-    pub fn serve_settings(&self) -> &crate::config::ServeSettings {
-        &self.config.serve
-    }
-
-    /// Agent sessions alive now (open, or closing).
-    pub fn live_sessions(&self) -> usize {
-        let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
-        live.retain(|s| s.strong_count() > 0);
-        live.len()
-    }
-
-    /// The gateway's metrics.
-    pub fn metrics(&self) -> &crate::metrics::Metrics {
-        &self.metrics
-    }
-
-    /// Counts `event` in the metrics and appends it to the audit log, if
-    /// there is one.
-    pub fn record(&self, event: &Event) {
-        self.metrics.observe(event);
-        if let Some(log) = &self.audit
-            && let Err(error) = log.record(event)
-        {
-            tracing::error!(%error, "audit record failed");
-        }
-    }
-
-    /// The host that launches this gateway's servers.
-    pub fn host(&self) -> &Host {
-        &self.host
-    }
-
-    /// Tool calls admitted and not yet finished, over every live session.
-    pub fn calls_in_flight(&self) -> usize {
-        self.live
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .filter_map(std::sync::Weak::upgrade)
-            .map(|state| state.calls().open.len())
-            .sum()
-    }
-
-    /// The revocations in force.
-    pub fn revoked(&self) -> Arc<Revoked> {
-        self.host.revoked()
-    }
-
-    /// Puts `revoked` (moat.lock's `[[revoked]]`, read again while serving)
-    /// in force at once, in every session: new calls to what it names are
-    /// refused; its calls in flight get up to the drain timeout
-    /// (`[serve] drain_timeout_ms`) to end and are then cancelled; its
-    /// children stop, and agents are told that their tools changed. A
-    /// digest is matched also where it already runs. Each entry that comes
-    /// into force or is lifted is audited, with `source`. Returns when all
-    /// of that is done.
-    pub async fn set_revocations(&self, revoked: Revoked, source: &str) -> Enforced {
-        let before = self.host.set_revoked(revoked.clone());
-        let (_, added) = before.with(&revoked);
-        let (_, lifted) = revoked.with(&before);
-        for ((_, entry), lifted) in added
-            .iter()
-            .map(|e| (e, false))
-            .chain(lifted.iter().map(|e| (e, true)))
-        {
-            tracing::warn!(target = %entry.target, by = %entry.by, lifted, "revocation");
-            self.record(&Event::Revoke {
-                target: entry.target.clone(),
-                by: entry.by.clone(),
-                at: entry.at.clone(),
-                reason: entry.reason.clone(),
-                source: source.to_owned(),
-                lifted,
-            });
-        }
-        let mut enforced = Enforced {
-            added: added.len(),
-            lifted: lifted.len(),
-            ..Enforced::default()
-        };
-        if added.is_empty() && lifted.is_empty() {
-            return enforced;
-        }
-        enforced.stopped += self.stop_refused_spares().await;
-        let live: Vec<Arc<SessionState>> = self
-            .live
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .filter_map(std::sync::Weak::upgrade)
-            .collect();
-        let mut sessions = tokio::task::JoinSet::new();
-        for state in live {
-            sessions.spawn(async move { state.enforce_revocations().await });
-        }
-        while let Some(done) = sessions.join_next().await {
-            match done {
-                Ok(done) => enforced.merge(&done),
-                Err(error) => {
-                    tracing::error!(%error, "enforcing revocations in a session panicked")
-                }
-            }
-        }
-        enforced
-    }
-
-    /// Closes the instances kept from the name check that the revocations
-    /// in force refuse. Returns how many.
-    async fn stop_refused_spares(&self) -> usize {
-        let refused: Vec<Session> = {
-            let mut spares = self.spares.lock().unwrap_or_else(|e| e.into_inner());
-            let names: Vec<String> = spares
-                .iter()
-                .filter(|(server, spare)| self.refusal(server, None, Some(spare)).is_some())
-                .map(|(server, _)| server.clone())
-                .collect();
-            names
-                .iter()
-                .filter_map(|name| spares.remove(name))
-                .collect()
-        };
-        let stopped = refused.len();
-        for spare in refused {
-            if let Err(error) = spare.close().await {
-                tracing::warn!(%error, "closing a revoked server's name-check instance");
-            }
-        }
-        stopped
-    }
-
-    /// The refusal of `server` (or its `tool`) when a revocation in force
-    /// names it, or names a digest it runs: the one its config or lock
-    /// pins (checked before anything starts), or the one `child` measured.
-    fn refusal(
-        &self,
-        server: &str,
-        tool: Option<&str>,
-        child: Option<&Session>,
-    ) -> Option<ClientError> {
-        let revoked = self.revoked();
-        if revoked.is_empty() {
-            return None;
-        }
-        let mut digests: Vec<Digest> = Vec::new();
-        if let Ok(spec) = self.config.server(server) {
-            digests.extend(spec.sha256);
-        }
-        if let Some(locked) = self.host.locked(server) {
-            digests.extend(locked.digests());
-        }
-        if let Some(identity) = child.and_then(|c| c.shared().identity()) {
-            digests.extend(identity.digest);
-            digests.extend(identity.oci.map(|oci| oci.manifest));
-        }
-        let (revocation, subject) = match revoked.of_name(server, tool) {
-            Some(revocation) => (revocation, tool),
-            None => (revoked.of_digests(&digests)?, None),
-        };
-        Some(ClientError::Revoked {
-            server: server.to_owned(),
-            subject: match subject {
-                Some(tool) => format!("tool `{tool}` on server `{server}`"),
-                None => format!("server `{server}`"),
-            },
-            revocation: crate::revoke::describe(revocation),
-        })
-    }
-
-    /// A gateway for `config`'s servers, launched by `host`.
-    pub fn new(host: Host, config: Config, audit: Option<Arc<AuditLog>>) -> Self {
+impl Generation {
+    fn new(number: u64, host: Host, config: Config) -> Self {
         Self {
+            number,
             host,
             config: Arc::new(config),
-            audit,
-            metrics: Arc::default(),
-            sessions: Arc::default(),
-            live: Arc::default(),
-            spares: Arc::default(),
+            spares: std::sync::Mutex::default(),
+            superseded: std::sync::RwLock::default(),
         }
     }
 
@@ -325,11 +206,39 @@ impl Gateway {
         }
     }
 
+    /// Closes the instances kept from the name check that `keep` does not
+    /// keep, reporting each that failed to close. Returns how many closed.
+    async fn close_spares(
+        &self,
+        keep: impl Fn(&str, &Session) -> bool,
+        failures: &mut Vec<(String, ClientError)>,
+    ) -> usize {
+        let closing: Vec<(String, Session)> = {
+            let mut spares = self.spares.lock().unwrap_or_else(|e| e.into_inner());
+            let names: Vec<String> = spares
+                .iter()
+                .filter(|(server, spare)| !keep(server, spare))
+                .map(|(server, _)| server.clone())
+                .collect();
+            names
+                .into_iter()
+                .filter_map(|name| spares.remove(&name).map(|spare| (name, spare)))
+                .collect()
+        };
+        let closed = closing.len();
+        for (server, spare) in closing {
+            if let Err(error) = spare.close().await {
+                failures.push((format!("name-check/{server}"), error));
+            }
+        }
+        closed
+    }
+
     /// Without a lock, tool and prompt names are only known once servers
-    /// run: starts each server once, before serving, and refuses a name
-    /// that cannot be exposed, naming the server and the name. A server
-    /// that fails to start here is logged and left to fail on first use.
-    pub async fn check_names(&self) -> Result<(), GatewayError> {
+    /// run: starts each server once, and refuses a name that cannot be
+    /// exposed, naming the server and the name. A server that fails to
+    /// start here is logged and left to fail on first use.
+    async fn check_names(&self) -> Result<(), GatewayError> {
         for (server, spec) in &self.config.servers {
             let session = match self.host.connect(spec).await {
                 Ok(session) => session,
@@ -365,22 +274,351 @@ impl Gateway {
         Ok(())
     }
 
+    /// The refusal of `server` (or its `tool`) in this generation: when a
+    /// revocation in force names it, or names a digest it runs (the one its
+    /// config or lock pins, checked before anything starts, or the one
+    /// `child` measured); or when a reloaded lock no longer matches it.
+    fn refusal(
+        &self,
+        server: &str,
+        tool: Option<&str>,
+        child: Option<&Session>,
+    ) -> Option<ClientError> {
+        if let Some(detail) = self.stale(server, child) {
+            return Some(ClientError::Stale {
+                server: server.to_owned(),
+                detail,
+            });
+        }
+        let revoked = self.host.revoked();
+        if revoked.is_empty() {
+            return None;
+        }
+        let mut digests: Vec<Digest> = Vec::new();
+        if let Ok(spec) = self.config.server(server) {
+            digests.extend(spec.sha256);
+        }
+        if let Some(locked) = self.host.locked(server) {
+            digests.extend(locked.digests());
+        }
+        if let Some(identity) = child.and_then(|c| c.shared().identity()) {
+            digests.extend(identity.digest);
+            digests.extend(identity.oci.map(|oci| oci.manifest));
+        }
+        let (revocation, subject) = match revoked.of_name(server, tool) {
+            Some(revocation) => (revocation, tool),
+            None => (revoked.of_digests(&digests)?, None),
+        };
+        Some(ClientError::Revoked {
+            server: server.to_owned(),
+            subject: match subject {
+                Some(tool) => format!("tool `{tool}` on server `{server}`"),
+                None => format!("server `{server}`"),
+            },
+            revocation: crate::revoke::describe(revocation),
+        })
+    }
+
+    /// Once a reload replaced this generation with a lock: why `server`,
+    /// as this generation runs it, no longer matches that lock. Under a
+    /// lock of its own, any change to the server's entry counts (bytes,
+    /// execution identity, grants, tool pins); without one, the digest
+    /// `child` measured must be the one the new lock pins.
+    fn stale(&self, server: &str, child: Option<&Session>) -> Option<String> {
+        let newest = self
+            .superseded
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()?;
+        let Some(entry) = newest.servers.get(server) else {
+            return Some("the lock no longer pins it".into());
+        };
+        if let Some(old) = self.host.locked(server) {
+            return (old != entry).then(|| {
+                if old.sha256 != entry.sha256 {
+                    format!(
+                        "this session runs sha256:{}, the lock now pins sha256:{}",
+                        old.sha256, entry.sha256
+                    )
+                } else if old.identity != entry.identity {
+                    "its execution identity changed in the lock".into()
+                } else {
+                    "its entry in the lock changed".into()
+                }
+            });
+        }
+        let measured = child?.shared().identity()?.digest?;
+        (measured.to_string() != entry.sha256).then(|| {
+            format!(
+                "this session runs sha256:{measured}, the lock now pins sha256:{}",
+                entry.sha256
+            )
+        })
+    }
+}
+
+impl Gateway {
+    /// A gateway for `config`'s servers, launched by `host`.
+    pub fn new(host: Host, config: Config, audit: Option<Arc<AuditLog>>) -> Self {
+        Self {
+            current: Arc::new(std::sync::RwLock::new(Arc::new(Generation::new(
+                1, host, config,
+            )))),
+            audit,
+            metrics: Arc::default(),
+            sessions: Arc::default(),
+            live: Arc::default(),
+        }
+    }
+
+    /// The generation new sessions get.
+    fn current(&self) -> Arc<Generation> {
+        self.current
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// The generation new sessions get: 1 at start, one more per reload.
+    pub fn generation(&self) -> u64 {
+        self.current().number
+    }
+
+    /// How `moat serve` runs sessions (`[serve]`), as last loaded.
+    pub fn serve_settings(&self) -> crate::config::ServeSettings {
+        self.current().config.serve.clone()
+    }
+
+    /// Agent sessions alive now (open, or closing).
+    pub fn live_sessions(&self) -> usize {
+        let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
+        live.retain(|s| s.strong_count() > 0);
+        live.len()
+    }
+
+    /// The sessions alive now.
+    fn live(&self) -> Vec<Arc<SessionState>> {
+        self.live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter_map(std::sync::Weak::upgrade)
+            .collect()
+    }
+
+    /// The gateway's metrics.
+    pub fn metrics(&self) -> &crate::metrics::Metrics {
+        &self.metrics
+    }
+
+    /// Counts `event` in the metrics and appends it to the audit log, if
+    /// there is one.
+    pub fn record(&self, event: &Event) {
+        self.metrics.observe(event);
+        if let Some(log) = &self.audit
+            && let Err(error) = log.record(event)
+        {
+            tracing::error!(%error, "audit record failed");
+        }
+    }
+
+    /// The host that launches new sessions' servers. Every generation's
+    /// host shares its engine, launch counts and revocations.
+    pub fn host(&self) -> Host {
+        self.current().host.clone()
+    }
+
+    /// Tool calls admitted and not yet finished, over every live session.
+    pub fn calls_in_flight(&self) -> usize {
+        self.live()
+            .iter()
+            .map(|state| state.calls().open.len())
+            .sum()
+    }
+
+    /// The revocations in force.
+    pub fn revoked(&self) -> Arc<Revoked> {
+        self.current().host.revoked()
+    }
+
+    /// Puts `revoked` (moat.lock's `[[revoked]]`, read again while serving)
+    /// in force at once, in every session: new calls to what it names are
+    /// refused; its calls in flight get up to the drain timeout
+    /// (`[serve] drain_timeout_ms`) to end and are then cancelled; its
+    /// children stop, and agents are told that their tools changed. A
+    /// digest is matched also where it already runs. Each entry that comes
+    /// into force or is lifted is audited, with `source`. Returns when all
+    /// of that is done.
+    pub async fn set_revocations(&self, revoked: Revoked, source: &str) -> Enforced {
+        self.put_in_force(revoked, source, false).await
+    }
+
+    /// [`Gateway::set_revocations`]; with `always`, every session enforces
+    /// even when the revocations did not change (a reload made servers
+    /// stale).
+    async fn put_in_force(&self, revoked: Revoked, source: &str, always: bool) -> Enforced {
+        let before = self.current().host.set_revoked(revoked.clone());
+        let (_, added) = before.with(&revoked);
+        let (_, lifted) = revoked.with(&before);
+        for ((_, entry), lifted) in added
+            .iter()
+            .map(|e| (e, false))
+            .chain(lifted.iter().map(|e| (e, true)))
+        {
+            tracing::warn!(target = %entry.target, by = %entry.by, lifted, "revocation");
+            self.record(&Event::Revoke {
+                target: entry.target.clone(),
+                by: entry.by.clone(),
+                at: entry.at.clone(),
+                reason: entry.reason.clone(),
+                source: source.to_owned(),
+                lifted,
+            });
+        }
+        let mut enforced = Enforced {
+            added: added.len(),
+            lifted: lifted.len(),
+            ..Enforced::default()
+        };
+        if added.is_empty() && lifted.is_empty() && !always {
+            return enforced;
+        }
+        let current = self.current();
+        let mut failures = Vec::new();
+        enforced.stopped += current
+            .close_spares(
+                |server, spare| current.refusal(server, None, Some(spare)).is_none(),
+                &mut failures,
+            )
+            .await;
+        for (server, error) in failures {
+            tracing::warn!(%server, %error, "closing a refused server's name-check instance");
+        }
+        let mut sessions = tokio::task::JoinSet::new();
+        for state in self.live() {
+            sessions.spawn(async move { state.enforce_revocations().await });
+        }
+        while let Some(done) = sessions.join_next().await {
+            match done {
+                Ok(done) => enforced.merge(&done),
+                Err(error) => {
+                    tracing::error!(%error, "enforcing revocations in a session panicked")
+                }
+            }
+        }
+        enforced
+    }
+
+    /// Reads the config and its moat.lock again (SIGHUP, `--watch`): new
+    /// sessions get the new configuration, sessions already open keep
+    /// theirs until they end, except that what the new lock revokes or no
+    /// longer matches stops in them at once, as a revocation does. A reload
+    /// that cannot be read, names a server badly, changes `[wasm]` or
+    /// removes the lock changes nothing. Either way it is audited
+    /// (`reload`), with `source`.
+    pub async fn reload(&self, source: &str) -> Result<Reloaded, ReloadError> {
+        let result = self.try_reload(source).await;
+        let (generation, outcome, error) = match &result {
+            Ok(reloaded) => (reloaded.generation, "reloaded", None),
+            Err(error) => (
+                self.generation(),
+                "refused",
+                Some(crate::lock::error_chain(error)),
+            ),
+        };
+        if let Some(error) = &error {
+            tracing::debug!(%source, %error, "reload refused");
+        }
+        self.record(&Event::Reload {
+            source: source.to_owned(),
+            generation,
+            outcome: outcome.into(),
+            error,
+        });
+        result
+    }
+
+    async fn try_reload(&self, source: &str) -> Result<Reloaded, ReloadError> {
+        let old = self.current();
+        let path = old.config.path.clone();
+        let config = Config::load(&path)?;
+        if config.wasm != old.config.wasm {
+            return Err(ReloadError::WasmChanged {
+                path: path.display().to_string(),
+            });
+        }
+        let lock_path = crate::lock::Lock::path_for(&path);
+        let lock = crate::lock::Lock::load(&lock_path)?;
+        if lock.is_none() && old.host.is_locked() {
+            return Err(ReloadError::LockRemoved {
+                path: lock_path.display().to_string(),
+            });
+        }
+        if let Some(lock) = &lock {
+            check_lock_names(lock).map_err(|source| ReloadError::Names {
+                path: lock_path.display().to_string(),
+                source,
+            })?;
+        }
+        let revoked = lock.as_ref().map(Revoked::from_lock).unwrap_or_default();
+        let revocations = revoked.iter().count();
+        let newest = lock.clone().map(Arc::new);
+        let host = old
+            .host
+            .relocked(lock.map(|lock| (lock, lock_path.clone())));
+        let generation = Arc::new(Generation::new(old.number + 1, host, config));
+        if !generation.host.is_locked()
+            && let Err(source) = generation.check_names().await
+        {
+            generation.close_spares(|_, _| false, &mut Vec::new()).await;
+            return Err(ReloadError::Names {
+                path: path.display().to_string(),
+                source,
+            });
+        }
+        *self.current.write().unwrap_or_else(|e| e.into_inner()) = generation.clone();
+        tracing::info!(%source, generation = generation.number, "reloaded");
+        let mut failures = Vec::new();
+        old.close_spares(|_, _| false, &mut failures).await;
+        for (server, error) in failures {
+            tracing::warn!(%server, %error, "closing an old name-check instance");
+        }
+        if let Some(newest) = newest {
+            for state in self.live() {
+                if state.generation.number < generation.number {
+                    *state
+                        .generation
+                        .superseded
+                        .write()
+                        .unwrap_or_else(|e| e.into_inner()) = Some(newest.clone());
+                }
+            }
+        }
+        let enforced = self.put_in_force(revoked, source, true).await;
+        Ok(Reloaded {
+            generation: generation.number,
+            servers: generation.config.servers.len(),
+            revocations,
+            enforced,
+        })
+    }
+
+    /// Without a lock, tool and prompt names are only known once servers
+    /// run: starts each server once, before serving, and refuses a name
+    /// that cannot be exposed, naming the server and the name. A server
+    /// that fails to start here is logged and left to fail on first use.
+    pub async fn check_names(&self) -> Result<(), GatewayError> {
+        self.current().check_names().await
+    }
+
     /// Closes every session still open (graceful shutdown): each drains its
     /// in-flight calls, cancels what outlives the drain timeout, and stops
     /// its children. Reports what failed to close, by session and server.
     pub async fn close_all(&self) -> Vec<(String, ClientError)> {
-        let spares: Vec<(String, Session)> = self
-            .spares
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .drain()
-            .collect();
         let mut failures = Vec::new();
-        for (server, spare) in spares {
-            if let Err(error) = spare.close().await {
-                failures.push((format!("name-check/{server}"), error));
-            }
-        }
+        self.current()
+            .close_spares(|_, _| false, &mut failures)
+            .await;
         let live: Vec<Arc<SessionState>> = {
             let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
             let open = live.iter().filter_map(std::sync::Weak::upgrade).collect();
@@ -408,12 +646,14 @@ impl Gateway {
         failures
     }
 
-    /// A new agent session (one per agent connection).
+    /// A new agent session (one per agent connection), in the current
+    /// generation.
     pub fn session(&self) -> AgentSession {
         let id = format!("s{}", self.sessions.fetch_add(1, Ordering::SeqCst) + 1);
         let state = Arc::new(SessionState {
             id,
             gateway: self.clone(),
+            generation: self.current(),
             children: Arc::default(),
             restarts: Arc::default(),
             slots: Arc::default(),
@@ -482,6 +722,8 @@ impl Drop for CloseOnDrop {
 pub struct SessionState {
     id: String,
     gateway: Gateway,
+    /// The configuration this session began in, kept until it ends.
+    generation: Arc<Generation>,
     children: Arc<Mutex<Children>>,
     restarts: Arc<Mutex<BTreeMap<String, u32>>>,
     /// One launch slot per configured server: a start or a restart backoff
@@ -625,9 +867,9 @@ impl SessionState {
     async fn enforce_revocations(&self) -> Enforced {
         let refused_servers = self.refused_servers().await;
         let refused = |ticket: &Ticket| {
-            refused_servers.contains(&ticket.server)
+            refused_servers.contains_key(&ticket.server)
                 || self
-                    .gateway
+                    .generation
                     .refusal(&ticket.server, Some(&ticket.tool), None)
                     .is_some()
         };
@@ -635,7 +877,7 @@ impl SessionState {
         let mut enforced = Enforced::default();
         let pending = running();
         if pending > 0 {
-            let drain = Duration::from_millis(self.gateway.config.serve.drain_timeout_ms);
+            let drain = Duration::from_millis(self.generation.config.serve.drain_timeout_ms);
             let mut in_flight = self.in_flight.subscribe();
             if tokio::time::timeout(drain, in_flight.wait_for(|_| running() == 0))
                 .await
@@ -669,23 +911,24 @@ impl SessionState {
         enforced
     }
 
-    /// The configured servers the revocations in force refuse as a whole,
-    /// by name, by pinned digest, or by the digest their child measured.
-    async fn refused_servers(&self) -> BTreeSet<String> {
+    /// The configured servers this session refuses as a whole (revoked by
+    /// name, by pinned digest or by the digest their child measured, or
+    /// stale after a reload), with the outcome their exit is audited with.
+    async fn refused_servers(&self) -> BTreeMap<String, Outcome> {
         let children = self.children.lock().await;
-        self.gateway
+        self.generation
             .config
             .servers
             .keys()
-            .filter(|server| {
+            .filter_map(|server| {
                 let child = children
                     .by_server
-                    .get(*server)
+                    .get(server)
                     .and_then(|key| children.by_key.get(key))
                     .map(|child| &*child.session);
-                self.gateway.refusal(server, None, child).is_some()
+                let refusal = self.generation.refusal(server, None, child)?;
+                Some((server.clone(), outcome_of(&refusal)))
             })
-            .cloned()
             .collect()
     }
 
@@ -695,23 +938,23 @@ impl SessionState {
     /// Returns how many stopped.
     async fn stop_refused(&self) -> usize {
         let refused = self.refused_servers().await;
-        let stopping: Vec<(String, Child)> = {
+        let stopping: Vec<(String, Outcome, Child)> = {
             let mut children = self.children.lock().await;
             let mut stopping = Vec::new();
-            for server in refused {
+            for (server, outcome) in refused {
                 let Some(key) = children.by_server.remove(&server) else {
                     continue;
                 };
                 if children.by_server.values().all(|k| *k != key)
                     && let Some(child) = children.by_key.remove(&key)
                 {
-                    stopping.push((server, child));
+                    stopping.push((server, outcome, child));
                 }
             }
             stopping
         };
         let stopped = stopping.len();
-        for (server, Child { identity, session }) in stopping {
+        for (server, outcome, Child { identity, session }) in stopping {
             let evidence = evidence_of(&session);
             match Arc::try_unwrap(session) {
                 Ok(child) => {
@@ -728,7 +971,7 @@ impl SessionState {
                 server,
                 identity: identity.to_string(),
                 evidence,
-                outcome: Outcome::plain("revoked"),
+                outcome,
             });
         }
         stopped
@@ -772,7 +1015,7 @@ impl AgentSession {
     /// up and to insert.
     async fn child(&self, server: &str) -> Result<Arc<Session>, ClientError> {
         let spec = self
-            .gateway
+            .generation
             .config
             .server(server)
             .map_err(|e| ClientError::Protocol {
@@ -801,7 +1044,7 @@ impl AgentSession {
             tracing::warn!(%server, restarts, ?backoff, "restarting a crashed server");
             tokio::time::sleep(backoff).await;
         }
-        let session = match (restarts, self.gateway.take_spare(server)) {
+        let session = match (restarts, self.generation.take_spare(server)) {
             (0, Some(spare)) => Arc::new(spare),
             (_, spare) => {
                 if let Some(spare) = spare {
@@ -809,7 +1052,7 @@ impl AgentSession {
                         let _ = spare.close().await;
                     });
                 }
-                Arc::new(self.gateway.host.connect(spec).await?)
+                Arc::new(self.generation.host.connect(spec).await?)
             }
         };
         let identity = session
@@ -819,7 +1062,7 @@ impl AgentSession {
                 operation: "launch".into(),
                 detail: "the server reported no identity".into(),
             })?;
-        let key = process_key(&identity, spec, self.gateway.host.locked(server));
+        let key = process_key(&identity, spec, self.generation.host.locked(server));
         let mut children = self.children.lock().await;
         // A name of the same process key, started meanwhile under its own
         // slot, is already healthy: it serves this name too, and the new
@@ -915,7 +1158,7 @@ impl AgentSession {
     /// A running, healthy child that can serve `spec`: same process key
     /// (execution identity, configuration apart from the name, lock entry).
     fn shareable(&self, children: &Children, spec: &ServerSpec) -> Option<(Digest, Arc<Session>)> {
-        let locked = self.gateway.host.locked(&spec.name);
+        let locked = self.generation.host.locked(&spec.name);
         children.by_key.iter().find_map(|(key, child)| {
             let identity = child.session.execution_identity(spec)?;
             (child.session.shared().fault().is_none()
@@ -953,11 +1196,15 @@ impl AgentSession {
     pub async fn tools(&self) -> Result<Vec<Tool>, ClientError> {
         let mut exposed = Vec::new();
         for server in self.servers() {
-            if self.gateway.refusal(&server, None, None).is_some() {
+            if self.generation.refusal(&server, None, None).is_some() {
                 continue;
             }
             let child = self.child(&server).await?;
-            if self.gateway.refusal(&server, None, Some(&child)).is_some() {
+            if self
+                .generation
+                .refusal(&server, None, Some(&child))
+                .is_some()
+            {
                 drop(child);
                 self.stop_refused().await;
                 continue;
@@ -965,7 +1212,7 @@ impl AgentSession {
             for mut tool in child.list_tools().await? {
                 let name = format!("{server}{SEPARATOR}{}", tool.name);
                 if self
-                    .gateway
+                    .generation
                     .refusal(&server, Some(&tool.name), None)
                     .is_some()
                 {
@@ -998,7 +1245,7 @@ impl AgentSession {
         let (server, rest) = name.split_once(SEPARATOR).ok_or_else(|| {
             ErrorData::invalid_params(format!("no {name:?}: names are server__name"), None)
         })?;
-        if !self.gateway.config.servers.contains_key(server) {
+        if !self.generation.config.servers.contains_key(server) {
             return Err(ErrorData::invalid_params(
                 format!("no server {server:?} behind {name:?}"),
                 None,
@@ -1022,7 +1269,7 @@ impl AgentSession {
                 None,
             )
         })?;
-        if !self.gateway.config.servers.contains_key(server) {
+        if !self.generation.config.servers.contains_key(server) {
             return Err(ErrorData::invalid_params(
                 format!("no server {server:?} behind tool {name:?}"),
                 None,
@@ -1039,7 +1286,7 @@ impl AgentSession {
         }))?;
         // Checked once the ticket is registered: a revocation that comes
         // into force after this check finds the call and drains it.
-        if let Some(error) = self.gateway.refusal(server, Some(tool), None) {
+        if let Some(error) = self.generation.refusal(server, Some(tool), None) {
             return Err(to_error(error));
         }
         // What the audit records of the call: only computed for a log.
@@ -1056,7 +1303,7 @@ impl AgentSession {
             () = cancel.cancelled() => return Err(cancelled(server, tool)),
         };
         // The digest it measured may be revoked: then it stops too.
-        if let Some(error) = self.gateway.refusal(server, Some(tool), Some(&child)) {
+        if let Some(error) = self.generation.refusal(server, Some(tool), Some(&child)) {
             drop(child);
             self.stop_refused().await;
             return Err(to_error(error));
@@ -1072,7 +1319,7 @@ impl AgentSession {
         };
         let result = result.map_err(|error| match error {
             ClientError::Cancelled { .. } if !cancel.is_cancelled() => {
-                match self.gateway.refusal(server, Some(tool), Some(&child)) {
+                match self.generation.refusal(server, Some(tool), Some(&child)) {
                     Some(refusal) => ClientError::CancelledByRevocation {
                         server: server.to_owned(),
                         tool: tool.to_owned(),
@@ -1160,7 +1407,7 @@ impl AgentSession {
     }
 
     fn servers(&self) -> Vec<String> {
-        self.gateway.config.servers.keys().cloned().collect()
+        self.generation.config.servers.keys().cloned().collect()
     }
 }
 
@@ -1174,7 +1421,7 @@ impl SessionState {
             return Vec::new();
         }
         self.closing.cancel();
-        let drain = Duration::from_millis(self.gateway.config.serve.drain_timeout_ms);
+        let drain = Duration::from_millis(self.generation.config.serve.drain_timeout_ms);
         let mut in_flight = self.in_flight.subscribe();
         let mut failures = Vec::new();
         let drained = tokio::time::timeout(drain, in_flight.wait_for(|n| *n == 0))
@@ -1307,6 +1554,7 @@ fn outcome_of(error: &ClientError) -> Outcome {
         ClientError::Revoked { .. } | ClientError::CancelledByRevocation { .. } => {
             Outcome::plain("revoked")
         }
+        ClientError::Stale { .. } => Outcome::plain("stale"),
         ClientError::Launch(_)
         | ClientError::Lock(_)
         | ClientError::NotLocked { .. }
@@ -1366,7 +1614,7 @@ impl AgentSession {
         child: Option<&Session>,
         agent: &CancellationToken,
     ) -> ErrorData {
-        match self.gateway.refusal(server, Some(tool), child) {
+        match self.generation.refusal(server, Some(tool), child) {
             Some(refusal) if !agent.is_cancelled() => {
                 to_error(ClientError::CancelledByRevocation {
                     server: server.to_owned(),

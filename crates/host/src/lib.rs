@@ -56,6 +56,7 @@ pub mod seal;
 pub mod transport;
 pub mod wasm;
 pub mod wassette;
+pub mod watch;
 
 pub use client::{ClientError, Handshake, Host, Session};
 pub use config::{Config, ConfigError, ServerKind, ServerSpec};

@@ -252,7 +252,7 @@ impl Metrics {
                 server, outcome, ..
             } => self.exited(server, &outcome.outcome),
             Event::HttpRefused { reason, .. } => self.refused(reason),
-            Event::ToolCall { .. } | Event::Revoke { .. } => {}
+            Event::ToolCall { .. } | Event::Revoke { .. } | Event::Reload { .. } => {}
         }
     }
 
