@@ -114,6 +114,11 @@ enum Command {
         /// (as on SIGHUP, which always reloads).
         #[arg(long)]
         watch: bool,
+        /// Export a span per tool call over OTLP/HTTP (JSON) to URL (an
+        /// OpenTelemetry collector, `http://localhost:4318` say): off unless
+        /// given.
+        #[arg(long, value_name = "URL", env = "MOAT_OTLP_ENDPOINT")]
+        otlp: Option<String>,
     },
     /// Turn a Claude Desktop or VS Code MCP config into moat.toml entries
     /// (printed), measuring each command; says what was not carried over.
@@ -291,7 +296,23 @@ fn main() -> ExitCode {
     // Under `moat fuzz`, servers failing is the expected news: it is in the
     // report, not in a warning per case.
     let quiet = matches!(cli.command, Command::Fuzz(_));
-    init_logging(cli.verbose, quiet);
+    let otlp = match &cli.command {
+        Command::Serve { otlp, .. } => otlp.as_deref(),
+        _ => None,
+    };
+    // Built before the runtime: the exporter's blocking HTTP client may not
+    // be made inside one.
+    let traces = match otlp.map(otlp_traces).transpose() {
+        Ok(traces) => traces,
+        Err(error) => {
+            eprintln!(
+                "moat: error: --otlp: {}",
+                printable(&moat_host::lock::error_chain(error.as_ref()))
+            );
+            return ExitCode::FAILURE;
+        }
+    };
+    init_logging(cli.verbose, quiet, traces.as_ref());
     // A report piped into `head` ends quietly, as other tools do, rather than
     // with a panic message. SIGPIPE itself stays ignored: restoring its
     // default would let a server that exits before reading its stdin kill
@@ -308,6 +329,12 @@ fn main() -> ExitCode {
     // Do not wait for blocking threads: tokio's stdin reader sits in a read
     // that cannot be cancelled, and would hold a signalled `serve` open.
     runtime.shutdown_background();
+    // The spans still batched are sent before exit.
+    if let Some(traces) = traces
+        && let Err(error) = traces.shutdown()
+    {
+        eprintln!("moat: error: --otlp: sending the last spans: {error}");
+    }
     match outcome {
         Ok(code) => code,
         Err(error) => {
@@ -337,7 +364,42 @@ fn runtime_for(command: &Command) -> tokio::runtime::Builder {
     }
 }
 
-fn init_logging(verbose: u8, quiet: bool) {
+/// The tracer provider for `moat serve --otlp URL`: spans batched and sent
+/// over OTLP/HTTP with JSON bodies to `URL/v1/traces`, as service `moat`.
+fn otlp_traces(endpoint: &str) -> Result<opentelemetry_sdk::trace::SdkTracerProvider> {
+    use opentelemetry_otlp::{Protocol, WithExportConfig};
+    let url = format!("{}/v1/traces", endpoint.trim_end_matches('/'));
+    if !(url.starts_with("http://") || url.starts_with("https://")) {
+        bail!("{endpoint}: not an http:// or https:// URL");
+    }
+    // The exporter's client speaks TLS through rustls, with Moat's provider.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let exporter = opentelemetry_otlp::SpanExporter::builder()
+        .with_http()
+        .with_protocol(Protocol::HttpJson)
+        .with_endpoint(url)
+        .build()
+        .context("building the OTLP exporter")?;
+    let resource = opentelemetry_sdk::Resource::builder()
+        .with_service_name("moat")
+        .build();
+    Ok(opentelemetry_sdk::trace::SdkTracerProvider::builder()
+        .with_batch_exporter(exporter)
+        .with_resource(resource)
+        .build())
+}
+
+/// Logs to stderr at the verbosity asked for (`RUST_LOG` overrides); with
+/// `traces`, the tool-call spans (`moat_host::trace`) are also exported.
+fn init_logging(
+    verbose: u8,
+    quiet: bool,
+    traces: Option<&opentelemetry_sdk::trace::SdkTracerProvider>,
+) {
+    use opentelemetry::trace::TracerProvider;
+    use tracing_subscriber::Layer;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
     let default = match verbose {
         0 if quiet => "error",
         0 => "warn",
@@ -347,10 +409,18 @@ fn init_logging(verbose: u8, quiet: bool) {
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let logs = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
-        .init();
+        .with_filter(filter);
+    let spans = traces.map(|provider| {
+        tracing_opentelemetry::layer()
+            .with_tracer(provider.tracer("moat"))
+            .with_filter(
+                tracing_subscriber::filter::Targets::new()
+                    .with_target("moat_host::trace", tracing::Level::INFO),
+            )
+    });
+    tracing_subscriber::registry().with(logs).with(spans).init();
 }
 
 async fn run(command: Command) -> Result<ExitCode> {

@@ -1208,7 +1208,7 @@ impl Session {
         name: &str,
         arguments: Option<JsonObject>,
     ) -> Result<CallToolResult, ClientError> {
-        self.call_tool_with(name, arguments, None, CancellationToken::new())
+        self.call_tool_with(name, arguments, None, CancellationToken::new(), None)
             .await
     }
 
@@ -1258,12 +1258,17 @@ impl Session {
         arguments: Option<JsonObject>,
         progress: Option<ProgressSender>,
         cancel: CancellationToken,
+        traceparent: Option<String>,
     ) -> Result<CallToolResult, ClientError> {
+        use rmcp::model::RequestParamsMeta;
         self.check_call(name, &arguments).await?;
         let operation = format!("tools/call `{name}`");
         let mut params = CallToolRequestParams::new(name.to_owned());
         if let Some(arguments) = arguments {
             params = params.with_arguments(arguments);
+        }
+        if let Some(traceparent) = traceparent {
+            params.set_traceparent(&traceparent);
         }
         let mut handle = self
             .service

@@ -1236,7 +1236,7 @@ impl AgentSession {
         name: &str,
         arguments: Option<rmcp::model::JsonObject>,
     ) -> Result<rmcp::model::CallToolResult, ErrorData> {
-        self.call_forwarding(name, arguments, None, CancellationToken::new())
+        self.call_forwarding(name, arguments, None, CancellationToken::new(), None)
             .await
     }
 
@@ -1255,14 +1255,18 @@ impl AgentSession {
     }
 
     /// Calls `server__tool`, forwarding the child's progress to `progress`
-    /// and the agent's cancellation (`cancel`) to the child.
+    /// and the agent's cancellation (`cancel`) to the child, in a span of
+    /// its own: a child of the agent's `traceparent` (from the request's
+    /// `_meta`), which is passed on to the server.
     pub async fn call_forwarding(
         &self,
         name: &str,
         arguments: Option<rmcp::model::JsonObject>,
         progress: Option<ProgressSender>,
         cancel: CancellationToken,
+        traceparent: Option<&str>,
     ) -> Result<rmcp::model::CallToolResult, ErrorData> {
+        use tracing::Instrument;
         let (server, tool) = name.split_once(SEPARATOR).ok_or_else(|| {
             ErrorData::invalid_params(
                 format!("no tool {name:?}: tools are named server__tool"),
@@ -1275,6 +1279,28 @@ impl AgentSession {
                 None,
             ));
         }
+        let span = crate::trace::call_span(&self.id, server, tool, traceparent);
+        let passed_on = crate::trace::passed_on(&span, traceparent);
+        self.call_in_span(server, tool, arguments, progress, cancel, passed_on, &span)
+            .instrument(span.clone())
+            .await
+    }
+
+    /// [`AgentSession::call_forwarding`], once routed, within `span`.
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "one call's parts, split from call_forwarding"
+    )]
+    async fn call_in_span(
+        &self,
+        server: &str,
+        tool: &str,
+        arguments: Option<rmcp::model::JsonObject>,
+        progress: Option<ProgressSender>,
+        cancel: CancellationToken,
+        traceparent: Option<String>,
+        span: &tracing::Span,
+    ) -> Result<rmcp::model::CallToolResult, ErrorData> {
         // Cancelled by the agent, by close once the drain timeout passes, or
         // by a revocation of what it calls; a start still under way is
         // dropped, which leaves nothing running.
@@ -1309,7 +1335,8 @@ impl AgentSession {
             return Err(to_error(error));
         }
         let fuel_before = child.shared().metrics().fuel_consumed();
-        let call = child.call_tool_with(tool, arguments, progress, cancel_call.clone());
+        let call =
+            child.call_tool_with(tool, arguments, progress, cancel_call.clone(), traceparent);
         tokio::pin!(call);
         let result = loop {
             tokio::select! {
@@ -1342,6 +1369,7 @@ impl AgentSession {
         self.gateway
             .metrics
             .call(server, tool, &outcome.outcome, elapsed, fuel, limit);
+        crate::trace::record_end(span, &outcome.outcome, elapsed, fuel, limit);
         if !audited {
             return result.map_err(to_error);
         }
@@ -1764,7 +1792,13 @@ impl ServerHandler for AgentSession {
             None => (None, None),
         };
         let result = self
-            .call_forwarding(&request.name, request.arguments, sender, context.ct.clone())
+            .call_forwarding(
+                &request.name,
+                request.arguments,
+                sender,
+                context.ct.clone(),
+                context.meta.get_traceparent(),
+            )
             .await;
         if let Some(task) = task {
             // The sender is gone with the call: the forwarder drains and ends.

@@ -53,6 +53,7 @@ pub mod revoke;
 #[cfg(target_os = "linux")]
 pub mod sandbox;
 pub mod seal;
+pub mod trace;
 pub mod transport;
 pub mod wasm;
 pub mod wassette;

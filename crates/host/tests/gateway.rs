@@ -32,6 +32,7 @@ both_launchers!(
     a_digest_revoked_under_load_drains_or_cancels_its_calls_and_stops_its_children,
     a_reload_gives_new_sessions_the_new_config_and_open_ones_keep_theirs,
     a_reloaded_lock_that_no_longer_matches_a_running_server_stops_it,
+    the_agents_traceparent_reaches_the_server_and_a_bad_one_does_not,
 );
 
 fn gateway(servers: &[moat_host::ServerSpec]) -> Gateway {
@@ -184,6 +185,7 @@ async fn call_in_flight(
                 args(json!({"steps": steps, "interval_ms": interval_ms})),
                 Some(progress),
                 CancellationToken::new(),
+                None,
             )
             .await
     });
@@ -1073,8 +1075,69 @@ async fn a_reloaded_lock_that_no_longer_matches_a_running_server_stops_it(launch
         .map(|e| e["outcome"].clone())
         .collect();
     assert_eq!(exits, vec![serde_json::json!("stale")]);
+
+    // What a reload may not do changes nothing, and says why.
+    let good = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(&path, format!("[wasm]\npool_instances = 7\n{good}")).unwrap();
+    let error = gateway.reload("test").await.unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        format!(
+            "{}: the [wasm] table changed, and the engine cannot change while serving: restart `moat serve` to apply it",
+            path.display()
+        )
+    );
+    std::fs::write(&path, &good).unwrap();
+    std::fs::remove_file(&lock_path).unwrap();
+    let error = gateway.reload("test").await.unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        format!(
+            "{} is gone: a reload never drops the pins of a gateway that enforces a lock (restart `moat serve` to run without one)",
+            lock_path.display()
+        )
+    );
+    assert_eq!(gateway.generation(), 2);
+    assert!(gateway.host().is_locked());
+    let refusals = events_of(&audit, "reload")
+        .iter()
+        .filter(|e| e["outcome"] == "refused")
+        .count();
+    assert_eq!(refusals, 2);
     for session in [before, after] {
         assert!(session.close().await.is_empty());
     }
     assert!(gateway.close_all().await.is_empty());
+}
+
+/// Trace context: the `traceparent` in an agent's `_meta` is passed on in
+/// the `_meta` of the call the server gets (unchanged, as no exporter runs
+/// in this process); one that is not a valid W3C traceparent is dropped.
+async fn the_agents_traceparent_reaches_the_server_and_a_bad_one_does_not(launcher: Launcher) {
+    let mut report = spec(launcher, guests::REPORT);
+    report.name = "r".into();
+    let gateway = gateway(&[report]);
+    let session = gateway.session();
+    let sent = |traceparent: Option<&'static str>| {
+        let session = session.clone();
+        async move {
+            let result = session
+                .call_forwarding(
+                    "r__attack",
+                    None,
+                    None,
+                    CancellationToken::new(),
+                    traceparent,
+                )
+                .await
+                .unwrap();
+            serde_json::from_str::<serde_json::Value>(&text(&result)).unwrap()["meta"].clone()
+        }
+    };
+    let good = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    assert_eq!(sent(Some(good)).await["traceparent"], good);
+    let bad = sent(Some("00-4bf92f3577b34da6a3ce929d0e0e4736-zz-01")).await;
+    assert!(bad.get("traceparent").is_none(), "{bad}");
+    assert!(sent(None).await.get("traceparent").is_none());
+    assert!(session.close().await.is_empty());
 }

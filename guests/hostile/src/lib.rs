@@ -22,6 +22,18 @@ impl<F: FnMut(&Value) -> Option<Value>> Attack for F {
     }
 }
 
+/// The `_meta` of the `tools/call` being answered (null outside one), for
+/// guests that report what they were sent.
+static CALL_META: std::sync::Mutex<Value> = std::sync::Mutex::new(Value::Null);
+
+/// The `_meta` of the call being answered.
+pub fn call_meta() -> Value {
+    CALL_META
+        .lock()
+        .map(|meta| meta.clone())
+        .unwrap_or(Value::Null)
+}
+
 /// Writes one JSON-RPC message as a line on stdout.
 pub fn send(message: &Value) {
     let mut stdout = std::io::stdout().lock();
@@ -104,6 +116,12 @@ pub fn serve_with_arguments(
                     .pointer("/params/arguments")
                     .cloned()
                     .unwrap_or(Value::Null);
+                if let Ok(mut meta) = CALL_META.lock() {
+                    *meta = message
+                        .pointer("/params/_meta")
+                        .cloned()
+                        .unwrap_or(Value::Null);
+                }
                 if let Some(reply) = attack(id, &arguments) {
                     send(&reply);
                 }

@@ -505,7 +505,7 @@ async fn execute(
             let cancel = CancellationToken::new();
             cancel.cancel();
             let answer = session
-                .call_tool_with(tool, arguments.as_object().cloned(), None, cancel)
+                .call_tool_with(tool, arguments.as_object().cloned(), None, cancel, None)
                 .await;
             match answer {
                 Ok(_) | Err(ClientError::Cancelled { .. }) => ping(session).await,

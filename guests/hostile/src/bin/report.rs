@@ -1,5 +1,6 @@
 //! Not hostile: answers `attack` with what it was given, as JSON text:
-//! `{"argv": [...], "env": {...}, "cwd": "...", "pid": N}`. Tests use it to
+//! `{"argv": [...], "env": {...}, "cwd": "...", "pid": N, "meta": {...}}`
+//! (`meta`: the call's `_meta`). Tests use it to
 //! check that argv, the environment and the working directory arrive exactly,
 //! and which process answered (`pid`, as the host sees it, is null under
 //! wasm, which has none).
@@ -30,7 +31,9 @@ fn main() {
         );
         #[cfg(target_os = "wasi")]
         let pid: Option<u32> = None;
-        let report = serde_json::json!({"argv": argv, "env": env, "cwd": cwd, "pid": pid});
+        let report = serde_json::json!({
+            "argv": argv, "env": env, "cwd": cwd, "pid": pid, "meta": hostile::call_meta(),
+        });
         Some(hostile::text_result(id, &report.to_string()))
     });
 }

@@ -1,0 +1,235 @@
+//! `moat serve --http` on the 2026-07-28 revision, driven over raw HTTP as a
+//! hostile or careless client would: a request whose routing headers
+//! contradict its body is refused with -32020 before it reaches a server,
+//! and a stateless request (no session, its `_meta` on the request) after a
+//! reload reaches the new configuration.
+
+mod common;
+
+use std::io::{BufRead, Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::time::Duration;
+
+use moat_test_guests as guests;
+
+const TOKEN: &str = "s3cret";
+
+/// `[servers.NAME]` for the wasm `everything` guest.
+fn server_table(name: &str) -> String {
+    format!(
+        "[servers.{name}]\nwasm = {:?}\nallow_unmeasured = true\n",
+        guests::EVERYTHING_WASM
+    )
+}
+
+/// A running `moat serve --http`, and its stderr line by line.
+struct Server {
+    child: std::process::Child,
+    address: String,
+    lines: std::sync::mpsc::Receiver<String>,
+}
+
+impl Server {
+    fn start(config: &Path, audit: &Path) -> Self {
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_moat"))
+            .args([
+                "serve",
+                "--http",
+                "127.0.0.1:0",
+                "--token",
+                TOKEN,
+                "--config",
+            ])
+            .arg(config)
+            .arg("--audit")
+            .arg(audit)
+            .env(
+                "MOAT_CACHE_DIR",
+                Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-cache"),
+            )
+            .env("MOAT_STATE_DIR", common::state_dir())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("moat serve --http");
+        let stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+        let (send, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in stderr.lines().map_while(Result::ok) {
+                let _ = send.send(line);
+            }
+        });
+        let mut server = Self {
+            child,
+            address: String::new(),
+            lines,
+        };
+        let url = server.line_with("moat: serving MCP at ");
+        server.address = url
+            .trim_start_matches("moat: serving MCP at http://")
+            .trim_end_matches("/mcp")
+            .to_owned();
+        server
+    }
+
+    /// The next stderr line that contains `text`.
+    fn line_with(&self, text: &str) -> String {
+        loop {
+            let line = self
+                .lines
+                .recv_timeout(Duration::from_secs(120))
+                .expect("moat serve's stderr ended");
+            if line.contains(text) {
+                return line;
+            }
+        }
+    }
+
+    /// One stateless 2026-07-28 request: `method` with `params` (its
+    /// `_meta` added), and the routing headers `headers`. The status and
+    /// the JSON-RPC answer.
+    fn request(
+        &self,
+        method: &str,
+        params: serde_json::Value,
+        headers: &[(&str, &str)],
+    ) -> (u16, serde_json::Value) {
+        let mut params = params;
+        params["_meta"] = serde_json::json!({
+            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "1"},
+            "io.modelcontextprotocol/clientCapabilities": {},
+        });
+        let body = serde_json::json!({
+            "jsonrpc": "2.0", "id": 7, "method": method, "params": params,
+        })
+        .to_string();
+        let extra: String = headers
+            .iter()
+            .map(|(name, value)| format!("{name}: {value}\r\n"))
+            .collect();
+        let mut stream = TcpStream::connect(&self.address).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(60)))
+            .unwrap();
+        write!(
+            stream,
+            "POST /mcp HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {TOKEN}\r\nMCP-Protocol-Version: 2026-07-28\r\n{extra}Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            self.address,
+            body.len()
+        )
+        .unwrap();
+        let mut response = String::new();
+        let _ = stream.read_to_string(&mut response);
+        let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+        let status = head
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        // A JSON body, or one SSE event whose data is the answer.
+        let json = body
+            .lines()
+            .find_map(|l| l.strip_prefix("data: ").or(l.starts_with('{').then_some(l)))
+            .and_then(|l| serde_json::from_str(l).ok())
+            .unwrap_or_else(|| panic!("no JSON-RPC answer in {response:?}"));
+        (status, json)
+    }
+
+    fn tool_names(&self) -> Vec<String> {
+        let (status, answer) = self.request(
+            "tools/list",
+            serde_json::json!({}),
+            &[("Mcp-Method", "tools/list")],
+        );
+        assert_eq!(status, 200, "{answer}");
+        answer["result"]["tools"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{answer}"))
+            .iter()
+            .map(|t| t["name"].as_str().unwrap().to_owned())
+            .collect()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Header checks: `Mcp-Method` or `Mcp-Name` contradicting the body gets
+/// HTTP 400 with JSON-RPC -32020 naming both, and the call never reaches
+/// the server (the audit log has no tool call); the matching request is
+/// answered.
+#[test]
+fn routing_headers_that_contradict_the_body_get_32020() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("moat.toml");
+    let audit = dir.path().join("audit.jsonl");
+    std::fs::write(&config, server_table("a")).unwrap();
+    let server = Server::start(&config, &audit);
+    let add = serde_json::json!({"name": "a__add", "arguments": {"a": 1, "b": 2}});
+    for (headers, named) in [
+        (
+            [("Mcp-Method", "tools/list"), ("Mcp-Name", "a__add")],
+            "Mcp-Method header `tools/list` does not match body method `tools/call`",
+        ),
+        (
+            [("Mcp-Method", "tools/call"), ("Mcp-Name", "a__echo")],
+            "Mcp-Name header `a__echo` does not match body value `a__add`",
+        ),
+    ] {
+        let (status, answer) = server.request("tools/call", add.clone(), &headers);
+        assert_eq!(status, 400, "{answer}");
+        assert_eq!(answer["error"]["code"], -32020, "{answer}");
+        let message = answer["error"]["message"].as_str().unwrap();
+        assert!(message.contains(named), "{message}");
+    }
+    let calls = || {
+        std::fs::read_to_string(&audit)
+            .unwrap()
+            .lines()
+            .filter(|l| l.contains(r#""event":"tool_call""#))
+            .count()
+    };
+    assert_eq!(calls(), 0, "refused before any server saw it");
+    let (status, answer) = server.request(
+        "tools/call",
+        add,
+        &[("Mcp-Method", "tools/call"), ("Mcp-Name", "a__add")],
+    );
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["result"]["content"][0]["text"], "3", "{answer}");
+    assert_eq!(calls(), 1);
+}
+
+/// A stateless request after a reload reaches the new configuration: each
+/// one is a session of its own in the generation current when it arrives.
+#[test]
+fn a_stateless_request_after_a_reload_reaches_the_new_configuration() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("moat.toml");
+    let audit = dir.path().join("audit.jsonl");
+    std::fs::write(&config, server_table("a")).unwrap();
+    let server = Server::start(&config, &audit);
+    let before = server.tool_names();
+    assert!(before.contains(&"a__add".to_owned()), "{before:?}");
+    assert!(!before.iter().any(|n| n.starts_with("b__")), "{before:?}");
+
+    std::fs::write(&config, server_table("a") + &server_table("b")).unwrap();
+    // SAFETY: kill(2) on the child's pid, which has not been reaped.
+    assert_eq!(
+        unsafe { libc::kill(server.child.id() as libc::pid_t, libc::SIGHUP) },
+        0
+    );
+    let line = server.line_with("SIGHUP");
+    assert!(
+        line.starts_with("moat: SIGHUP: reloaded (generation 2, 2 servers)"),
+        "{line}"
+    );
+    let after = server.tool_names();
+    assert!(after.contains(&"b__add".to_owned()), "{after:?}");
+    assert!(after.contains(&"a__add".to_owned()), "{after:?}");
+}
