@@ -61,8 +61,8 @@ impl Handshake {
 pub enum ClientError {
     #[error(transparent)]
     Launch(#[from] LaunchError),
-    /// The kill switch: moat.lock's `[[revoked]]`, or a reload whose lock
-    /// no longer matches the running server.
+    /// The kill switch: moat.lock's `[[revoked]]` names the server, the
+    /// tool or a digest the server runs.
     #[error("{subject} is refused: {revocation}")]
     Revoked {
         server: String,

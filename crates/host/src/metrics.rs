@@ -271,7 +271,7 @@ impl Metrics {
 pub fn outcome_class(outcome: &str) -> &str {
     match outcome {
         "ok" | "tool-error" | "invalid-params" | "unavailable" | "cancelled" | "invalid-output"
-        | "error" | "closed" | "stopped" => outcome,
+        | "error" | "closed" | "stopped" | "revoked" | "stale" => outcome,
         _ if outcome.starts_with("fault:") => "fault",
         _ => "refused",
     }
@@ -284,6 +284,8 @@ mod tests {
     #[test]
     fn outcomes_are_a_fixed_set_of_classes() {
         assert_eq!(outcome_class("ok"), "ok");
+        assert_eq!(outcome_class("revoked"), "revoked");
+        assert_eq!(outcome_class("stale"), "stale");
         assert_eq!(outcome_class("fault: server `a` hit its ..."), "fault");
         assert_eq!(
             outcome_class("server `a` has no sha256 pinned: refusing"),
