@@ -6,7 +6,7 @@
 
 mod common;
 
-use std::io::{BufRead, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
 use std::time::Duration;
@@ -32,44 +32,13 @@ struct Server {
 
 impl Server {
     fn start(config: &Path, audit: &Path) -> Self {
-        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_moat"))
-            .args([
-                "serve",
-                "--http",
-                "127.0.0.1:0",
-                "--token",
-                TOKEN,
-                "--config",
-            ])
-            .arg(config)
-            .arg("--audit")
-            .arg(audit)
-            .env(
-                "MOAT_CACHE_DIR",
-                Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-cache"),
-            )
-            .env("MOAT_STATE_DIR", common::state_dir())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .expect("moat serve --http");
-        let stderr = std::io::BufReader::new(child.stderr.take().unwrap());
-        let (send, lines) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in stderr.lines().map_while(Result::ok) {
-                let _ = send.send(line);
-            }
-        });
-        let mut server = Self {
+        let (child, url, lines) = common::serve_http_logged(config, TOKEN, audit, &[]);
+        let address = common::address_of(&url);
+        Self {
             child,
-            address: String::new(),
+            address,
             lines,
-        };
-        let url = server.line_with("moat: serving MCP at ");
-        server.address = url
-            .trim_start_matches("moat: serving MCP at http://")
-            .trim_end_matches("/mcp")
-            .to_owned();
-        server
+        }
     }
 
     /// The next stderr line that contains `text`.

@@ -103,10 +103,7 @@ fn metrics_count_exactly_what_the_audit_log_records() {
         }
     }
     let server = Stop(server);
-    let address = url
-        .trim_start_matches("http://")
-        .trim_end_matches("/mcp")
-        .to_owned();
+    let address = common::address_of(&url);
 
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -132,7 +132,8 @@ fn the_typescript_sdk_drives_moat_serve_over_stdio() {
 /// A raw HTTP/1.1 POST; returns the status code.
 fn post_status(url: &str, host: &str, authorization: Option<&str>, origin: Option<&str>) -> u16 {
     use std::io::{Read, Write};
-    let address = url.trim_start_matches("http://").trim_end_matches("/mcp");
+    let address = common::address_of(url);
+    let address = address.as_str();
     let mut stream = std::net::TcpStream::connect(address).unwrap();
     let body = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}"#;
     let mut auth = authorization
@@ -168,10 +169,7 @@ fn the_typescript_sdk_drives_moat_serve_over_streamable_http() {
     let config = hybrid_config(dir.path());
     let audit = dir.path().join("audit.jsonl");
     let (mut server, url) = serve_http(&config, "s3cret", &audit);
-    let address = url
-        .trim_start_matches("http://")
-        .trim_end_matches("/mcp")
-        .to_owned();
+    let address = common::address_of(&url);
 
     // Without the token: 401. A foreign Host (DNS rebinding) or a browser
     // Origin that was not allowed: 403. The allowed Origin, or none: 200.

@@ -551,61 +551,109 @@ async fn a_typed_component_is_served_locked_beside_a_stdio_one() {
     assert!(child.wait().await.unwrap().success());
 }
 
-/// SIGHUP reloads the config and moat.lock: a tool `moat revoke` names is
-/// refused in the session already running, its neighbour answers, and a
-/// lock that no longer parses changes nothing and says so. (Each step waits for moat's own line
-/// on stderr, never for time.)
-#[tokio::test]
-async fn sighup_puts_a_new_revocation_in_force_in_the_running_session() {
-    use tokio::io::AsyncBufReadExt;
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("moat.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[servers.everything]\nwasm = {:?}\nallow_unmeasured = true\n",
-            guests::EVERYTHING_WASM
-        ),
-    )
-    .unwrap();
-    common::lock(&config);
-    let mut child = serve_stdio_with(&config, &["--locked".as_ref()], Stdio::piped());
-    let mut stderr = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
-    let pid = child.id().unwrap() as libc::pid_t;
-    let stdout = child.stdout.take().unwrap();
-    let stdin = child.stdin.take().unwrap();
-    let agent = Agent.serve((stdout, stdin)).await.expect("initialize");
-    let mut add = CallToolRequestParams::new("everything__add");
-    add.arguments = serde_json::json!({"a": 1, "b": 2}).as_object().cloned();
-    agent.call_tool(add.clone()).await.unwrap();
+/// `moat serve` on stdio (with `extra`) in front of a locked config of the
+/// wasm `everything` server, its stderr piped, with an agent connected
+/// that has had one `everything__add` answered.
+struct Revocable {
+    config: std::path::PathBuf,
+    child: tokio::process::Child,
+    stderr: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStderr>>,
+    agent: rmcp::service::RunningService<rmcp::RoleClient, Agent>,
+    add: CallToolRequestParams,
+}
 
-    let revoke = std::process::Command::new(env!("CARGO_BIN_EXE_moat"))
-        .args(["revoke", "--reason", "returns wrong sums", "--config"])
-        .arg(&config)
-        .arg("everything__add")
-        .output()
+impl Revocable {
+    async fn start(dir: &Path, extra: &[&std::ffi::OsStr]) -> Self {
+        use tokio::io::AsyncBufReadExt;
+        let config = dir.join("moat.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "[servers.everything]\nwasm = {:?}\nallow_unmeasured = true\n",
+                guests::EVERYTHING_WASM
+            ),
+        )
         .unwrap();
-    assert!(revoke.status.success(), "{revoke:?}");
-    let mut hangup_line = async || {
-        // SAFETY: kill(2) on the child's pid, which has not been reaped.
-        assert_eq!(unsafe { libc::kill(pid, libc::SIGHUP) }, 0);
+        common::lock(&config);
+        let mut child = serve_stdio_with(&config, extra, Stdio::piped());
+        let stderr = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+        let stdout = child.stdout.take().unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let agent = Agent.serve((stdout, stdin)).await.expect("initialize");
+        let mut add = CallToolRequestParams::new("everything__add");
+        add.arguments = serde_json::json!({"a": 1, "b": 2}).as_object().cloned();
+        agent.call_tool(add.clone()).await.unwrap();
+        Self {
+            config,
+            child,
+            stderr,
+            agent,
+            add,
+        }
+    }
+
+    /// The next line on moat's stderr that contains `text`.
+    async fn line_with(&mut self, text: &str) -> String {
         loop {
-            let line = stderr
+            let line = self
+                .stderr
                 .next_line()
                 .await
                 .unwrap()
                 .expect("moat serve's stderr ended");
-            if line.contains("SIGHUP") {
+            if line.contains(text) {
                 return line;
             }
         }
+    }
+
+    /// `moat revoke --reason REASON everything__add` on the config.
+    fn revoke_add(&self, reason: &str) {
+        let revoke = std::process::Command::new(env!("CARGO_BIN_EXE_moat"))
+            .args(["revoke", "--reason", reason, "--config"])
+            .arg(&self.config)
+            .arg("everything__add")
+            .output()
+            .unwrap();
+        assert!(revoke.status.success(), "{revoke:?}");
+    }
+
+    /// The agent's error for `everything__add`, as text.
+    async fn add_refused(&self) -> String {
+        format!(
+            "{:?}",
+            self.agent.call_tool(self.add.clone()).await.unwrap_err()
+        )
+    }
+
+    /// Stdin EOF: moat serve must exit 0.
+    async fn finish(mut self) {
+        drop(self.agent);
+        assert!(self.child.wait().await.unwrap().success());
+    }
+}
+
+/// SIGHUP reloads the config and moat.lock: a tool `moat revoke` names is
+/// refused in the session already running, its neighbour answers, and a
+/// lock that no longer parses changes nothing and says so. (Each step waits
+/// for moat's own line on stderr, never for time.)
+#[tokio::test]
+async fn sighup_puts_a_new_revocation_in_force_in_the_running_session() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut served = Revocable::start(dir.path(), &["--locked".as_ref()]).await;
+    let pid = served.child.id().unwrap() as libc::pid_t;
+    served.revoke_add("returns wrong sums");
+    let hangup = || {
+        // SAFETY: kill(2) on the child's pid, which has not been reaped.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGHUP) }, 0);
     };
-    let line = hangup_line().await;
+    hangup();
+    let line = served.line_with("SIGHUP").await;
     assert!(
         line.contains("1 revocations in force (1 new, 0 lifted)"),
         "{line}"
     );
-    let refused = format!("{:?}", agent.call_tool(add.clone()).await.unwrap_err());
+    let refused = served.add_refused().await;
     assert!(
         refused.contains(
             "tool `add` on server `everything` is refused: `everything__add` was revoked by "
@@ -616,19 +664,19 @@ async fn sighup_puts_a_new_revocation_in_force_in_the_running_session() {
     echo.arguments = serde_json::json!({"message": "still here"})
         .as_object()
         .cloned();
-    agent.call_tool(echo).await.unwrap();
+    served.agent.call_tool(echo).await.unwrap();
 
     std::fs::write(dir.path().join("moat.lock"), "version = [").unwrap();
-    let line = hangup_line().await;
+    hangup();
+    let line = served.line_with("SIGHUP").await;
     assert!(
         line.starts_with("moat: error: SIGHUP: reload refused: ")
             && line.contains("moat.lock")
             && line.ends_with("still serving generation 2, unchanged"),
         "{line}"
     );
-    agent.call_tool(add).await.unwrap_err();
-    drop(agent);
-    assert!(child.wait().await.unwrap().success());
+    served.add_refused().await;
+    served.finish().await;
 }
 
 /// `--watch` reloads when moat.lock changes on disk, with no signal: the
@@ -636,62 +684,22 @@ async fn sighup_puts_a_new_revocation_in_force_in_the_running_session() {
 /// reload on, and the reload is audited.
 #[tokio::test]
 async fn watch_reloads_when_the_lock_changes() {
-    use tokio::io::AsyncBufReadExt;
     let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("moat.toml");
     let audit = dir.path().join("audit.jsonl");
-    std::fs::write(
-        &config,
-        format!(
-            "[servers.everything]\nwasm = {:?}\nallow_unmeasured = true\n",
-            guests::EVERYTHING_WASM
-        ),
-    )
-    .unwrap();
-    common::lock(&config);
-    let mut child = serve_stdio_with(
-        &config,
-        &["--watch".as_ref(), "--audit".as_ref(), audit.as_os_str()],
-        Stdio::piped(),
-    );
-    let mut stderr = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
-    let mut line_with = async |text: &str| loop {
-        let line = stderr
-            .next_line()
-            .await
-            .unwrap()
-            .expect("moat serve's stderr ended");
-        if line.contains(text) {
-            return line;
-        }
-    };
-    line_with("moat: watching ").await;
-    let stdout = child.stdout.take().unwrap();
-    let stdin = child.stdin.take().unwrap();
-    let agent = Agent.serve((stdout, stdin)).await.expect("initialize");
-    let mut add = CallToolRequestParams::new("everything__add");
-    add.arguments = serde_json::json!({"a": 1, "b": 2}).as_object().cloned();
-    agent.call_tool(add.clone()).await.unwrap();
-
-    let revoke = std::process::Command::new(env!("CARGO_BIN_EXE_moat"))
-        .args(["revoke", "--config"])
-        .arg(&config)
-        .arg("everything__add")
-        .output()
-        .unwrap();
-    assert!(revoke.status.success(), "{revoke:?}");
-    let line = line_with("moat: watch: ").await;
+    let args = ["--watch".as_ref(), "--audit".as_ref(), audit.as_os_str()];
+    let mut served = Revocable::start(dir.path(), &args).await;
+    served.revoke_add("");
+    let line = served.line_with("moat: watch: ").await;
     assert!(
         line.starts_with("moat: watch: reloaded (generation 2, 1 servers): 1 revocations in force (1 new, 0 lifted)"),
         "{line}"
     );
-    let refused = format!("{:?}", agent.call_tool(add).await.unwrap_err());
+    let refused = served.add_refused().await;
     assert!(
         refused.contains("`everything__add` was revoked by "),
         "{refused}"
     );
-    drop(agent);
-    assert!(child.wait().await.unwrap().success());
+    served.finish().await;
     let reloads: Vec<serde_json::Value> = std::fs::read_to_string(&audit)
         .unwrap()
         .lines()

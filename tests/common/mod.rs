@@ -7,6 +7,23 @@ use std::process::Command;
 /// `moat serve --http 127.0.0.1:0` with a token and an audit log; returns
 /// the child and URL.
 pub fn serve_http(config: &Path, token: &str, audit: &Path) -> (std::process::Child, String) {
+    let (child, url, _stderr) = serve_http_logged(config, token, audit, &[]);
+    (child, url)
+}
+
+/// [`serve_http`] with `extra` arguments, also returning the rest of its
+/// stderr, line by line (read on a thread of its own, so the server never
+/// blocks on it).
+pub fn serve_http_logged(
+    config: &Path,
+    token: &str,
+    audit: &Path,
+    extra: &[&str],
+) -> (
+    std::process::Child,
+    String,
+    std::sync::mpsc::Receiver<String>,
+) {
     use std::io::BufRead;
     let mut child = Command::new(env!("CARGO_BIN_EXE_moat"))
         .args([
@@ -22,6 +39,7 @@ pub fn serve_http(config: &Path, token: &str, audit: &Path) -> (std::process::Ch
         .arg(config)
         .arg("--audit")
         .arg(audit)
+        .args(extra)
         .env(
             "MOAT_CACHE_DIR",
             Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-cache"),
@@ -37,9 +55,21 @@ pub fn serve_http(config: &Path, token: &str, audit: &Path) -> (std::process::Ch
         .map_while(Result::ok)
         .find_map(|l| l.strip_prefix("moat: serving MCP at ").map(str::to_owned))
         .expect("moat serve announces its URL");
-    // Keep draining stderr so the server never blocks on it.
-    std::thread::spawn(move || for _ in lines {});
-    (child, url)
+    let (send, received) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in lines.map_while(Result::ok) {
+            // Nobody listening: keep draining all the same.
+            let _ = send.send(line);
+        }
+    });
+    (child, url, received)
+}
+
+/// The `host:port` of a `http://host:port/mcp` URL.
+pub fn address_of(url: &str) -> String {
+    url.trim_start_matches("http://")
+        .trim_end_matches("/mcp")
+        .to_owned()
 }
 
 /// The state directory (audit key) the CLI tests give `moat`.

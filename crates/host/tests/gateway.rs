@@ -620,14 +620,10 @@ async fn a_tool_revoked_in_the_lock_is_hidden_and_refused_while_its_neighbours_a
 /// the other server answers throughout, and lifting the revocation lets the
 /// server run again. Both changes are audited.
 async fn a_digest_revoked_while_serving_is_refused_where_it_already_runs(launcher: Launcher) {
-    use moat_host::lock::{LOCK_VERSION, Lock};
-    use moat_host::revoke::{Revoked, revocation};
+    use moat_host::revoke::Revoked;
     let mut x = spec(launcher, guests::EVERYTHING);
     x.name = "x".into();
-    let other = match launcher {
-        Launcher::Wasm => Launcher::Native,
-        Launcher::Native => Launcher::Wasm,
-    };
+    let other = other_than(launcher);
     let mut y = spec(other, guests::EVERYTHING);
     y.name = "y".into();
     let digest = host().measure(&x).await.unwrap().sha256;
@@ -645,15 +641,8 @@ async fn a_digest_revoked_while_serving_is_refused_where_it_already_runs(launche
         text(&session.call("x__add", add.clone()).await.unwrap()),
         "3"
     );
-    let target = format!("sha256:{digest}").parse().unwrap();
-    let lock = Lock {
-        version: LOCK_VERSION,
-        revoked: vec![revocation(&target, "compromised build")],
-        ..Lock::default()
-    };
-    let enforced = gateway
-        .set_revocations(Revoked::from_lock(&lock), "test")
-        .await;
+    let (lock, enforced) = revoke_digest(&gateway, &digest).await;
+    let target = &lock.revoked[0].target;
     assert_eq!((enforced.added, enforced.stopped), (1, 1), "{enforced:?}");
     let expected = format!(
         "server `x` is refused: {}",
@@ -748,18 +737,13 @@ async fn a_server_revoked_in_the_lock_at_start_launches_once_lifted(launcher: La
 async fn a_digest_revoked_under_load_drains_or_cancels_its_calls_and_stops_its_children(
     launcher: Launcher,
 ) {
-    use moat_host::lock::{LOCK_VERSION, Lock};
-    use moat_host::revoke::{Revoked, revocation};
     const SESSIONS: usize = 10;
     // Unique to this test: the host (and /proc) are shared with the others.
     let marker = format!("revoked-under-load-{launcher:?}-{}", std::process::id());
     let mut doomed = spec(launcher, guests::EVERYTHING);
     doomed.name = "doomed".into();
     doomed.env.insert("MOAT_TEST_MARKER".into(), marker.clone());
-    let other = match launcher {
-        Launcher::Wasm => Launcher::Native,
-        Launcher::Native => Launcher::Wasm,
-    };
+    let other = other_than(launcher);
     let mut kept = spec(other, guests::EVERYTHING);
     kept.name = "kept".into();
     let digest = host().measure(&doomed).await.unwrap().sha256;
@@ -804,15 +788,8 @@ async fn a_digest_revoked_under_load_drains_or_cancels_its_calls_and_stops_its_c
         );
         tokio::task::yield_now().await;
     }
-    let target = format!("sha256:{digest}").parse().unwrap();
-    let lock = Lock {
-        version: LOCK_VERSION,
-        revoked: vec![revocation(&target, "compromised build")],
-        ..Lock::default()
-    };
-    let enforced = gateway
-        .set_revocations(Revoked::from_lock(&lock), "test")
-        .await;
+    let (lock, enforced) = revoke_digest(&gateway, &digest).await;
+
     let refusal = format!(
         "server `doomed` is refused: {}",
         moat_host::revoke::describe(&lock.revoked[0])
@@ -1140,4 +1117,31 @@ async fn the_agents_traceparent_reaches_the_server_and_a_bad_one_does_not(launch
     assert!(bad.get("traceparent").is_none(), "{bad}");
     assert!(sent(None).await.get("traceparent").is_none());
     assert!(session.close().await.is_empty());
+}
+
+/// The launcher a neighbour runs under: the other one.
+fn other_than(launcher: Launcher) -> Launcher {
+    match launcher {
+        Launcher::Wasm => Launcher::Native,
+        Launcher::Native => Launcher::Wasm,
+    }
+}
+
+/// Revokes `sha256:DIGEST` ("compromised build") as a re-read moat.lock
+/// would: the lock holding the revocation, and what putting it in force did.
+async fn revoke_digest(
+    gateway: &Gateway,
+    digest: &str,
+) -> (moat_host::lock::Lock, moat_host::gateway::Enforced) {
+    use moat_host::lock::{LOCK_VERSION, Lock};
+    let target = format!("sha256:{digest}").parse().unwrap();
+    let lock = Lock {
+        version: LOCK_VERSION,
+        revoked: vec![moat_host::revoke::revocation(&target, "compromised build")],
+        ..Lock::default()
+    };
+    let enforced = gateway
+        .set_revocations(moat_host::revoke::Revoked::from_lock(&lock), "test")
+        .await;
+    (lock, enforced)
 }
