@@ -2,7 +2,8 @@
 //! hostile or careless client would: a request whose routing headers
 //! contradict its body is refused with -32020 before it reaches a server,
 //! and a stateless request (no session, its `_meta` on the request) after a
-//! reload reaches the new configuration.
+//! reload reaches the new configuration; listings carry `resultType` and
+//! never-cache hints.
 
 mod common;
 
@@ -112,6 +113,11 @@ impl Server {
             &[("Mcp-Method", "tools/list")],
         );
         assert_eq!(status, 200, "{answer}");
+        // Moat's listing changes with every reload and revocation and hides
+        // what they refuse: never cacheable, whatever the servers say.
+        assert_eq!(answer["result"]["resultType"], "complete", "{answer}");
+        assert_eq!(answer["result"]["ttlMs"], 0, "{answer}");
+        assert_eq!(answer["result"]["cacheScope"], "private", "{answer}");
         answer["result"]["tools"]
             .as_array()
             .unwrap_or_else(|| panic!("{answer}"))

@@ -1758,6 +1758,10 @@ impl ServerHandler for AgentSession {
         // Revisions without `initialized` reach the agent through here.
         let _ = self.agent.set(context.peer.clone());
         let _in_flight = self.admit(None)?;
+        // No `ttlMs` or `cacheScope` of Moat's own: the listing changes with
+        // every reload, revocation and list_changed, and hides what they
+        // refuse, so rmcp's default for 2026-07-28 (0 ms, private) is the
+        // only honest answer, whatever the servers said of theirs.
         self.tools()
             .await
             .map(ListToolsResult::with_all_items)
