@@ -544,7 +544,7 @@ async fn run(command: Command) -> Result<ExitCode> {
             let loaded = Config::load(&config)?;
             let host = new_host(&config)?;
             let previous = previous_revocations(&Lock::path_for(&config))?;
-            let revoked = moat_host::revoke::Revoked::from_lock(&previous);
+            let revoked = previous.revocations();
             let mut lock = Lock {
                 version: LOCK_VERSION,
                 revoked: previous.revoked.clone(),
@@ -843,7 +843,7 @@ fn revoke(config_path: &Path, target: &str, reason: &str) -> Result<ExitCode> {
             );
         }
     }
-    let revoked = moat_host::revoke::Revoked::from_lock(&lock);
+    let revoked = lock.revocations();
     if let Some((_, earlier)) = revoked.iter().find(|(t, _)| *t == parsed) {
         println!(
             "already revoked: {}",

@@ -323,7 +323,7 @@ impl Host {
     /// execution identity, grant inodes and tool pins.
     pub fn with_lock(mut self, lock: Lock, path: PathBuf) -> Self {
         self = self.protect("lock", path.clone());
-        self.revoked = Arc::new(std::sync::RwLock::new(Arc::new(Revoked::from_lock(&lock))));
+        self.revoked = Arc::new(std::sync::RwLock::new(Arc::new(lock.revocations())));
         self.lock = Some((Arc::new(lock), path));
         self
     }

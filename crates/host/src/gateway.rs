@@ -560,7 +560,10 @@ impl Gateway {
                 source,
             })?;
         }
-        let revoked = lock.as_ref().map(Revoked::from_lock).unwrap_or_default();
+        let revoked = lock
+            .as_ref()
+            .map(crate::lock::Lock::revocations)
+            .unwrap_or_default();
         let revocations = revoked.iter().count();
         let newest = lock.clone().map(Arc::new);
         let host = old

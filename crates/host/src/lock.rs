@@ -54,21 +54,7 @@ pub struct Lock {
     pub revoked: Vec<Revocation>,
 }
 
-/// One `[[revoked]]` entry: what was revoked, by whom, when and why.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Revocation {
-    /// `SERVER`, `SERVER__TOOL` or `sha256:DIGEST` (see
-    /// [`crate::revoke::Target`]).
-    pub target: String,
-    /// Who revoked it: the user `moat revoke` ran as.
-    pub by: String,
-    /// When, in RFC 3339 UTC.
-    pub at: String,
-    /// Why, as given to `moat revoke --reason`.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub reason: String,
-}
+pub use crate::revoke::Revocation;
 
 /// What was approved for one server.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -165,6 +151,11 @@ pub struct LockedTool {
 }
 
 impl Lock {
+    /// The revocations this lock holds, as the kill switch matches them.
+    pub fn revocations(&self) -> crate::revoke::Revoked {
+        crate::revoke::Revoked::of(&self.revoked)
+    }
+
     /// `moat.lock` beside the config file.
     pub fn path_for(config: &Path) -> PathBuf {
         config.with_file_name("moat.lock")
@@ -584,6 +575,16 @@ pub fn printable(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_lock_with_a_bad_target_is_refused_at_its_line() {
+        let text = "version = 1\n\n[[revoked]]\ntarget = \"no such/thing\"\nby = \"root\"\nat = \"2026-12-02T10:00:00Z\"\n";
+        let error = Lock::parse(std::path::Path::new("moat.lock"), text).unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "moat.lock:4:10: revoked[0].target: `no such/thing` is not SERVER, SERVER__TOOL or sha256:DIGEST (a server's name as moat.toml has it)"
+        );
+    }
 
     #[test]
     fn canonical_json_sorts_keys_at_every_level() {

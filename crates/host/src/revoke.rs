@@ -1,14 +1,32 @@
 //! The kill switch's vocabulary: what a `[[revoked]]` entry of moat.lock
 //! names (a server, one of its tools, or a digest), and the set of
 //! revocations the gateway checks on every call and every launch. This
-//! module only parses and matches; [`crate::gateway`] enforces (refuses,
-//! drains, stops children) and [`crate::reload`] picks up a changed lock.
+//! module only parses and matches; [`crate::lock`] reads and writes the
+//! entries, and [`crate::gateway`] enforces them (refuses, drains, stops
+//! children) and reloads a changed lock.
 
 use std::fmt;
 use std::str::FromStr;
 
+use serde::{Deserialize, Serialize};
+
 use crate::identity::{Digest, DigestParseError};
-use crate::lock::{Lock, Revocation};
+
+/// One `[[revoked]]` entry of moat.lock: what was revoked, by whom, when
+/// and why.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Revocation {
+    /// `SERVER`, `SERVER__TOOL` or `sha256:DIGEST` (see [`Target`]).
+    pub target: String,
+    /// Who revoked it: the user `moat revoke` ran as.
+    pub by: String,
+    /// When, in RFC 3339 UTC.
+    pub at: String,
+    /// Why, as given to `moat revoke --reason`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub reason: String,
+}
 
 /// What one revocation names.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -119,12 +137,11 @@ pub struct Revoked {
 }
 
 impl Revoked {
-    /// The revocations `lock` lists. (Each target was checked when the lock
-    /// was parsed.)
-    pub fn from_lock(lock: &Lock) -> Self {
+    /// The revocations of `entries` (a lock's `[[revoked]]`, whose targets
+    /// were checked when it was parsed; one that does not parse is left out).
+    pub fn of(entries: &[Revocation]) -> Self {
         Self {
-            entries: lock
-                .revoked
+            entries: entries
                 .iter()
                 .filter_map(|r| Some((r.target.parse().ok()?, r.clone())))
                 .collect(),
@@ -204,15 +221,12 @@ pub fn describe(revocation: &Revocation) -> String {
 mod tests {
     use super::*;
 
-    fn lock(targets: &[&str]) -> Lock {
-        Lock {
-            version: crate::lock::LOCK_VERSION,
-            revoked: targets
-                .iter()
-                .map(|t| revocation(&t.parse().unwrap(), ""))
-                .collect(),
-            ..Lock::default()
-        }
+    fn revoked(targets: &[&str]) -> Revoked {
+        let entries: Vec<Revocation> = targets
+            .iter()
+            .map(|t| revocation(&t.parse().unwrap(), ""))
+            .collect();
+        Revoked::of(&entries)
     }
 
     #[test]
@@ -245,8 +259,7 @@ mod tests {
     #[test]
     fn names_and_digests_match_only_what_they_name() {
         let digest = Digest::of(b"component");
-        let revoked =
-            Revoked::from_lock(&lock(&["files", "web__fetch", &format!("sha256:{digest}")]));
+        let revoked = revoked(&["files", "web__fetch", &format!("sha256:{digest}")]);
         assert!(revoked.of_name("files", Some("anything")).is_some());
         assert!(revoked.of_name("files", None).is_some());
         assert!(revoked.of_name("web", Some("fetch")).is_some());
@@ -262,20 +275,10 @@ mod tests {
 
     #[test]
     fn with_adds_only_new_targets() {
-        let first = Revoked::from_lock(&lock(&["a"]));
-        let (union, added) = first.with(&Revoked::from_lock(&lock(&["a", "b"])));
+        let first = revoked(&["a"]);
+        let (union, added) = first.with(&revoked(&["a", "b"]));
         assert_eq!(added.len(), 1);
         assert_eq!(added[0].0, Target::Server("b".into()));
         assert_eq!(union.iter().count(), 2);
-    }
-
-    #[test]
-    fn a_lock_with_a_bad_target_is_refused_at_its_line() {
-        let text = "version = 1\n\n[[revoked]]\ntarget = \"no such/thing\"\nby = \"root\"\nat = \"2026-12-02T10:00:00Z\"\n";
-        let error = Lock::parse(std::path::Path::new("moat.lock"), text).unwrap_err();
-        assert_eq!(
-            error.to_string(),
-            "moat.lock:4:10: revoked[0].target: `no such/thing` is not SERVER, SERVER__TOOL or sha256:DIGEST (a server's name as moat.toml has it)"
-        );
     }
 }

@@ -1140,8 +1140,6 @@ async fn revoke_digest(
         revoked: vec![moat_host::revoke::revocation(&target, "compromised build")],
         ..Lock::default()
     };
-    let enforced = gateway
-        .set_revocations(moat_host::revoke::Revoked::from_lock(&lock), "test")
-        .await;
+    let enforced = gateway.set_revocations(lock.revocations(), "test").await;
     (lock, enforced)
 }
