@@ -1282,8 +1282,10 @@ impl AgentSession {
                 None,
             ));
         }
-        let span = crate::trace::call_span(&self.id, server, tool, traceparent);
-        let passed_on = crate::trace::passed_on(&span, traceparent);
+        // Parsed once: an invalid traceparent is neither parent nor passed on.
+        let parent = traceparent.and_then(crate::trace::parse);
+        let span = crate::trace::call_span(&self.id, server, tool, parent.as_ref());
+        let passed_on = crate::trace::passed_on(&span, parent.as_ref());
         self.call_in_span(server, tool, arguments, progress, cancel, passed_on, &span)
             .instrument(span.clone())
             .await

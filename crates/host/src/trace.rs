@@ -9,13 +9,13 @@
 use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-/// The span of one tool call, a child of the agent's span when `traceparent`
-/// names a valid one.
+/// The span of one tool call, a child of the agent's span `parent` (its
+/// `traceparent`, [`parse`]d) when there is one.
 pub(crate) fn call_span(
     session: &str,
     server: &str,
     tool: &str,
-    traceparent: Option<&str>,
+    parent: Option<&SpanContext>,
 ) -> tracing::Span {
     let span = tracing::info_span!(
         "tools/call",
@@ -29,8 +29,8 @@ pub(crate) fn call_span(
         mcp.fuel = tracing::field::Empty,
         mcp.limit = tracing::field::Empty,
     );
-    if let Some(parent) = traceparent.and_then(parse) {
-        let context = opentelemetry::Context::new().with_remote_span_context(parent);
+    if let Some(parent) = parent {
+        let context = opentelemetry::Context::new().with_remote_span_context(parent.clone());
         // Fails only when no OpenTelemetry layer is installed: nothing to
         // parent then.
         let _ = span.set_parent(context);
@@ -56,14 +56,14 @@ pub(crate) fn record_end(
 
 /// The `traceparent` passed on to the server: the call's own span when
 /// spans are exported (so the server's spans nest under Moat's), else the
-/// agent's, when valid, unchanged.
-pub(crate) fn passed_on(span: &tracing::Span, traceparent: Option<&str>) -> Option<String> {
+/// agent's `parent`, unchanged.
+pub(crate) fn passed_on(span: &tracing::Span, parent: Option<&SpanContext>) -> Option<String> {
     let context = span.context();
-    let own = context.span().span_context().clone();
-    if own.is_valid() {
-        return Some(format(&own));
+    let own = context.span();
+    if own.span_context().is_valid() {
+        return Some(format(own.span_context()));
     }
-    traceparent.and_then(parse).map(|parent| format(&parent))
+    parent.map(format)
 }
 
 /// A W3C `traceparent` (version 00): `00-<32 hex>-<16 hex>-<2 hex>`, with
@@ -130,9 +130,10 @@ mod tests {
     #[test]
     fn without_an_exporter_the_agents_traceparent_is_passed_on_unchanged() {
         let good = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
-        let span = call_span("s1", "a", "b", Some(good));
-        assert_eq!(passed_on(&span, Some(good)).as_deref(), Some(good));
-        assert_eq!(passed_on(&span, Some("garbage")), None);
+        let parent = parse(good);
+        let span = call_span("s1", "a", "b", parent.as_ref());
+        assert_eq!(passed_on(&span, parent.as_ref()).as_deref(), Some(good));
+        assert_eq!(passed_on(&span, parse("garbage").as_ref()), None);
         assert_eq!(passed_on(&span, None), None);
     }
 }
