@@ -498,6 +498,42 @@ async fn a_call_past_its_deadline_fails_alone() {
     session.close().await.unwrap();
 }
 
+/// `moat fuzz` on a typed component: a call cancelled as it is sent still
+/// runs to its end on the server, and the panic it writes to stderr after
+/// the case's answer (the ping's) belongs to that case; the next case, a
+/// sound call, is not blamed for it. Repeated, since before the fix it
+/// depended on which of the ping's answer and the stderr reader came first
+/// (`moat fuzz` runs on a multi-thread runtime, where the cancelled call and
+/// the ping are handled at once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_calls_panic_is_found_in_its_own_case_not_the_next() {
+    use moat_host::fuzz::{Case, Class, Runner};
+    let mut runner = Runner::start(host().clone(), kinds(Instances::Call), false, None)
+        .await
+        .expect("start the fuzz runner");
+    let cancelled = Case::CancelMidCall {
+        tool: "prefix".into(),
+        arguments: json!({"text": "", "count": 1}),
+    };
+    let sound = Case::Call {
+        tool: "greet".into(),
+        arguments: json!({"name": "next"}),
+    };
+    for round in 0..20 {
+        let outcome = runner.run(&cancelled).await;
+        assert_eq!(outcome.class, Class::Panic, "round {round}: {outcome:?}");
+        assert!(
+            outcome
+                .detail
+                .contains("end byte index 1 is out of bounds of ``"),
+            "round {round}: {outcome:?}"
+        );
+        let next = runner.run(&sound).await;
+        assert_eq!(next.class, Class::Ok, "round {round}: {next:?}");
+    }
+    runner.close().await;
+}
+
 /// A host for the JavaScript and Python components (11 and 18 MB, several
 /// seconds each to compile), whose cache is the CLI tests': each is
 /// compiled once per test run.

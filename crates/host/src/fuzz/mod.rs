@@ -427,7 +427,12 @@ impl Runner {
         // A crash or a limit ends the instance: a typed component's call
         // fails alone, but what it wrote to stderr is only all read once
         // the session closes, and must not be laid at the next case's door.
-        let ended = matches!(outcome.class, Class::Crash | Class::Limit | Class::Hang);
+        // So does a cancelled call: its answer is the ping's, but the call
+        // may still run on the server (a typed component's always runs to
+        // its end), and whatever it writes or breaks is this case's, not
+        // the next one's. Closing waits for it, bounded by the grace period.
+        let ended = matches!(outcome.class, Class::Crash | Class::Limit | Class::Hang)
+            || matches!(case, Case::CancelMidCall { .. });
         if shared.fault().is_some() || fresh || ended {
             // Closing awaits the stderr reader, so a panic message written
             // just before the end is in the buffer below.
