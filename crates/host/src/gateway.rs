@@ -1286,7 +1286,10 @@ impl AgentSession {
         let parent = traceparent.and_then(crate::trace::parse);
         let span = crate::trace::call_span(&self.id, server, tool, parent.as_ref());
         let passed_on = crate::trace::passed_on(&span, parent.as_ref());
-        self.call_in_span(server, tool, arguments, progress, cancel, passed_on, &span)
+        // Boxed, as the call within it is: a call's future holds the
+        // child's start, the call and the audit, several kilobytes that
+        // were copied at every move (into the span, into rmcp's task).
+        Box::pin(self.call_in_span(server, tool, arguments, progress, cancel, passed_on, &span))
             .instrument(span.clone())
             .await
     }
@@ -1340,9 +1343,13 @@ impl AgentSession {
             return Err(to_error(error));
         }
         let fuel_before = child.shared().metrics().fuel_consumed();
-        let call =
-            child.call_tool_with(tool, arguments, progress, cancel_call.clone(), traceparent);
-        tokio::pin!(call);
+        let mut call = Box::pin(child.call_tool_with(
+            tool,
+            arguments,
+            progress,
+            cancel_call.clone(),
+            traceparent,
+        ));
         let result = loop {
             tokio::select! {
                 result = &mut call => break result,

@@ -836,7 +836,7 @@ async fn read_stdout(
         if line.last() == Some(&b'\r') {
             line.pop();
         }
-        match parse_message(&line) {
+        match parse_message(&shared, &line) {
             Ok(message) => {
                 if let ServerJsonRpcMessage::Notification(notification) = &message
                     && matches!(
@@ -938,11 +938,61 @@ async fn read_stdout(
     // Dropping `incoming` tells rmcp the transport is closed.
 }
 
-fn parse_message(line: &[u8]) -> Result<ServerJsonRpcMessage, String> {
+fn parse_message(shared: &Shared, line: &[u8]) -> Result<ServerJsonRpcMessage, String> {
     if line.is_empty() {
         return Err("empty line".to_owned());
     }
+    if let Some(answer) = call_answer(shared, line) {
+        return Ok(answer);
+    }
     serde_json::from_slice::<ServerJsonRpcMessage>(line).map_err(|error| error.to_string())
+}
+
+/// The answer to a pending `tools/call`, decoded as what it answers.
+///
+/// rmcp decodes a server's message as an untagged union: the line is
+/// buffered whole, then tried as a request, then as each of twenty result
+/// types in turn, and every miss builds an error message; a call's result
+/// is the sixteenth. That was a sixth of the host's instructions per
+/// forwarded call. The transport knows what each pending id asked, so the
+/// answer to a call is decoded as a `CallToolResult` at once, under the same
+/// shape rule (a `result`, and neither `method` nor `error`, whatever their
+/// values). Anything else takes rmcp's path: every other message, an answer
+/// to another request, and a result that is not a call's (a task, a request
+/// for input), so nothing is accepted that rmcp would refuse.
+fn call_answer(shared: &Shared, line: &[u8]) -> Option<ServerJsonRpcMessage> {
+    /// Whether a key is present at all (`"error": null` counts).
+    fn present<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<bool, D::Error> {
+        serde::de::IgnoredAny::deserialize(deserializer).map(|_| true)
+    }
+    #[derive(serde::Deserialize)]
+    struct CallAnswer {
+        jsonrpc: rmcp::model::JsonRpcVersion2_0,
+        id: RequestId,
+        result: rmcp::model::CallToolResult,
+        #[serde(default, deserialize_with = "present")]
+        method: bool,
+        #[serde(default, deserialize_with = "present")]
+        error: bool,
+    }
+    use serde::Deserialize;
+    let answer: CallAnswer = serde_json::from_slice(line).ok()?;
+    if answer.method || answer.error {
+        return None;
+    }
+    let asked_a_call = shared
+        .pending
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&answer.id)
+        .is_some_and(|(method, _)| method == "tools/call");
+    asked_a_call.then(|| {
+        ServerJsonRpcMessage::Response(rmcp::model::JsonRpcResponse {
+            jsonrpc: answer.jsonrpc,
+            id: answer.id,
+            result: rmcp::model::ServerResult::CallToolResult(answer.result),
+        })
+    })
 }
 
 fn response_id(message: &ServerJsonRpcMessage) -> Option<RequestId> {
@@ -1022,5 +1072,69 @@ mod tests {
         assert_eq!(buffer.len(), 8);
         assert_eq!(buffer.total_bytes(), 12);
         assert_eq!(buffer.tail(100), "456789ab");
+    }
+
+    /// `shared` with request `id` pending as `method`.
+    fn pending(method: &str) -> Shared {
+        let shared = Shared::new("s".into(), &Limits::default());
+        shared.pending.lock().unwrap().insert(
+            RequestId::Number(7),
+            (method.to_owned(), Instant::now() + Duration::from_secs(60)),
+        );
+        shared
+    }
+
+    fn result_of(message: &ServerJsonRpcMessage) -> &rmcp::model::ServerResult {
+        match message {
+            ServerJsonRpcMessage::Response(response) => &response.result,
+            other => panic!("not a response: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_calls_answer_is_decoded_as_a_call_result_and_nothing_else_is() {
+        use rmcp::model::ServerResult;
+        let call = br#"{"jsonrpc":"2.0","id":7,"result":{"content":[{"type":"text","text":"hi"}],"isError":false}}"#;
+        // Taken at once when the pending id asked `tools/call`...
+        let shared = pending("tools/call");
+        let fast = call_answer(&shared, call).expect("the fast path takes a call's answer");
+        let ServerResult::CallToolResult(result) = result_of(&fast) else {
+            panic!("{fast:?}");
+        };
+        assert_eq!(result.is_error, Some(false));
+        // ... and the same as rmcp's own decoding of it.
+        let json = |m: &ServerJsonRpcMessage| serde_json::to_value(m).unwrap();
+        assert_eq!(json(&parse_message(&shared, call).unwrap()), json(&fast));
+        let general = serde_json::from_slice::<ServerJsonRpcMessage>(call).unwrap();
+        assert!(matches!(
+            result_of(&general),
+            ServerResult::CallToolResult(_)
+        ));
+        assert_eq!(json(&general), json(&fast));
+        // Not for an id that asked something else, nor one not pending.
+        assert!(call_answer(&pending("tools/list"), call).is_none());
+        let other = br#"{"jsonrpc":"2.0","id":8,"result":{"content":[]}}"#;
+        assert!(call_answer(&shared, other).is_none());
+        // A stray `error` or `method` beside the result, even null, is refused
+        // as rmcp refuses it.
+        for stray in [
+            &br#"{"jsonrpc":"2.0","id":7,"result":{"content":[]},"error":null}"#[..],
+            br#"{"jsonrpc":"2.0","id":7,"result":{"content":[]},"method":"x"}"#,
+        ] {
+            assert!(call_answer(&shared, stray).is_none());
+            let refused = parse_message(&shared, stray).unwrap_err();
+            assert!(
+                refused.contains("unrecognized JSON-RPC message"),
+                "{refused}"
+            );
+        }
+        // A result that is not a call's (a task) takes rmcp's path.
+        let task = br#"{"jsonrpc":"2.0","id":7,"result":{"task":{"taskId":"t","status":"working","createdAt":"2026-01-01T00:00:00Z","lastUpdatedAt":"2026-01-01T00:00:00Z","ttl":null}}}"#;
+        assert!(call_answer(&shared, task).is_none());
+        let decoded = parse_message(&shared, task).unwrap();
+        assert!(
+            !matches!(result_of(&decoded), ServerResult::CallToolResult(_)),
+            "{decoded:?}"
+        );
     }
 }
