@@ -985,7 +985,9 @@ fn call_answer(shared: &Shared, line: &[u8]) -> Option<ServerJsonRpcMessage> {
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .get(&answer.id)
-        .is_some_and(|(method, _)| method == "tools/call");
+        .is_some_and(|(method, _)| {
+            method == <rmcp::model::CallToolRequestMethod as rmcp::model::ConstString>::VALUE
+        });
     asked_a_call.then(|| {
         ServerJsonRpcMessage::Response(rmcp::model::JsonRpcResponse {
             jsonrpc: answer.jsonrpc,
