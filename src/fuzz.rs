@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use moat_host::fuzz::report::{self, CaseFile};
 use moat_host::fuzz::{self as engine, Budget, Event, Options, Runner, Summary};
-use moat_host::lock::{Lock, printable};
+use moat_host::lock::Lock;
+use moat_host::text::printable;
 use moat_host::{Config, ServerSpec};
 
 use crate::FuzzArgs;

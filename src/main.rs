@@ -6,9 +6,10 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
-use moat_host::lock::{LOCK_VERSION, Lock, printable};
+use moat_host::lock::{LOCK_VERSION, Lock};
 use moat_host::policy::ToolStatus;
 use moat_host::rmcp::model::JsonObject;
+use moat_host::text::printable;
 use moat_host::{Config, Digest, Host, Session};
 
 mod fuzz;
@@ -307,7 +308,7 @@ fn main() -> ExitCode {
         Err(error) => {
             eprintln!(
                 "moat: error: --otlp: {}",
-                printable(&moat_host::lock::error_chain(error.as_ref()))
+                printable(&moat_host::text::error_chain(error.as_ref()))
             );
             return ExitCode::FAILURE;
         }
@@ -341,7 +342,7 @@ fn main() -> ExitCode {
             // One line: the chain of causes, joined, with whatever a server
             // wrote into it (error messages, stderr tails) escaped.
             let message =
-                printable(&moat_host::lock::error_chain(error.as_ref()).replace('\n', " "));
+                printable(&moat_host::text::error_chain(error.as_ref()).replace('\n', " "));
             eprintln!("moat: error: {message}");
             ExitCode::FAILURE
         }
@@ -481,10 +482,7 @@ async fn run(command: Command) -> Result<ExitCode> {
             let store = if no_install {
                 None
             } else {
-                Some(
-                    moat_host::packages::default_store()
-                        .ok_or(moat_host::packages::PackageError::NoStore)?,
-                )
+                Some(moat_host::dirs::store().ok_or(moat_host::packages::PackageError::NoStore)?)
             };
             let imported = moat_host::importer::import(
                 &file,
@@ -885,7 +883,10 @@ pub(crate) fn new_host(config_path: &Path) -> Result<Host> {
     // to be written (`moat add` makes it) has the default.
     let (metering, allocator) = if config_path.exists() {
         let config = Config::load(config_path)?;
-        (config.wasm.metering, config.allocator())
+        (
+            config.wasm.metering,
+            moat_host::wasm::Allocator::of(&config),
+        )
     } else {
         Default::default()
     };
@@ -1203,7 +1204,7 @@ fn reload_report(
         ),
         Err(error) => format!(
             "error: {source}: reload refused: {}; still serving generation {}, unchanged",
-            printable(&moat_host::lock::error_chain(&error)),
+            printable(&moat_host::text::error_chain(&error)),
             gateway.generation()
         ),
     }

@@ -7,8 +7,9 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result, anyhow, bail};
 use moat_host::Config;
-use moat_host::lock::{Lock, LockedTool, printable};
+use moat_host::lock::{Lock, LockedTool};
 use moat_host::packages;
+use moat_host::text::printable;
 
 /// `moat add`: imports `command args` as one server and appends it to the
 /// config (created when missing).
@@ -34,7 +35,7 @@ pub fn add(
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
     let store = if install {
-        Some(packages::default_store().ok_or(packages::PackageError::NoStore)?)
+        Some(moat_host::dirs::store().ok_or(packages::PackageError::NoStore)?)
     } else {
         None
     };

@@ -99,17 +99,9 @@ pub fn anchor_path(path: &Path) -> PathBuf {
     PathBuf::from(name)
 }
 
-/// The default directory of the audit key: `$MOAT_STATE_DIR`, else
-/// `$XDG_STATE_HOME/moat`, else `$HOME/.local/state/moat`.
+/// The default directory of the audit key (see [`crate::dirs::state`]).
 pub fn default_key_dir() -> Option<PathBuf> {
-    let set = |name| std::env::var_os(name).filter(|v| !v.is_empty());
-    if let Some(dir) = set("MOAT_STATE_DIR") {
-        return Some(PathBuf::from(dir));
-    }
-    if let Some(dir) = set("XDG_STATE_HOME") {
-        return Some(PathBuf::from(dir).join("moat"));
-    }
-    set("HOME").map(|home| PathBuf::from(home).join(".local/state/moat"))
+    crate::dirs::state()
 }
 
 /// The audit key in `dir`, made there when `create` and there is none.
@@ -231,7 +223,7 @@ impl Outcome {
     }
 
     /// A fault: what Moat saw, and the digest of what the server wrote.
-    pub fn of_fault(fault: &crate::Fault) -> Self {
+    pub fn of_fault(fault: &crate::transport::Fault) -> Self {
         Self::with_server_text(format!("fault: {}", fault.summary()), fault.server_text())
     }
 }
@@ -667,7 +659,7 @@ mod tests {
         let key = key();
         let path = dir.path().join("audit.jsonl");
         let log = AuditLog::open(&path, key).unwrap();
-        let fault = crate::Fault::Exited {
+        let fault = crate::transport::Fault::Exited {
             server: "s".into(),
             code: 1,
             stderr_tail: "AWS_SECRET_ACCESS_KEY=hunter2".into(),

@@ -16,10 +16,9 @@ use rmcp::{ClientHandler, ClientLifecycleMode, ClientServiceExt, RoleClient, Ser
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::LaunchError;
-use crate::ServerTransport;
 use crate::config::{ServerKind, ServerSpec, WasmSource};
 use crate::identity::{Digest, Expectation};
+use crate::launch::{LaunchError, ServerTransport};
 use crate::lock::{
     IdentityParts, Lock, LockedServer, LockedTool, canonical_tool, execution_identity, tool_pin,
 };
@@ -352,17 +351,9 @@ impl Host {
         self
     }
 
-    /// The default cache directory: `$MOAT_CACHE_DIR`, else
-    /// `$XDG_CACHE_HOME/moat`, else `$HOME/.cache/moat`.
+    /// The default cache directory (see [`crate::dirs::cache`]).
     pub fn default_cache_dir() -> Option<PathBuf> {
-        let set = |name| std::env::var_os(name).filter(|v| !v.is_empty());
-        if let Some(dir) = set("MOAT_CACHE_DIR") {
-            return Some(PathBuf::from(dir));
-        }
-        if let Some(dir) = set("XDG_CACHE_HOME") {
-            return Some(PathBuf::from(dir).join("moat"));
-        }
-        std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache").join("moat"))
+        crate::dirs::cache()
     }
 
     /// The lock entry for `server`, when a lock is enforced.

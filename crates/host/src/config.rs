@@ -8,7 +8,7 @@ use std::num::{NonZeroU64, NonZeroUsize};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use toml::Spanned;
 
 use crate::identity::{Digest, Expectation};
@@ -60,26 +60,6 @@ pub enum AllocatorSetting {
     /// Mapped per instance, unmapped when it ends.
     #[default]
     OnDemand,
-}
-
-impl Config {
-    /// The wasm engine's allocator for this config: a pooling allocator's
-    /// slots are as large as the largest `memory_bytes` of any server.
-    pub fn allocator(&self) -> crate::wasm::Allocator {
-        match self.wasm.allocator {
-            AllocatorSetting::OnDemand => crate::wasm::Allocator::OnDemand,
-            AllocatorSetting::Pooling => crate::wasm::Allocator::Pooling(crate::wasm::Pool {
-                instances: self.wasm.pool_instances.get(),
-                max_memory_bytes: self
-                    .servers
-                    .values()
-                    .map(|spec| spec.limits.memory_bytes)
-                    .chain([Limits::default().memory_bytes])
-                    .max()
-                    .unwrap_or_default(),
-            }),
-        }
-    }
 }
 
 /// `[wasm] metering`: how guests' CPU is bounded. Both let the per-request
@@ -175,7 +155,7 @@ pub struct ServerSpec {
     pub sandbox: Sandbox,
     /// For a native server installed by Moat (`moat add`, `moat import`):
     /// the package, its version and its install in the store.
-    pub package: Option<crate::packages::PackageRecord>,
+    pub package: Option<PackageRecord>,
 }
 
 /// One `[[servers.NAME.dirs]]` grant.
@@ -537,7 +517,7 @@ struct RawServer {
     net: Vec<Spanned<String>>,
     #[serde(default)]
     sandbox: Sandbox,
-    package: Option<Spanned<crate::packages::PackageRecord>>,
+    package: Option<Spanned<PackageRecord>>,
 }
 
 #[derive(Deserialize)]
@@ -562,7 +542,8 @@ impl Config {
     /// are resolved against `path`'s directory).
     pub fn parse(path: &Path, text: &str) -> Result<Self, ConfigError> {
         let invalid = |span: Option<Range<usize>>, message: String| {
-            let (line, column) = span.map_or((1, 1), |span| line_column(text, span.start));
+            let (line, column) =
+                span.map_or((1, 1), |span| crate::text::line_column(text, span.start));
             ConfigError::Invalid {
                 path: path.to_owned(),
                 line,
@@ -904,15 +885,6 @@ pub(crate) fn valid_server_name(name: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
 }
 
-/// 1-based line and column (in characters) of byte `offset` in `text`.
-pub(crate) fn line_column(text: &str, offset: usize) -> (usize, usize) {
-    let offset = offset.min(text.len());
-    let before = &text[..offset];
-    let line = before.matches('\n').count() + 1;
-    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
-    (line, before[line_start..].chars().count() + 1)
-}
-
 /// Checks a configured endpoint and returns it normalised. Only `https`, or
 /// `http` to a loopback address; no user name or password (use
 /// `bearer_token_env`), no fragment.
@@ -954,15 +926,62 @@ fn is_loopback(url: &url::Url) -> bool {
     }
 }
 
-/// The default package store: `$MOAT_DATA_DIR/store`, else
-/// `$XDG_DATA_HOME/moat/store`, else `$HOME/.local/share/moat/store`.
-pub fn default_store() -> Option<PathBuf> {
-    let set = |name| std::env::var_os(name).filter(|v| !v.is_empty());
-    let data = set("MOAT_DATA_DIR")
-        .map(PathBuf::from)
-        .or_else(|| set("XDG_DATA_HOME").map(|d| PathBuf::from(d).join("moat")))
-        .or_else(|| set("HOME").map(|h| PathBuf::from(h).join(".local/share/moat")))?;
-    Some(data.join("store"))
+/// The ecosystem a package comes from, which says how it is installed and
+/// run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Ecosystem {
+    /// npm packages, installed with npm, run by node.
+    Npm,
+    /// Python distributions, installed with pip, run by python3.
+    Python,
+}
+
+impl Ecosystem {
+    /// The lockfile's name in an install.
+    pub fn lockfile(self) -> &'static str {
+        match self {
+            Self::Npm => "package-lock.json",
+            Self::Python => "requirements.txt",
+        }
+    }
+
+    pub(crate) fn interpreter(self) -> &'static str {
+        match self {
+            Self::Npm => "node",
+            Self::Python => "python3",
+        }
+    }
+}
+
+impl std::fmt::Display for Ecosystem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Npm => "npm",
+            Self::Python => "python",
+        })
+    }
+}
+
+/// A server's `package` record in moat.toml: what was installed, from what
+/// request, and where.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PackageRecord {
+    pub ecosystem: Ecosystem,
+    /// The package (npm name or Python distribution).
+    pub name: String,
+    /// The exact version installed.
+    pub version: String,
+    /// The program run: an npm `bin` name, a console script, or `-m MOD`.
+    pub entry: String,
+    /// The leading arguments that start the entry point; the server's own
+    /// arguments follow them in `args`.
+    pub entry_args: Vec<String>,
+    /// The install in the store.
+    pub store: PathBuf,
+    /// The sha256 of its lockfile (inside `store`).
+    pub lockfile_sha256: String,
 }
 
 #[cfg(test)]
@@ -1066,22 +1085,7 @@ request_timeout_ms = 100
     }
 
     #[test]
-    fn the_pooling_allocator_is_asked_for_and_sized_by_the_largest_memory_limit() {
-        let config = parse("[servers.a]\nwasm = \"a.wasm\"\n").unwrap();
-        assert_eq!(config.allocator(), crate::wasm::Allocator::OnDemand);
-        let config = parse(
-            "[wasm]\nallocator = \"pooling\"\npool_instances = 50\n\
-             [servers.a]\nwasm = \"a.wasm\"\n\
-             [servers.b]\nwasm = \"b.wasm\"\n[servers.b.limits]\nmemory_bytes = 1073741824\n",
-        )
-        .unwrap();
-        assert_eq!(
-            config.allocator(),
-            crate::wasm::Allocator::Pooling(crate::wasm::Pool {
-                instances: 50,
-                max_memory_bytes: 1 << 30,
-            })
-        );
+    fn a_bad_allocator_setting_is_refused_at_its_place() {
         let (line, column, message) = invalid_at("[wasm]\npool_instances = 0\n");
         assert_eq!((line, column), (2, 18));
         assert!(message.contains("nonzero"), "{message}");

@@ -347,7 +347,7 @@ async fn relay(mut client: TcpStream, allowed: &[NetGrant]) -> std::io::Result<(
     if !allowed_by(allowed, &target.host, target.port) {
         let reason = format!(
             "{}:{} is not in this server's net grants",
-            crate::lock::printable(&target.host),
+            crate::text::printable(&target.host),
             target.port
         );
         return refuse(&mut client, "403 Forbidden", &reason).await;
@@ -372,7 +372,7 @@ async fn relay(mut client: TcpStream, allowed: &[NetGrant]) -> std::io::Result<(
         Err(error) => {
             let reason = format!(
                 "connecting to {}:{}: {error}",
-                crate::lock::printable(&target.host),
+                crate::text::printable(&target.host),
                 target.port
             );
             return refuse(&mut client, "502 Bad Gateway", &reason).await;

@@ -1612,11 +1612,11 @@ fn outcome_of(error: &ClientError) -> Outcome {
 fn limit_of(error: &ClientError) -> Option<&'static str> {
     match error {
         ClientError::Fault {
-            fault: crate::Fault::Limit { limit, .. },
+            fault: crate::transport::Fault::Limit { limit, .. },
             ..
         }
         | ClientError::GaveUp {
-            fault: crate::Fault::Limit { limit, .. },
+            fault: crate::transport::Fault::Limit { limit, .. },
             ..
         } => Some(limit.name()),
         _ => None,

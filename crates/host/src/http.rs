@@ -201,7 +201,7 @@ pub async fn serve(
     token: Option<String>,
     allowed: Allowed,
     shutdown: impl std::future::Future<Output = ()>,
-) -> Result<Vec<(String, crate::ClientError)>, HttpError> {
+) -> Result<Vec<(String, crate::client::ClientError)>, HttpError> {
     let settings = gateway.serve_settings().clone();
     let addr = listener.local_addr().map_err(HttpError::LocalAddr)?;
     if !addr.ip().is_loopback() && token.is_none() {
@@ -624,13 +624,13 @@ mod tests {
     }
 
     fn gateway() -> Gateway {
-        let config = crate::Config {
+        let config = crate::config::Config {
             path: "moat.toml".into(),
             servers: Default::default(),
             serve: Default::default(),
             wasm: Default::default(),
         };
-        Gateway::new(crate::Host::new(None).unwrap(), config, None)
+        Gateway::new(crate::client::Host::new(None).unwrap(), config, None)
     }
 
     /// The status line's code of the answer to `request`, sent raw.

@@ -92,7 +92,7 @@ pub fn toml_string(value: &str) -> String {
             '\\' => out.push_str("\\\\"),
             '\n' => out.push_str("\\n"),
             '\t' => out.push_str("\\t"),
-            c if crate::lock::is_unsafe_on_terminal(c) => {
+            c if crate::text::is_unsafe_on_terminal(c) => {
                 out.push_str(&format!("\\u{:04X}", c as u32))
             }
             c => out.push(c),
@@ -391,7 +391,7 @@ fn pin_command(
                     imported.toml,
                     "sha256 = \"{}\"  # {} at import",
                     Digest::of(&bytes),
-                    crate::lock::printable(&resolved.target.display().to_string())
+                    crate::text::printable(&resolved.target.display().to_string())
                 );
             }
             Err(error) => {

@@ -10,8 +10,11 @@ use std::sync::Arc;
 
 use crate::config::{ServerKind, ServerSpec, WasmSource};
 use crate::identity::Expectation;
-use crate::transport::{ServerTransport, TransportError};
+use crate::transport::TransportError;
 use crate::wasm::{WasmEngine, WasmLaunch};
+
+/// The one client transport, launching through the launchers here.
+pub type ServerTransport = crate::transport::ServerTransport<LaunchError>;
 
 /// Why a server could not be launched.
 #[derive(Debug, thiserror::Error)]
@@ -217,11 +220,7 @@ impl Planned {
 
     /// A transport for server `name` that starts one instance when
     /// connected.
-    pub fn transport(
-        self,
-        name: &str,
-        limits: crate::limits::Limits,
-    ) -> ServerTransport<LaunchError> {
+    pub fn transport(self, name: &str, limits: crate::limits::Limits) -> ServerTransport {
         ServerTransport::new(name, limits, move |tracker| self.start(tracker))
     }
 }

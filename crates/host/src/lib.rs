@@ -1,7 +1,8 @@
 //! moat-host: runs MCP servers isolated, measured and bounded.
 //!
 //! Layers, each importing only from those below it:
-//! 1. Vocabulary and data: [`config`] (parse and validate `moat.toml`),
+//! 1. Vocabulary and data: [`text`] (untrusted text made printable),
+//!    [`dirs`] (Moat's default directories), [`config`] (parse and validate `moat.toml`),
 //!    [`identity`] (digests, evidence), [`limits`], [`lock`], [`keys`],
 //!    [`seal`], [`command`] (command resolution), [`grants`], [`oci`]
 //!    (OCI references, the store of pulled components, and the pull),
@@ -28,6 +29,7 @@ pub mod audit;
 pub mod client;
 pub mod command;
 pub mod config;
+pub mod dirs;
 #[cfg(target_os = "linux")]
 pub mod egress;
 pub mod fuzz;
@@ -53,6 +55,7 @@ pub mod revoke;
 #[cfg(target_os = "linux")]
 pub mod sandbox;
 pub mod seal;
+pub mod text;
 pub mod trace;
 pub mod transport;
 pub mod wasm;
@@ -68,5 +71,4 @@ pub use limits::{LimitHit, Limits};
 pub use rmcp;
 pub use transport::{Fault, TransportError};
 
-/// The one client transport, launching through [`launch`].
-pub type ServerTransport = transport::ServerTransport<LaunchError>;
+pub use launch::ServerTransport;

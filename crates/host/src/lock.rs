@@ -55,6 +55,7 @@ pub struct Lock {
 }
 
 pub use crate::revoke::Revocation;
+use crate::text::{is_bidi_control, is_zero_width};
 
 /// What was approved for one server.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -181,7 +182,7 @@ impl Lock {
         let lock: Self = toml::from_str(text).map_err(|error| {
             let (line, column) = error
                 .span()
-                .map_or((1, 1), |span| crate::config::line_column(text, span.start));
+                .map_or((1, 1), |span| crate::text::line_column(text, span.start));
             LockError::Invalid {
                 path: path.to_owned(),
                 line,
@@ -199,7 +200,7 @@ impl Lock {
             if let Err(error) = revocation.target.parse::<crate::revoke::Target>() {
                 let (line, column) = text
                     .find(&format!("{:?}", revocation.target))
-                    .map_or((1, 1), |at| crate::config::line_column(text, at));
+                    .map_or((1, 1), |at| crate::text::line_column(text, at));
                 return Err(LockError::Invalid {
                     path: path.to_owned(),
                     line,
@@ -342,22 +343,6 @@ pub fn metadata_flags(text: &str) -> Vec<String> {
         flags.push("bidi-controls".to_owned());
     }
     flags
-}
-
-/// Characters that take no space on a terminal.
-fn is_zero_width(c: char) -> bool {
-    matches!(c, '\u{200B}'..='\u{200F}' | '\u{2060}'..='\u{2064}' | '\u{FEFF}' | '\u{00AD}')
-}
-
-/// Characters that change the direction text is shown in.
-fn is_bidi_control(c: char) -> bool {
-    matches!(c, '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
-}
-
-/// Whether `c` must not reach a terminal as it is: a control character
-/// (newlines and tabs included), or an invisible or direction-changing one.
-pub fn is_unsafe_on_terminal(c: char) -> bool {
-    c.is_control() || is_zero_width(c) || is_bidi_control(c)
 }
 
 /// Markers of instructions planted for the model, in lower case
@@ -539,42 +524,10 @@ fn contains_word(text: &str, word: &str) -> bool {
     })
 }
 
-/// An error and its sources on one line, joined with `: `, leaving out a
-/// source whose text is already there (errors here name their source in
-/// their own message as well as through `source()`).
-pub fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        let shown = cause.to_string();
-        if !text.contains(&shown) {
-            text.push_str(": ");
-            text.push_str(&shown);
-        }
-        source = cause.source();
-    }
-    text
-}
-
-/// `text` made safe for one line of a terminal: every control character
-/// (newlines and tabs included, so no line can be forged) and every
-/// invisible or direction-changing character replaced by a visible escape
-/// such as `\u{1b}` or `\u{a}`.
-pub fn printable(text: &str) -> String {
-    text.chars()
-        .map(|c| {
-            if is_unsafe_on_terminal(c) {
-                c.escape_unicode().to_string()
-            } else {
-                c.to_string()
-            }
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::text::printable;
 
     #[test]
     fn a_lock_with_a_bad_target_is_refused_at_its_line() {

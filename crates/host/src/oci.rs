@@ -8,7 +8,7 @@
 //! `application/wasm`, the component. The layer's digest is therefore the
 //! component's sha256, the digest Moat pins every server by.
 //!
-//! The store (`<package store>/oci`, see [`crate::config::default_store`])
+//! The store (`<package store>/oci`, see [`crate::dirs::store`])
 //! keeps blobs by digest, as an OCI image layout does:
 //! `blobs/sha256/<hex>` holds both manifests and components. A manifest is
 //! kept only after its bytes hash to the digest it is named by, and a
@@ -134,7 +134,7 @@ impl FromStr for OciRef {
     /// always explicit: no registry is assumed.
     fn from_str(text: &str) -> Result<Self, OciError> {
         let bad = |detail: &str| OciError::Reference {
-            reference: crate::lock::printable(text),
+            reference: crate::text::printable(text),
             detail: detail.to_owned(),
         };
         let rest = text
@@ -202,7 +202,7 @@ fn check_registry(registry: &str) -> Result<(), String> {
     if !name_ok {
         return Err(format!(
             "`{}` is not a registry host (a DNS name or an IP address, with an optional :PORT)",
-            crate::lock::printable(registry)
+            crate::text::printable(registry)
         ));
     }
     Ok(())
@@ -237,7 +237,7 @@ fn host_of(registry: &str) -> Result<&str, String> {
     {
         return Err(format!(
             "`{}`: the port must be a number from 1 to 65535",
-            crate::lock::printable(registry)
+            crate::text::printable(registry)
         ));
     }
     Ok(host)
@@ -260,7 +260,7 @@ fn check_repository(repository: &str) -> Result<(), String> {
     if repository.len() > 255 || !repository.split('/').all(component_ok) {
         return Err(format!(
             "`{}` is not a repository name (lower-case letters, digits and . _ - between them, in components separated by /)",
-            crate::lock::printable(repository)
+            crate::text::printable(repository)
         ));
     }
     Ok(())
@@ -278,7 +278,7 @@ fn check_tag(tag: &str) -> Result<(), String> {
     if !ok {
         return Err(format!(
             "`{}` is not a tag (letters, digits, _ . -, at most 128, not starting with . or -)",
-            crate::lock::printable(tag)
+            crate::text::printable(tag)
         ));
     }
     Ok(())
@@ -352,7 +352,7 @@ impl Store {
 
     /// `<package store>/oci`, when a data directory is known.
     pub fn default_root() -> Option<PathBuf> {
-        crate::config::default_store().map(|store| store.join("oci"))
+        crate::dirs::store().map(|store| store.join("oci"))
     }
 
     /// The store's directory.
@@ -421,7 +421,7 @@ impl Store {
             |operation, error: oci_client::errors::OciDistributionError| OciError::Registry {
                 reference: shown.clone(),
                 operation,
-                detail: crate::lock::error_chain(&error),
+                detail: crate::text::error_chain(&error),
             };
         let client = client_for(reference).map_err(|e| registry_error("client", e))?;
         let target = reference.client_reference();
@@ -574,7 +574,7 @@ fn wasm_layer(reference: &OciRef, raw: &[u8]) -> Result<(Digest, u64), OciError>
     if let Some(other) = media_type.filter(|t| *t != OCI_MANIFEST_MEDIA_TYPE) {
         return Err(layout(format!(
             "its manifest has media type {}, not {OCI_MANIFEST_MEDIA_TYPE}",
-            crate::lock::printable(other)
+            crate::text::printable(other)
         )));
     }
     let manifest: oci_client::manifest::OciImageManifest = serde_json::from_value(value)
@@ -588,7 +588,7 @@ fn wasm_layer(reference: &OciRef, raw: &[u8]) -> Result<(Digest, u64), OciError>
     if layer.media_type != WASM_LAYER_MEDIA_TYPE {
         return Err(layout(format!(
             "its layer has media type {}, not {WASM_LAYER_MEDIA_TYPE}",
-            crate::lock::printable(&layer.media_type)
+            crate::text::printable(&layer.media_type)
         )));
     }
     let digest: Digest = layer
@@ -597,7 +597,7 @@ fn wasm_layer(reference: &OciRef, raw: &[u8]) -> Result<(Digest, u64), OciError>
         .ok_or_else(|| {
             layout(format!(
                 "its layer digest {} is not sha256",
-                crate::lock::printable(&layer.digest)
+                crate::text::printable(&layer.digest)
             ))
         })?
         .parse()
@@ -671,7 +671,7 @@ impl Progress {
         let shown = std::io::stderr().is_terminal().then(|| {
             eprintln!(
                 "moat: pulling {} ({} KiB)...",
-                crate::lock::printable(reference),
+                crate::text::printable(reference),
                 size.div_ceil(1024)
             );
             (reference.to_owned(), std::time::Instant::now())
@@ -683,7 +683,7 @@ impl Progress {
         if let Some((reference, started)) = self.shown {
             eprintln!(
                 "moat: pulled {} in {:.1} s",
-                crate::lock::printable(&reference),
+                crate::text::printable(&reference),
                 started.elapsed().as_secs_f64()
             );
         }

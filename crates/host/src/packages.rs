@@ -23,8 +23,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use serde::{Deserialize, Serialize};
-
+pub use crate::config::{Ecosystem, PackageRecord};
 use crate::identity::Digest;
 
 /// Why a package could not be recognised, resolved or installed.
@@ -57,64 +56,6 @@ pub enum PackageError {
     Layout { package: String, detail: String },
     #[error("no package store: set MOAT_DATA_DIR, XDG_DATA_HOME or HOME")]
     NoStore,
-}
-
-/// The ecosystem a package comes from, which says how it is installed and
-/// run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Ecosystem {
-    /// npm packages, installed with npm, run by node.
-    Npm,
-    /// Python distributions, installed with pip, run by python3.
-    Python,
-}
-
-impl Ecosystem {
-    /// The lockfile's name in an install.
-    pub fn lockfile(self) -> &'static str {
-        match self {
-            Self::Npm => "package-lock.json",
-            Self::Python => "requirements.txt",
-        }
-    }
-
-    fn interpreter(self) -> &'static str {
-        match self {
-            Self::Npm => "node",
-            Self::Python => "python3",
-        }
-    }
-}
-
-impl std::fmt::Display for Ecosystem {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Self::Npm => "npm",
-            Self::Python => "python",
-        })
-    }
-}
-
-/// A server's `package` record in moat.toml: what was installed, from what
-/// request, and where.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PackageRecord {
-    pub ecosystem: Ecosystem,
-    /// The package (npm name or Python distribution).
-    pub name: String,
-    /// The exact version installed.
-    pub version: String,
-    /// The program run: an npm `bin` name, a console script, or `-m MOD`.
-    pub entry: String,
-    /// The leading arguments that start the entry point; the server's own
-    /// arguments follow them in `args`.
-    pub entry_args: Vec<String>,
-    /// The install in the store.
-    pub store: PathBuf,
-    /// The sha256 of its lockfile (inside `store`).
-    pub lockfile_sha256: String,
 }
 
 /// A launcher command recognised in a client config.
@@ -352,8 +293,6 @@ fn split_spec(ecosystem: Ecosystem, spec: &str) -> (String, Option<String>) {
     (spec.to_owned(), None)
 }
 
-pub use crate::config::default_store;
-
 /// One install, ready to run.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Installed {
@@ -506,7 +445,7 @@ fn run(package: &str, command: &mut Command) -> Result<(), PackageError> {
     let tail: Vec<&str> = text.lines().rev().take(12).collect();
     let mut shown_output = String::new();
     for line in tail.iter().rev() {
-        let _ = write!(shown_output, "\n  {}", crate::lock::printable(line));
+        let _ = write!(shown_output, "\n  {}", crate::text::printable(line));
     }
     Err(PackageError::Installer {
         package: package.to_owned(),

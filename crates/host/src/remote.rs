@@ -136,7 +136,7 @@ impl RemoteLaunch {
         }
         builder
             .build()
-            .map_err(|e| error(crate::lock::error_chain(&e)))
+            .map_err(|e| error(crate::text::error_chain(&e)))
     }
 }
 
@@ -294,7 +294,7 @@ async fn refused(
     let (id, Err(error)) = sent.ok()? else {
         return None;
     };
-    let detail = crate::lock::error_chain(&error);
+    let detail = crate::text::error_chain(&error);
     tracing::warn!(server = %name, error = %detail, "remote endpoint refused a message");
     note(stderr, &detail).await;
     if let Some(id) = id {

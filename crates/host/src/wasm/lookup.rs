@@ -56,7 +56,7 @@ impl Names {
         match self.0.get(&normalize(name)) {
             Some(addresses) => Ok(addresses.clone()),
             None => {
-                tracing::debug!(name = %crate::lock::printable(name), "name lookup denied: not listed in net");
+                tracing::debug!(name = %crate::text::printable(name), "name lookup denied: not listed in net");
                 Err(ErrorCode::AccessDenied)
             }
         }

@@ -111,6 +111,26 @@ pub struct Pool {
     pub max_memory_bytes: u64,
 }
 
+impl Allocator {
+    /// The allocator `config` asks for: a pooling allocator's slots are as
+    /// large as the largest `memory_bytes` of any server.
+    pub fn of(config: &crate::config::Config) -> Self {
+        match config.wasm.allocator {
+            crate::config::AllocatorSetting::OnDemand => Self::OnDemand,
+            crate::config::AllocatorSetting::Pooling => Self::Pooling(Pool {
+                instances: config.wasm.pool_instances.get(),
+                max_memory_bytes: config
+                    .servers
+                    .values()
+                    .map(|spec| spec.limits.memory_bytes)
+                    .chain([Limits::default().memory_bytes])
+                    .max()
+                    .unwrap_or_default(),
+            }),
+        }
+    }
+}
+
 impl Pool {
     /// Memories, tables and core instances per component instance, on
     /// average over the pool: a Rust wasip2 component has one core module
@@ -535,7 +555,7 @@ impl WasmEngine {
         let started = std::time::Instant::now();
         let (done, finished) = std::sync::mpsc::channel::<()>();
         let notice = std::io::stderr().is_terminal().then(|| {
-            let shown = crate::lock::printable(&path.display().to_string());
+            let shown = crate::text::printable(&path.display().to_string());
             let size = bytes.len();
             std::thread::spawn(move || {
                 match finished.recv_timeout(COMPILE_NOTICE_AFTER) {
@@ -559,7 +579,7 @@ impl WasmEngine {
         if notice.is_some_and(|n| n.join().unwrap_or(false)) {
             eprintln!(
                 "moat: compiled {} in {:.1} s",
-                crate::lock::printable(&path.display().to_string()),
+                crate::text::printable(&path.display().to_string()),
                 started.elapsed().as_secs_f64()
             );
         }
@@ -1463,5 +1483,31 @@ impl ResourceLimiter for Limiter {
 impl From<crate::grants::GrantError> for WasmError {
     fn from(error: crate::grants::GrantError) -> Self {
         Self::Grant(Box::new(error))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_pooling_allocator_is_asked_for_and_sized_by_the_largest_memory_limit() {
+        let parse = |text: &str| {
+            crate::config::Config::parse(Path::new("/etc/moat/moat.toml"), text).unwrap()
+        };
+        let config = parse("[servers.a]\nwasm = \"a.wasm\"\n");
+        assert_eq!(Allocator::of(&config), Allocator::OnDemand);
+        let config = parse(
+            "[wasm]\nallocator = \"pooling\"\npool_instances = 50\n\
+             [servers.a]\nwasm = \"a.wasm\"\n\
+             [servers.b]\nwasm = \"b.wasm\"\n[servers.b.limits]\nmemory_bytes = 1073741824\n",
+        );
+        assert_eq!(
+            Allocator::of(&config),
+            Allocator::Pooling(Pool {
+                instances: 50,
+                max_memory_bytes: 1 << 30,
+            })
+        );
     }
 }
