@@ -3,7 +3,9 @@
 //! contradict its body is refused with -32020 before it reaches a server,
 //! and a stateless request (no session, its `_meta` on the request) after a
 //! reload reaches the new configuration; listings carry `resultType` and
-//! never-cache hints.
+//! never-cache hints; a multi round-trip request needs no session, and a
+//! task is followed to its end rather than handed to a request that could
+//! never find it again.
 
 mod common;
 
@@ -65,11 +67,18 @@ impl Server {
         headers: &[(&str, &str)],
     ) -> (u16, serde_json::Value) {
         let mut params = params;
-        params["_meta"] = serde_json::json!({
+        let mut meta = serde_json::json!({
             "io.modelcontextprotocol/protocolVersion": "2026-07-28",
             "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "1"},
             "io.modelcontextprotocol/clientCapabilities": {},
         });
+        // What the caller put in `_meta` itself wins.
+        if let Some(given) = params.get("_meta").and_then(|m| m.as_object()) {
+            for (key, value) in given {
+                meta[key] = value.clone();
+            }
+        }
+        params["_meta"] = meta;
         let body = serde_json::json!({
             "jsonrpc": "2.0", "id": 7, "method": method, "params": params,
         })
@@ -207,4 +216,72 @@ fn a_stateless_request_after_a_reload_reaches_the_new_configuration() {
     let after = server.tool_names();
     assert!(after.contains(&"b__add".to_owned()), "{after:?}");
     assert!(after.contains(&"a__add".to_owned()), "{after:?}");
+}
+
+/// Stateless requests and the answers 2026-07-28 adds: a request for input
+/// comes back to the agent and its retry (another request, so another
+/// session and another instance) reaches the server with the agent's
+/// answers and the server's `requestState`; a call that the server makes a
+/// task of is answered with the task's result, since the next request could
+/// not find the task (its session, and the instance running it, end with
+/// the request).
+#[test]
+fn stateless_requests_carry_a_request_for_input_and_get_a_tasks_result() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("moat.toml");
+    let audit = dir.path().join("audit.jsonl");
+    std::fs::write(
+        &config,
+        format!(
+            "[servers.r]\nwasm = {:?}\nallow_unmeasured = true\n[servers.r.env]\nROUNDS_NAME = \"r\"\n",
+            guests::ROUNDS_WASM
+        ),
+    )
+    .unwrap();
+    let server = Server::start(&config, &audit);
+    let routed = |name| [("Mcp-Method", "tools/call"), ("Mcp-Name", name)];
+    let (status, asked) = server.request(
+        "tools/call",
+        serde_json::json!({"name": "r__ask", "arguments": {}}),
+        &routed("r__ask"),
+    );
+    assert_eq!(status, 200, "{asked}");
+    assert_eq!(asked["result"]["resultType"], "input_required", "{asked}");
+    assert_eq!(asked["result"]["requestState"], "r:round-1", "{asked}");
+    assert_eq!(
+        asked["result"]["inputRequests"]["name"]["method"], "elicitation/create",
+        "{asked}"
+    );
+    let (status, answer) = server.request(
+        "tools/call",
+        serde_json::json!({
+            "name": "r__ask",
+            "arguments": {},
+            "inputResponses": {"name": {"action": "accept", "content": {"name": "Ada"}}},
+            "requestState": asked["result"]["requestState"],
+        }),
+        &routed("r__ask"),
+    );
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(
+        answer["result"]["content"][0]["text"], "r: hello Ada (r:round-1)",
+        "{answer}"
+    );
+
+    let tasks = serde_json::json!({"extensions": {"io.modelcontextprotocol/tasks": {}}});
+    let (status, answer) = server.request(
+        "tools/call",
+        serde_json::json!({
+            "name": "r__job",
+            "arguments": {"ms": 20},
+            "_meta": {"io.modelcontextprotocol/clientCapabilities": tasks},
+        }),
+        &routed("r__job"),
+    );
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["result"]["resultType"], "complete", "{answer}");
+    assert_eq!(
+        answer["result"]["content"][0]["text"], "r: job done",
+        "{answer}"
+    );
 }

@@ -1,7 +1,8 @@
 //! MCP clients that nobody here wrote drive `moat serve`: the official
 //! TypeScript SDK and the official Python SDK, over stdio, list tools across
 //! a wasm and a native server, call both, receive progress, and cancel a
-//! long call.
+//! long call. The Python SDK also speaks 2026-07-28 to Moat: requests for
+//! input and a subscription across servers.
 
 use std::path::Path;
 use std::process::Command;
@@ -423,4 +424,66 @@ fn the_typescript_sdk_calls_typed_components_in_three_languages() {
     // 300 is not a u8: refused against the pinned schema before the call.
     assert!(results[7].0, "{:?}", results[7]);
     assert!(results[7].1.contains("300"), "{:?}", results[7]);
+}
+
+/// The Python SDK on 2026-07-28 (`server/discover`) and on the initialize
+/// handshake, in front of the `rounds` guest as wasm (`a`) and native
+/// (`b`): a request for input answered by the SDK's own driver, or by Moat
+/// asking the older agent with `elicitation/create`; a subscription that
+/// opens a stream at each server and hears each resource from its own; a
+/// task followed to its end for an agent that does not take tasks.
+#[test]
+fn the_python_sdk_carries_2026_07_28_requests_for_input_and_subscriptions() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("moat.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[servers.a]\nwasm = {:?}\nallow_unmeasured = true\nenv = {{ ROUNDS_NAME = \"a\" }}\n\
+             [servers.b]\ncommand = {:?}\nallow_unmeasured = true\nenv = {{ ROUNDS_NAME = \"b\" }}\n",
+            guests::ROUNDS_WASM,
+            guests::ROUNDS_NATIVE
+        ),
+    )
+    .unwrap();
+    let output = Command::new("python3")
+        .arg(root.join("tests/clients/py_rounds.py"))
+        .arg(env!("CARGO_BIN_EXE_moat"))
+        .arg(&config)
+        .env("PYTHONPATH", root.join("target/py"))
+        .env(
+            "MOAT_CACHE_DIR",
+            Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-cache"),
+        )
+        .env("MOAT_STATE_DIR", common::state_dir())
+        .output()
+        .expect("running python3");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "the Python agent failed:\n{stderr}"
+    );
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&output.stdout)));
+    assert_eq!(
+        report["modern"],
+        serde_json::json!({
+            "revision": "2026-07-28",
+            "a_ask": "a: hello Py (a:round-1)",
+            "b_ask": "b: hello Py (b:round-1)",
+            "resources": ["rounds://a/data", "rounds://b/data"],
+            "caught_up": [["listed"], ["updated", "rounds://b/data"]],
+            "touched": ["a: touched 1", "b: touched 1"],
+            "events": [["listed"], ["listed"], ["updated", "rounds://b/data"]],
+        })
+    );
+    assert_eq!(
+        report["legacy"],
+        serde_json::json!({
+            "revision": "2025-11-25",
+            "b_ask": "b: hello Py (b:round-1)",
+            "a_job": "a: job done",
+        })
+    );
 }

@@ -27,6 +27,28 @@ use crate::revoke::Revoked;
 use crate::transport::{Fault, Shared};
 use crate::wasm::WasmEngine;
 
+/// What a server answered a `tools/call` with: 2026-07-28 adds two
+/// answers besides a result.
+#[derive(Debug)]
+pub enum CallAnswer {
+    /// The result.
+    Complete(CallToolResult),
+    /// The server needs the caller's input first: the caller answers the
+    /// requests and calls again with [`Retry`].
+    InputRequired(rmcp::model::InputRequiredResult),
+    /// The server made a task of the call: `tasks/get` follows it.
+    Task(rmcp::model::CreateTaskResult),
+}
+
+/// What a call again after [`CallAnswer::InputRequired`] carries back to
+/// the server: the caller's answers and the state the server asked to get
+/// back, as they are.
+#[derive(Clone, Debug, Default)]
+pub struct Retry {
+    pub input_responses: Option<rmcp::model::InputResponses>,
+    pub request_state: Option<String>,
+}
+
 /// Which handshake the client uses.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Handshake {
@@ -162,6 +184,12 @@ pub enum ClientError {
     },
     #[error("tool `{tool}` on server `{server}`: the call was cancelled")]
     Cancelled { server: String, tool: String },
+    /// The server answered with a request for input (a multi round-trip
+    /// request, or a task waiting for input) that this caller cannot answer.
+    #[error(
+        "tool `{tool}` on server `{server}` asks the caller for input, which this caller cannot give (an agent on 2026-07-28 can)"
+    )]
+    InputRequired { server: String, tool: String },
     /// A server a session still ran when moat.lock was read again and no
     /// longer matched it: that session stops it and refuses it from then on.
     #[error(
@@ -793,6 +821,16 @@ struct ClientSide {
 pub use crate::transport::ProgressSender;
 
 impl ClientHandler for ClientSide {
+    /// Moat takes tasks from every server: it hands a task on to an agent
+    /// that takes tasks, and follows it to its end for one that does not.
+    fn get_info(&self) -> rmcp::model::ClientConfig {
+        let mut config = rmcp::model::ClientConfig::default();
+        config.capabilities = rmcp::model::ClientCapabilities::builder()
+            .enable_tasks()
+            .build();
+        config
+    }
+
     async fn on_progress(
         &self,
         params: ProgressNotificationParam,
@@ -1251,6 +1289,38 @@ impl Session {
         cancel: CancellationToken,
         traceparent: Option<String>,
     ) -> Result<CallToolResult, ClientError> {
+        let answer = self
+            .call_tool_answer(
+                name,
+                arguments,
+                progress,
+                cancel.clone(),
+                traceparent,
+                Retry::default(),
+            )
+            .await?;
+        match answer {
+            CallAnswer::Complete(result) => Ok(result),
+            CallAnswer::Task(created) => self.finish_task(name, &created.task, &cancel).await,
+            CallAnswer::InputRequired(_) => Err(ClientError::InputRequired {
+                server: self.server().to_owned(),
+                tool: name.to_owned(),
+            }),
+        }
+    }
+
+    /// Calls tool `name` once and returns what the server answered: a
+    /// result, a request for input (a multi round-trip request, answered by
+    /// calling again with `retry`), or a task it made of the call.
+    pub async fn call_tool_answer(
+        &self,
+        name: &str,
+        arguments: Option<JsonObject>,
+        progress: Option<ProgressSender>,
+        cancel: CancellationToken,
+        traceparent: Option<String>,
+        retry: Retry,
+    ) -> Result<CallAnswer, ClientError> {
         use rmcp::model::RequestParamsMeta;
         self.check_call(name, &arguments).await?;
         let operation = format!("tools/call `{name}`");
@@ -1258,6 +1328,8 @@ impl Session {
         if let Some(arguments) = arguments {
             params = params.with_arguments(arguments);
         }
+        params.input_responses = retry.input_responses;
+        params.request_state = retry.request_state;
         if let Some(traceparent) = traceparent {
             params.set_traceparent(&traceparent);
         }
@@ -1289,9 +1361,20 @@ impl Session {
                 });
             }
         };
-        let ServerResult::CallToolResult(result) = response else {
-            return Err(self.error(&operation, ServiceError::UnexpectedResponse));
-        };
+        match response {
+            ServerResult::CallToolResult(result) => {
+                self.check_output(name, &result)?;
+                Ok(CallAnswer::Complete(result))
+            }
+            ServerResult::InputRequiredResult(asked) => Ok(CallAnswer::InputRequired(asked)),
+            ServerResult::CreateTaskResult(created) => Ok(CallAnswer::Task(created)),
+            _ => Err(self.error(&operation, ServiceError::UnexpectedResponse)),
+        }
+    }
+
+    /// A result's structured content against the tool's pinned output
+    /// schema, when a lock pins it.
+    fn check_output(&self, name: &str, result: &CallToolResult) -> Result<(), ClientError> {
         if let (Some(state), Some(structured)) = (&self.pins, &result.structured_content) {
             state
                 .pins
@@ -1302,7 +1385,136 @@ impl Session {
                     violation,
                 })?;
         }
-        Ok(result)
+        Ok(())
+    }
+
+    /// `tasks/get` for task `task_id` of tool `tool` (the call that made
+    /// it): a completed task's result is checked as a call's result is.
+    pub async fn get_task(
+        &self,
+        tool: &str,
+        task_id: &str,
+    ) -> Result<rmcp::model::GetTaskResult, ClientError> {
+        let operation = format!("tasks/get `{task_id}`");
+        let found = self
+            .service
+            .get_task(rmcp::model::GetTaskParams::new(task_id))
+            .await
+            .map_err(|e| self.error(&operation, e))?;
+        if let rmcp::model::TaskPayload::Completed { result } = &found.task.payload {
+            let result: CallToolResult =
+                serde_json::from_value(serde_json::Value::Object(result.clone())).map_err(|e| {
+                    ClientError::Protocol {
+                        server: self.server().to_owned(),
+                        operation: operation.clone(),
+                        detail: format!("the completed task's result is not a tool's result: {e}"),
+                    }
+                })?;
+            self.check_output(tool, &result)?;
+        }
+        Ok(found)
+    }
+
+    /// Opens a `subscriptions/listen` stream for `filter` (2026-07-28); a
+    /// server that does not take subscriptions answers with an error.
+    pub async fn listen(
+        &self,
+        filter: rmcp::model::SubscriptionFilter,
+    ) -> Result<rmcp::service::Subscription, ClientError> {
+        self.service
+            .peer()
+            .listen(filter)
+            .await
+            .map_err(|e| self.error("subscriptions/listen", e))
+    }
+
+    /// `tasks/update`: the agent's answers to what task `task_id` asked.
+    pub async fn update_task(
+        &self,
+        task_id: &str,
+        input_responses: rmcp::model::InputResponses,
+    ) -> Result<(), ClientError> {
+        self.service
+            .update_task(rmcp::model::UpdateTaskParams::new(task_id, input_responses))
+            .await
+            .map_err(|e| self.error(&format!("tasks/update `{task_id}`"), e))
+    }
+
+    /// `tasks/cancel`: asks the server to stop task `task_id`.
+    pub async fn cancel_task(&self, task_id: &str) -> Result<(), ClientError> {
+        self.service
+            .cancel_task(rmcp::model::CancelTaskParams::new(task_id))
+            .await
+            .map_err(|e| self.error(&format!("tasks/cancel `{task_id}`"), e))
+    }
+
+    /// Polls task `task` (made of a call to `tool`) until it ends, for a
+    /// caller that cannot take a task: its result, or the error it failed
+    /// with. A task that asks for input is cancelled, as nobody can answer
+    /// it; so is one whose caller cancels.
+    pub async fn finish_task(
+        &self,
+        tool: &str,
+        task: &rmcp::model::Task,
+        cancel: &CancellationToken,
+    ) -> Result<CallToolResult, ClientError> {
+        use rmcp::model::TaskPayload;
+        // The server's hint, kept between 10 ms and a second.
+        let interval =
+            std::time::Duration::from_millis(task.poll_interval_ms.unwrap_or(100).clamp(10, 1_000));
+        loop {
+            let found = self.get_task(tool, &task.task_id).await?;
+            match found.task.payload {
+                TaskPayload::Working => {}
+                TaskPayload::Completed { result } => {
+                    return serde_json::from_value(serde_json::Value::Object(result)).map_err(
+                        |e| ClientError::Protocol {
+                            server: self.server().to_owned(),
+                            operation: format!("tasks/get `{}`", task.task_id),
+                            detail: format!(
+                                "the completed task's result is not a tool's result: {e}"
+                            ),
+                        },
+                    );
+                }
+                TaskPayload::Failed { error } => {
+                    return Err(ClientError::Server {
+                        server: self.server().to_owned(),
+                        operation: format!("task `{}` of tools/call `{tool}`", task.task_id),
+                        code: error.get("code").and_then(|c| c.as_i64()).unwrap_or(-32603) as i32,
+                        message: error
+                            .get("message")
+                            .and_then(|m| m.as_str())
+                            .unwrap_or("the task failed")
+                            .to_owned(),
+                    });
+                }
+                TaskPayload::Cancelled => {
+                    return Err(ClientError::Cancelled {
+                        server: self.server().to_owned(),
+                        tool: tool.to_owned(),
+                    });
+                }
+                TaskPayload::InputRequired { .. } => {
+                    let _ = self.cancel_task(&task.task_id).await;
+                    return Err(ClientError::InputRequired {
+                        server: self.server().to_owned(),
+                        tool: tool.to_owned(),
+                    });
+                }
+                _ => {}
+            }
+            tokio::select! {
+                () = tokio::time::sleep(interval) => {}
+                () = cancel.cancelled() => {
+                    let _ = self.cancel_task(&task.task_id).await;
+                    return Err(ClientError::Cancelled {
+                        server: self.server().to_owned(),
+                        tool: tool.to_owned(),
+                    });
+                }
+            }
+        }
     }
 
     /// Sends request `method` with `params` exactly as given, with no check:

@@ -20,7 +20,7 @@ use tokio::sync::{Mutex, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::audit::{AuditLog, Event, Outcome};
-use crate::client::{ClientError, Host, ProgressSender, Session};
+use crate::client::{CallAnswer, ClientError, Host, ProgressSender, Retry, Session};
 use crate::config::{Config, ServerSpec};
 use crate::identity::Digest;
 use crate::revoke::Revoked;
@@ -523,7 +523,7 @@ impl Gateway {
             Err(error) => (
                 self.generation(),
                 "refused",
-                Some(crate::lock::error_chain(error)),
+                Some(crate::text::error_chain(error)),
             ),
         };
         if let Some(error) = &error {
@@ -661,11 +661,13 @@ impl Gateway {
             restarts: Arc::default(),
             slots: Arc::default(),
             resource_owners: Arc::default(),
+            tasks: std::sync::Mutex::default(),
             closing: CancellationToken::new(),
             cancel_calls: CancellationToken::new(),
             in_flight: Arc::new(watch::Sender::new(0)),
             calls: std::sync::Mutex::default(),
             agent: Arc::default(),
+            listeners: Arc::default(),
             closed: Arc::default(),
         });
         {
@@ -734,6 +736,9 @@ pub struct SessionState {
     /// never stalls the session's calls to other servers.
     slots: Arc<std::sync::Mutex<BTreeMap<String, Arc<Mutex<()>>>>>,
     resource_owners: Arc<Mutex<BTreeMap<String, String>>>,
+    /// Tasks servers made of this session's calls, by the id the agent
+    /// knows them by.
+    tasks: std::sync::Mutex<BTreeMap<String, IssuedTask>>,
     /// Set when close begins: no new calls are admitted.
     closing: CancellationToken,
     /// Set when the drain timeout passes: in-flight calls are cancelled.
@@ -745,8 +750,131 @@ pub struct SessionState {
     calls: std::sync::Mutex<Calls>,
     /// The agent, once initialized: told when a server's tools change.
     agent: Arc<OnceLock<Peer<RoleServer>>>,
+    /// The agent's open `subscriptions/listen` streams (2026-07-28): told
+    /// when a server's tools change, as `agent` is.
+    listeners: Arc<std::sync::Mutex<Vec<rmcp::service::SubscriptionSink>>>,
     /// Set by the first close; later ones return at once.
     closed: Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// What a subscription that just opened is told: every list it listens to
+/// and every resource it subscribed to may have changed.
+fn catch_up(accepted: &rmcp::model::SubscriptionFilter) -> Vec<rmcp::model::ServerNotification> {
+    use rmcp::model::ServerNotification as N;
+    let mut notifications = Vec::new();
+    if accepted.tools_list_changed == Some(true) {
+        notifications.push(N::ToolListChangedNotification(Default::default()));
+    }
+    if accepted.prompts_list_changed == Some(true) {
+        notifications.push(N::PromptListChangedNotification(Default::default()));
+    }
+    if accepted.resources_list_changed == Some(true) {
+        notifications.push(N::ResourceListChangedNotification(Default::default()));
+    }
+    for uri in accepted.resource_subscriptions.iter().flatten() {
+        notifications.push(N::ResourceUpdatedNotification(
+            rmcp::model::ResourceUpdatedNotification::new(
+                rmcp::model::ResourceUpdatedNotificationParam::new(uri.clone()),
+            ),
+        ));
+    }
+    notifications
+}
+
+/// A task a server made of an agent's call. The agent knows it as
+/// `server__id`: two servers' ids never collide, and a session finds only
+/// the tasks of its own calls.
+struct IssuedTask {
+    server: String,
+    tool: String,
+    task_id: String,
+}
+
+/// A call's parts besides its target and arguments.
+struct CallParts {
+    /// The agent that called, when it came through a connection (not an
+    /// in-process call): asked for input on a server's behalf.
+    agent: Option<Peer<RoleServer>>,
+    progress: Option<ProgressSender>,
+    cancel: CancellationToken,
+    traceparent: Option<String>,
+    retry: Retry,
+    takes: Takes,
+}
+
+/// Rounds of input Moat asks an agent for on a server's behalf before it
+/// gives up on a call (rmcp's own client stops at the same count).
+const INPUT_ROUNDS: usize = rmcp::model::DEFAULT_MRTR_MAX_ROUNDS;
+
+/// Whether an agent on a revision before 2026-07-28 can be asked, through
+/// its own requests (`elicitation/create`, `sampling/createMessage`,
+/// `roots/list`), for everything `asked` needs.
+#[allow(
+    deprecated,
+    reason = "agents before 2026-07-28 declare roots and sampling"
+)]
+fn can_ask(agent: &Peer<RoleServer>, asked: &rmcp::model::InputRequests) -> bool {
+    use rmcp::model::InputRequest;
+    let Some(info) = agent.peer_info() else {
+        return false;
+    };
+    let capabilities = &info.capabilities;
+    asked.values().all(|request| match request {
+        InputRequest::Elicitation(_) => capabilities.elicitation.is_some(),
+        InputRequest::CreateMessage(_) => capabilities.sampling.is_some(),
+        InputRequest::ListRoots(_) => capabilities.roots.is_some(),
+        _ => false,
+    })
+}
+
+/// Asks an agent before 2026-07-28 what a server's request for input needs,
+/// with the agent's own requests, and returns its answers keyed as asked.
+#[allow(
+    deprecated,
+    reason = "agents before 2026-07-28 are asked with these requests"
+)]
+async fn ask_agent(
+    agent: &Peer<RoleServer>,
+    server: &str,
+    tool: &str,
+    asked: &rmcp::model::InputRequests,
+) -> Result<rmcp::model::InputResponses, ClientError> {
+    use rmcp::model::InputRequest;
+    let failed = |detail: String| ClientError::Protocol {
+        server: server.to_owned(),
+        operation: format!("asking the agent for input to tools/call `{tool}`"),
+        detail,
+    };
+    let mut answers = rmcp::model::InputResponses::new();
+    for (key, request) in asked {
+        use rmcp::model::ServerRequest;
+        let sent = match request {
+            InputRequest::Elicitation(request) => ServerRequest::ElicitRequest(request.clone()),
+            InputRequest::CreateMessage(request) => {
+                ServerRequest::CreateMessageRequest(request.clone())
+            }
+            InputRequest::ListRoots(request) => ServerRequest::ListRootsRequest(request.clone()),
+            _ => return Err(failed(format!("`{key}` is of a kind Moat cannot ask for"))),
+        };
+        let answer = agent
+            .send_request(sent)
+            .await
+            .map_err(|error| failed(format!("`{key}`: {error}")))?;
+        let answer =
+            serde_json::to_value(answer).map_err(|error| failed(format!("`{key}`: {error}")))?;
+        answers.insert(key.clone(), answer);
+    }
+    Ok(answers)
+}
+
+/// What an agent can take in answer to a call besides a result, by its
+/// revision and capabilities.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Takes {
+    /// A task (the agent declared the tasks extension).
+    pub tasks: bool,
+    /// A request for its input (a multi round-trip request: 2026-07-28).
+    pub input: bool,
 }
 
 /// The running children of one session, keyed by process key (see
@@ -1178,6 +1306,7 @@ impl AgentSession {
         let mut events = child.shared().tools_changed_events();
         let weak = Arc::downgrade(child);
         let agent = self.agent.clone();
+        let listeners = self.listeners.clone();
         let server = server.to_owned();
         tokio::spawn(async move {
             while events.changed().await.is_ok() {
@@ -1190,6 +1319,17 @@ impl AgentSession {
                     && let Err(error) = agent.notify_tool_list_changed().await
                 {
                     tracing::debug!(%server, %error, "passing list_changed to the agent");
+                }
+                let sinks = listeners.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                for sink in sinks {
+                    if sink.accepted().tools_list_changed == Some(true) {
+                        let changed = rmcp::model::ServerNotification::ToolListChangedNotification(
+                            Default::default(),
+                        );
+                        if let Err(error) = sink.send(changed).await {
+                            tracing::debug!(%server, %error, "passing list_changed to a subscription");
+                        }
+                    }
                 }
             }
         });
@@ -1243,6 +1383,23 @@ impl AgentSession {
             .await
     }
 
+    /// Splits `server__tool` into a configured server and its tool.
+    fn route_tool<'n>(&self, name: &'n str) -> Result<(&'n str, &'n str), ErrorData> {
+        let (server, tool) = name.split_once(SEPARATOR).ok_or_else(|| {
+            ErrorData::invalid_params(
+                format!("no tool {name:?}: tools are named server__tool"),
+                None,
+            )
+        })?;
+        if !self.generation.config.servers.contains_key(server) {
+            return Err(ErrorData::invalid_params(
+                format!("no server {server:?} behind tool {name:?}"),
+                None,
+            ));
+        }
+        Ok((server, tool))
+    }
+
     /// Splits `server__name` into a configured server and the name.
     fn route<'n>(&self, name: &'n str) -> Result<(&'n str, &'n str), ErrorData> {
         let (server, rest) = name.split_once(SEPARATOR).ok_or_else(|| {
@@ -1269,19 +1426,53 @@ impl AgentSession {
         cancel: CancellationToken,
         traceparent: Option<&str>,
     ) -> Result<rmcp::model::CallToolResult, ErrorData> {
-        use tracing::Instrument;
-        let (server, tool) = name.split_once(SEPARATOR).ok_or_else(|| {
-            ErrorData::invalid_params(
-                format!("no tool {name:?}: tools are named server__tool"),
+        let (server, tool) = self.route_tool(name)?;
+        let answer = self
+            .call_rounds(
+                server,
+                tool,
+                arguments,
+                progress,
+                cancel,
+                traceparent,
+                Retry::default(),
+                Takes::default(),
                 None,
             )
-        })?;
-        if !self.generation.config.servers.contains_key(server) {
-            return Err(ErrorData::invalid_params(
-                format!("no server {server:?} behind tool {name:?}"),
+            .await?;
+        match answer {
+            CallToolResponse::Complete(result) => Ok(result),
+            _ => Err(ErrorData::internal_error(
+                format!(
+                    "tool {name:?} answered with a task or a request for input, which this caller cannot take"
+                ),
                 None,
-            ));
+            )),
         }
+    }
+
+    /// Calls `tool` on `server` (routed already) for an agent that can take
+    /// what `takes` says: a task or a request for input from the server is
+    /// handed on if it can, and otherwise followed to its end (a task) or
+    /// refused (input). `retry` carries the agent's answers to an earlier
+    /// request for input back to the server, as they are.
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "one call's parts, as the agent sent them"
+    )]
+    async fn call_rounds(
+        &self,
+        server: &str,
+        tool: &str,
+        arguments: Option<rmcp::model::JsonObject>,
+        progress: Option<ProgressSender>,
+        cancel: CancellationToken,
+        traceparent: Option<&str>,
+        retry: Retry,
+        takes: Takes,
+        agent: Option<Peer<RoleServer>>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        use tracing::Instrument;
         // Parsed once: an invalid traceparent is neither parent nor passed on.
         let parent = traceparent.and_then(crate::trace::parse);
         let span = crate::trace::call_span(&self.id, server, tool, parent.as_ref());
@@ -1289,26 +1480,46 @@ impl AgentSession {
         // Boxed, as the call within it is: a call's future holds the
         // child's start, the call and the audit, several kilobytes that
         // were copied at every move (into the span, into rmcp's task).
-        Box::pin(self.call_in_span(server, tool, arguments, progress, cancel, passed_on, &span))
-            .instrument(span.clone())
-            .await
+        Box::pin(self.call_in_span(
+            server,
+            tool,
+            arguments,
+            CallParts {
+                agent,
+                progress,
+                cancel,
+                traceparent: passed_on,
+                retry,
+                takes,
+            },
+            &span,
+        ))
+        .instrument(span.clone())
+        .await
     }
 
-    /// [`AgentSession::call_forwarding`], once routed, within `span`.
-    #[allow(
-        clippy::too_many_arguments,
-        reason = "one call's parts, split from call_forwarding"
-    )]
+    /// [`AgentSession::call_rounds`] within `span`.
     async fn call_in_span(
         &self,
         server: &str,
         tool: &str,
         arguments: Option<rmcp::model::JsonObject>,
-        progress: Option<ProgressSender>,
-        cancel: CancellationToken,
-        traceparent: Option<String>,
+        parts: CallParts,
         span: &tracing::Span,
-    ) -> Result<rmcp::model::CallToolResult, ErrorData> {
+    ) -> Result<CallToolResponse, ErrorData> {
+        let CallParts {
+            agent,
+            progress,
+            cancel,
+            traceparent,
+            retry,
+            takes,
+        } = parts;
+        // An agent before 2026-07-28 that can be asked for input: Moat asks
+        // it on the server's behalf and calls again, so it keeps the call's
+        // arguments for that.
+        let agent = agent.filter(|_| !takes.input);
+        let again = agent.as_ref().map(|_| arguments.clone());
         // Cancelled by the agent, by close once the drain timeout passes, or
         // by a revocation of what it calls; a start still under way is
         // dropped, which leaves nothing running.
@@ -1343,19 +1554,64 @@ impl AgentSession {
             return Err(to_error(error));
         }
         let fuel_before = child.shared().metrics().fuel_consumed();
-        let mut call = Box::pin(child.call_tool_with(
-            tool,
-            arguments,
-            progress,
-            cancel_call.clone(),
-            traceparent,
-        ));
+        let mut call = Box::pin(async {
+            let mut answer = child
+                .call_tool_answer(
+                    tool,
+                    arguments,
+                    progress.clone(),
+                    cancel_call.clone(),
+                    traceparent.clone(),
+                    retry,
+                )
+                .await?;
+            let mut rounds = 0;
+            while let (CallAnswer::InputRequired(asked), Some(agent)) = (&answer, &agent) {
+                let requests = asked.input_requests.clone().unwrap_or_default();
+                if rounds == INPUT_ROUNDS || !can_ask(agent, &requests) {
+                    break;
+                }
+                rounds += 1;
+                let retry = Retry {
+                    input_responses: Some(ask_agent(agent, server, tool, &requests).await?),
+                    request_state: asked.request_state.clone(),
+                };
+                answer = child
+                    .call_tool_answer(
+                        tool,
+                        again.clone().flatten(),
+                        progress.clone(),
+                        cancel_call.clone(),
+                        traceparent.clone(),
+                        retry,
+                    )
+                    .await?;
+            }
+            match answer {
+                CallAnswer::Task(created) if takes.tasks => Ok(CallToolResponse::Task(
+                    self.issue_task(server, tool, created),
+                )),
+                CallAnswer::Task(created) => child
+                    .finish_task(tool, &created.task, &cancel_call)
+                    .await
+                    .map(CallToolResponse::Complete),
+                CallAnswer::InputRequired(asked) if takes.input => {
+                    Ok(CallToolResponse::InputRequired(asked))
+                }
+                CallAnswer::InputRequired(_) => Err(ClientError::InputRequired {
+                    server: server.to_owned(),
+                    tool: tool.to_owned(),
+                }),
+                CallAnswer::Complete(result) => Ok(CallToolResponse::Complete(result)),
+            }
+        });
         let result = loop {
             tokio::select! {
                 result = &mut call => break result,
                 () = cancel.cancelled(), if !cancel_call.is_cancelled() => cancel_call.cancel(),
             }
         };
+        drop(call);
         let result = result.map_err(|error| match error {
             ClientError::Cancelled { .. } if !cancel.is_cancelled() => {
                 match self.generation.refusal(server, Some(tool), Some(&child)) {
@@ -1372,9 +1628,11 @@ impl AgentSession {
         let fuel = child.shared().metrics().fuel_consumed() - fuel_before;
         let elapsed = started.elapsed();
         let (outcome, limit) = match &result {
-            Ok(answer) if answer.is_error == Some(true) => {
+            Ok(CallToolResponse::Complete(answer)) if answer.is_error == Some(true) => {
                 (Outcome::plain("tool-error"), typed_limit(&child, answer))
             }
+            Ok(CallToolResponse::Task(_)) => (Outcome::plain("task"), None),
+            Ok(CallToolResponse::InputRequired(_)) => (Outcome::plain("input-required"), None),
             Ok(_) => (Outcome::plain("ok"), None),
             Err(error) => (outcome_of(error), limit_of(error)),
         };
@@ -1385,10 +1643,12 @@ impl AgentSession {
         if !audited {
             return result.map_err(to_error);
         }
-        let result_json = result
-            .as_ref()
-            .ok()
-            .and_then(|r| serde_json::to_vec(r).ok());
+        let result_json = result.as_ref().ok().and_then(|r| match r {
+            CallToolResponse::Complete(r) => serde_json::to_vec(r).ok(),
+            CallToolResponse::InputRequired(r) => serde_json::to_vec(r).ok(),
+            CallToolResponse::Task(r) => serde_json::to_vec(r).ok(),
+            _ => None,
+        });
         self.audit(Event::ToolCall {
             session: self.id.clone(),
             server: server.to_owned(),
@@ -1683,6 +1943,81 @@ fn to_error(error: ClientError) -> ErrorData {
     }
 }
 
+impl AgentSession {
+    /// What to ask each server for on behalf of the agent's `accepted`
+    /// subscription: list changes of every kind the agent asked for, and the
+    /// resources that server lists. Refused servers are left out.
+    async fn listen_filters(
+        &self,
+        accepted: &rmcp::model::SubscriptionFilter,
+    ) -> Vec<(String, rmcp::model::SubscriptionFilter)> {
+        let owners = self.resource_owners.lock().await.clone();
+        let mut filters = Vec::new();
+        for server in self.servers() {
+            if self.generation.refusal(&server, None, None).is_some() {
+                continue;
+            }
+            let mut filter = accepted.clone();
+            let uris: Vec<String> = accepted
+                .resource_subscriptions
+                .iter()
+                .flatten()
+                .filter(|uri| owners.get(*uri) == Some(&server))
+                .cloned()
+                .collect();
+            // None rather than an empty list, which a server may refuse.
+            filter.resource_subscriptions = (!uris.is_empty()).then_some(uris);
+            filters.push((server, filter));
+        }
+        filters
+    }
+
+    /// Hands a task that `server` made of a call to `tool` on to the agent,
+    /// under the id the agent will know it by.
+    fn issue_task(
+        &self,
+        server: &str,
+        tool: &str,
+        mut created: rmcp::model::CreateTaskResult,
+    ) -> rmcp::model::CreateTaskResult {
+        let exposed = format!("{server}{SEPARATOR}{}", created.task.task_id);
+        let task_id = std::mem::replace(&mut created.task.task_id, exposed.clone());
+        self.tasks.lock().unwrap_or_else(|e| e.into_inner()).insert(
+            exposed,
+            IssuedTask {
+                server: server.to_owned(),
+                tool: tool.to_owned(),
+                task_id,
+            },
+        );
+        created
+    }
+
+    /// The server, tool and server's id of the task the agent calls
+    /// `exposed`, if a call of this session made it; and the server's child,
+    /// unless what the lock or a revocation refuses.
+    async fn task_child(&self, exposed: &str) -> Result<(Arc<Session>, String, String), ErrorData> {
+        let (server, tool, task_id) = {
+            let tasks = self.tasks.lock().unwrap_or_else(|e| e.into_inner());
+            let Some(task) = tasks.get(exposed) else {
+                return Err(ErrorData::invalid_params(
+                    format!("no task {exposed:?} in this session"),
+                    None,
+                ));
+            };
+            (task.server.clone(), task.tool.clone(), task.task_id.clone())
+        };
+        if let Some(error) = self.generation.refusal(&server, Some(&tool), None) {
+            return Err(to_error(error));
+        }
+        let child = self.child(&server).await.map_err(to_error)?;
+        if let Some(error) = self.generation.refusal(&server, Some(&tool), Some(&child)) {
+            return Err(to_error(error));
+        }
+        Ok((child, tool, task_id))
+    }
+}
+
 impl ServerHandler for AgentSession {
     fn get_info(&self) -> ServerConfig {
         ServerConfig::new(
@@ -1690,9 +2025,146 @@ impl ServerHandler for AgentSession {
                 .enable_tools()
                 .enable_tool_list_changed()
                 .enable_prompts()
+                .enable_prompts_list_changed()
                 .enable_resources()
+                .enable_resources_list_changed()
+                .enable_resources_subscribe()
+                .enable_tasks()
                 .build(),
         )
+    }
+
+    /// `subscriptions/listen`: list changes of every server, merged, and a
+    /// resource's updates from the server that lists it. A resource is
+    /// accepted once the session has listed it (`resources/list` first), so
+    /// the agent hears only of what Moat serves it.
+    fn accepted_subscription_filter(
+        &self,
+        requested: &rmcp::model::SubscriptionFilter,
+    ) -> Option<rmcp::model::SubscriptionFilter> {
+        let mut accepted = requested.clone();
+        let listed = self.resource_owners.try_lock().ok();
+        accepted.resource_subscriptions = requested.resource_subscriptions.as_ref().map(|uris| {
+            uris.iter()
+                .filter(|uri| {
+                    listed
+                        .as_ref()
+                        .is_some_and(|owners| owners.contains_key(*uri))
+                })
+                .cloned()
+                .collect()
+        });
+        Some(accepted)
+    }
+
+    async fn listen(&self, context: rmcp::service::SubscriptionContext) -> Result<(), ErrorData> {
+        let accepted = context.accepted().clone();
+        let sink = context.sink().clone();
+        self.listeners
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(sink.clone());
+        let stop = CancellationToken::new();
+        let mut forwarding = tokio::task::JoinSet::new();
+        for (server, filter) in self.listen_filters(&accepted).await {
+            let child = match self.child(&server).await {
+                Ok(child) => child,
+                Err(error) => {
+                    tracing::warn!(%server, %error, "subscriptions/listen: server not started");
+                    continue;
+                }
+            };
+            let uris = filter.resource_subscriptions.clone().unwrap_or_default();
+            let mut subscription = match child.listen(filter).await {
+                Ok(subscription) => subscription,
+                Err(error) => {
+                    // A server that does not take subscriptions: its tool
+                    // changes still reach the agent through the pin check.
+                    tracing::debug!(%server, %error, "subscriptions/listen not taken");
+                    continue;
+                }
+            };
+            drop(child);
+            let (sink, stop) = (sink.clone(), stop.clone());
+            forwarding.spawn(async move {
+                use rmcp::model::ServerNotification as N;
+                loop {
+                    let next = tokio::select! {
+                        next = subscription.next() => next,
+                        () = stop.cancelled() => break,
+                    };
+                    let Ok(Some(notification)) = next else { return };
+                    let pass = match &notification {
+                        // Through the pin check first (`pass_on_tool_changes`).
+                        N::ToolListChangedNotification(_) => false,
+                        N::PromptListChangedNotification(_)
+                        | N::ResourceListChangedNotification(_) => true,
+                        N::ResourceUpdatedNotification(update) => uris.contains(&update.params.uri),
+                        _ => false,
+                    };
+                    if pass && let Err(error) = sink.send(notification).await {
+                        tracing::debug!(%server, %error, "passing a notification to a subscription");
+                    }
+                }
+                let _ = subscription.cancel().await;
+            });
+        }
+        // rmcp acknowledges the agent's stream before this runs, so a change
+        // between the acknowledgement and the servers' streams opening would
+        // be lost: tell the agent that what it listens to may have changed.
+        for notification in catch_up(&accepted) {
+            if let Err(error) = sink.send(notification).await {
+                tracing::debug!(%error, "catching a subscription up");
+            }
+        }
+        tokio::select! {
+            () = context.cancelled() => {}
+            () = self.closing.cancelled() => {}
+        }
+        stop.cancel();
+        while forwarding.join_next().await.is_some() {}
+        let id = sink.id().clone();
+        self.listeners
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|open| *open.id() != id);
+        Ok(())
+    }
+
+    async fn get_task(
+        &self,
+        request: rmcp::model::GetTaskParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::GetTaskResult, ErrorData> {
+        let _in_flight = self.admit(None)?;
+        let (child, tool, task_id) = self.task_child(&request.task_id).await?;
+        let mut found = child.get_task(&tool, &task_id).await.map_err(to_error)?;
+        // The agent's id for it, whatever the server put there.
+        found.task.task.task_id = request.task_id;
+        Ok(found)
+    }
+
+    async fn update_task(
+        &self,
+        request: rmcp::model::UpdateTaskParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        let _in_flight = self.admit(None)?;
+        let (child, _, task_id) = self.task_child(&request.task_id).await?;
+        child
+            .update_task(&task_id, request.input_responses)
+            .await
+            .map_err(to_error)
+    }
+
+    async fn cancel_task(
+        &self,
+        request: rmcp::model::CancelTaskParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        let _in_flight = self.admit(None)?;
+        let (child, _, task_id) = self.task_child(&request.task_id).await?;
+        child.cancel_task(&task_id).await.map_err(to_error)
     }
 
     async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
@@ -1807,20 +2279,42 @@ impl ServerHandler for AgentSession {
             Some((sender, task)) => (Some(sender), Some(task)),
             None => (None, None),
         };
+        let current = context
+            .protocol_version()
+            .is_some_and(|version| version >= rmcp::model::ProtocolVersion::V_2026_07_28);
+        // Over HTTP, 2026-07-28 has no sessions: each request is a session
+        // of its own here, whose children end with it, so a task handed out
+        // could never be found again. Moat follows it to its end instead.
+        let stateless = current && context.extensions.get::<http::request::Parts>().is_some();
+        let takes = Takes {
+            tasks: !stateless
+                && context
+                    .client_capabilities()
+                    .is_some_and(|capabilities| capabilities.supports_tasks()),
+            input: current,
+        };
+        let (server, tool) = self.route_tool(&request.name)?;
         let result = self
-            .call_forwarding(
-                &request.name,
+            .call_rounds(
+                server,
+                tool,
                 request.arguments,
                 sender,
                 context.ct.clone(),
                 context.meta.get_traceparent(),
+                Retry {
+                    input_responses: request.input_responses,
+                    request_state: request.request_state,
+                },
+                takes,
+                Some(context.peer.clone()),
             )
             .await;
         if let Some(task) = task {
             // The sender is gone with the call: the forwarder drains and ends.
             let _ = task.await;
         }
-        result.map(CallToolResponse::Complete)
+        result
     }
 }
 

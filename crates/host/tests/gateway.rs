@@ -1143,3 +1143,425 @@ async fn revoke_digest(
     let enforced = gateway.set_revocations(lock.revocations(), "test").await;
     (lock, enforced)
 }
+
+// The 2026-07-28 answers besides a result, carried between an agent and the
+// server that gave them. Two `rounds` servers behind one gateway, one under
+// each launcher, each naming itself in its answers.
+
+/// A gateway in front of `a` (the `rounds` guest as wasm) and `b` (the same
+/// guest native).
+fn rounds_gateway() -> Gateway {
+    let servers: Vec<_> = [("a", Launcher::Wasm), ("b", Launcher::Native)]
+        .into_iter()
+        .map(|(name, launcher)| {
+            let mut server = spec(launcher, guests::ROUNDS);
+            server.name = name.into();
+            server.env.insert("ROUNDS_NAME".into(), name.into());
+            server
+        })
+        .collect();
+    gateway(&servers)
+}
+
+type AgentClient = moat_host::rmcp::service::RunningService<
+    moat_host::rmcp::RoleClient,
+    moat_host::rmcp::model::ClientConfig,
+>;
+
+/// The gateway's end of an agent's connection, kept while the agent talks
+/// (on 2026-07-28 it is up once the first request after `server/discover`
+/// arrives, so it is not awaited here).
+type Serving = tokio::task::JoinHandle<
+    Result<
+        moat_host::rmcp::service::RunningService<
+            moat_host::rmcp::RoleServer,
+            moat_host::gateway::AgentSession,
+        >,
+        moat_host::rmcp::service::ServerInitializeError,
+    >,
+>;
+
+/// An agent on `session` on 2026-07-28 (`server/discover`), declaring the
+/// tasks extension when `tasks`.
+async fn rounds_agent(
+    session: &moat_host::gateway::AgentSession,
+    tasks: bool,
+) -> (AgentClient, Serving) {
+    use moat_host::rmcp::ServiceExt;
+    use moat_host::rmcp::model::{ClientCapabilities, ClientConfig, ProtocolVersion};
+    let (agent_io, gateway_io) = tokio::io::duplex(64 << 10);
+    let serving = tokio::spawn(session.clone().serve(gateway_io));
+    let mut info = ClientConfig::default();
+    if tasks {
+        info.capabilities = ClientCapabilities::builder().enable_tasks().build();
+    }
+    let lifecycle = moat_host::rmcp::ClientLifecycleMode::Discover {
+        preferred_versions: vec![ProtocolVersion::V_2026_07_28],
+    };
+    let client = moat_host::rmcp::ClientServiceExt::serve_with_lifecycle(info, agent_io, lifecycle)
+        .await
+        .unwrap();
+    (client, serving)
+}
+
+fn call(name: &str, arguments: serde_json::Value) -> moat_host::rmcp::model::CallToolRequestParams {
+    let mut params = moat_host::rmcp::model::CallToolRequestParams::new(name.to_owned());
+    params.arguments = args(arguments);
+    params
+}
+
+/// A multi round-trip request: the server's request for input reaches an
+/// agent on 2026-07-28 as the server worded it, and the agent's retry (its
+/// answers and the server's `requestState`, unchanged) reaches the server
+/// that asked. An older agent is asked with its own requests instead, if it
+/// takes them.
+#[tokio::test]
+async fn a_multi_round_trip_request_comes_back_to_the_server_that_asked() {
+    use moat_host::rmcp::model::CallToolResponse;
+    let gateway = rounds_gateway();
+    let session = gateway.session();
+    let (agent, _serving) = rounds_agent(&session, false).await;
+    for server in ["a", "b"] {
+        let asked = match agent
+            .call_tool_once(call(&format!("{server}__ask"), json!({})))
+            .await
+        {
+            Ok(CallToolResponse::InputRequired(asked)) => asked,
+            other => panic!("{server}: {other:?}"),
+        };
+        assert_eq!(
+            asked.request_state.as_deref(),
+            Some(&*format!("{server}:round-1"))
+        );
+        let requests = serde_json::to_value(asked.input_requests.as_ref().unwrap()).unwrap();
+        assert_eq!(
+            requests["name"]["method"], "elicitation/create",
+            "{requests}"
+        );
+        assert_eq!(
+            requests["name"]["params"]["message"], "Your name?",
+            "{requests}"
+        );
+
+        let mut retry = call(&format!("{server}__ask"), json!({}));
+        retry.input_responses = Some(
+            [(
+                "name".to_owned(),
+                json!({"action": "accept", "content": {"name": "Ada"}}),
+            )]
+            .into(),
+        );
+        retry.request_state = asked.request_state.clone();
+        let answer = match agent.call_tool_once(retry).await {
+            Ok(CallToolResponse::Complete(result)) => result,
+            other => panic!("{server}: {other:?}"),
+        };
+        assert_eq!(
+            text(&answer),
+            format!("{server}: hello Ada ({server}:round-1)")
+        );
+    }
+    agent.cancel().await.unwrap();
+
+    // An agent on 2025-11-25 that takes elicitations is asked with its own
+    // `elicitation/create`, and Moat calls the server again with its answer.
+    let legacy = gateway.session();
+    let (agent, _serving) = legacy_agent(&legacy, Some("Bob")).await;
+    let answer = agent.call_tool(call("b__ask", json!({}))).await.unwrap();
+    assert_eq!(text(&answer), "b: hello Bob (b:round-1)");
+    agent.cancel().await.unwrap();
+    // One that does not take them gets an error that says why, and the
+    // session goes on.
+    let (agent, _serving) = legacy_agent(&legacy, None).await;
+    let error = agent
+        .call_tool(call("a__ask", json!({})))
+        .await
+        .unwrap_err();
+    assert!(
+        error.to_string().contains(
+            "tool `ask` on server `a` asks the caller for input, which this caller cannot give (an agent on 2026-07-28 can)"
+        ),
+        "{error}"
+    );
+    let done = agent.call_tool(call("b__job", json!({}))).await.unwrap();
+    assert_eq!(text(&done), "b: job done");
+    agent.cancel().await.unwrap();
+    assert!(session.close().await.is_empty());
+    assert!(legacy.close().await.is_empty());
+}
+
+/// An agent on 2025-11-25 that answers every elicitation with `name`, or
+/// that does not take elicitations at all.
+struct Legacy(Option<&'static str>);
+
+impl moat_host::rmcp::ClientHandler for Legacy {
+    fn get_info(&self) -> moat_host::rmcp::model::ClientConfig {
+        let mut info = moat_host::rmcp::model::ClientConfig::default();
+        if self.0.is_some() {
+            info.capabilities =
+                serde_json::from_value(json!({"elicitation": {"form": {}}})).unwrap();
+        }
+        info
+    }
+
+    async fn create_elicitation(
+        &self,
+        _request: moat_host::rmcp::model::ElicitRequestParams,
+        _context: moat_host::rmcp::service::RequestContext<moat_host::rmcp::RoleClient>,
+    ) -> Result<moat_host::rmcp::model::ElicitResult, moat_host::rmcp::ErrorData> {
+        Ok(
+            serde_json::from_value(json!({"action": "accept", "content": {"name": self.0}}))
+                .unwrap(),
+        )
+    }
+}
+
+async fn legacy_agent(
+    session: &moat_host::gateway::AgentSession,
+    name: Option<&'static str>,
+) -> (
+    moat_host::rmcp::service::RunningService<moat_host::rmcp::RoleClient, Legacy>,
+    Serving,
+) {
+    use moat_host::rmcp::ServiceExt;
+    let (agent_io, gateway_io) = tokio::io::duplex(64 << 10);
+    let serving = tokio::spawn(session.clone().serve(gateway_io));
+    let client = moat_host::rmcp::ClientServiceExt::serve_with_lifecycle(
+        Legacy(name),
+        agent_io,
+        moat_host::rmcp::ClientLifecycleMode::Initialize,
+    )
+    .await
+    .unwrap();
+    (client, serving)
+}
+
+/// Polls task `id` until its status is `until`.
+async fn task_until(
+    agent: &AgentClient,
+    id: &str,
+    until: moat_host::rmcp::model::TaskStatus,
+) -> moat_host::rmcp::model::GetTaskResult {
+    loop {
+        let found = agent
+            .get_task(moat_host::rmcp::model::GetTaskParams::new(id))
+            .await
+            .unwrap();
+        assert_eq!(found.task.task.task_id, id, "the agent's id, as issued");
+        if found.task.task.status == until {
+            return found;
+        }
+        assert!(
+            !found.task.task.status.is_terminal(),
+            "task {id} ended as {:?}, not {until:?}",
+            found.task.task.status
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
+/// Tasks: an agent that declared the extension gets the server's task
+/// under an id of Moat's (`server__id`), and `tasks/get`, `tasks/update`
+/// and `tasks/cancel` reach the server that made it; another session
+/// cannot name it, and an agent without tasks gets the task's result.
+#[tokio::test]
+async fn tasks_are_routed_to_the_server_that_made_them_and_to_no_other_session() {
+    use moat_host::rmcp::model::{CallToolResponse, TaskPayload, TaskStatus, UpdateTaskParams};
+    let gateway = rounds_gateway();
+    let session = gateway.session();
+    let (agent, _serving) = rounds_agent(&session, true).await;
+    let mut issued = Vec::new();
+    for server in ["a", "b"] {
+        let created = match agent
+            .call_tool_once(call(&format!("{server}__job"), json!({"ms": 20})))
+            .await
+        {
+            Ok(CallToolResponse::Task(created)) => created,
+            other => panic!("{server}: {other:?}"),
+        };
+        let id = created.task.task_id.clone();
+        assert!(id.starts_with(&format!("{server}__")), "{id}");
+        issued.push((server, id));
+    }
+    for (server, id) in &issued {
+        let done = task_until(&agent, id, TaskStatus::Completed).await;
+        let TaskPayload::Completed { result } = done.task.payload else {
+            panic!("{done:?}")
+        };
+        assert_eq!(result["content"][0]["text"], format!("{server}: job done"));
+    }
+
+    // A task that asks for input on the way, answered by tasks/update.
+    let created = match agent
+        .call_tool_once(call("b__job", json!({"confirm": true})))
+        .await
+    {
+        Ok(CallToolResponse::Task(created)) => created,
+        other => panic!("{other:?}"),
+    };
+    let id = created.task.task_id;
+    let waiting = task_until(&agent, &id, TaskStatus::InputRequired).await;
+    let TaskPayload::InputRequired { input_requests } = &waiting.task.payload else {
+        panic!("{waiting:?}")
+    };
+    assert!(input_requests.contains_key("go"), "{input_requests:?}");
+    agent
+        .update_task(UpdateTaskParams::new(
+            id.clone(),
+            [(
+                "go".to_owned(),
+                json!({"action": "accept", "content": {"go": "yes"}}),
+            )]
+            .into(),
+        ))
+        .await
+        .unwrap();
+    let done = task_until(&agent, &id, TaskStatus::Completed).await;
+    let TaskPayload::Completed { result } = done.task.payload else {
+        panic!("{done:?}")
+    };
+    assert_eq!(result["content"][0]["text"], "b: job done after yes");
+
+    // Cancelled at the server that runs it.
+    let created = match agent
+        .call_tool_once(call("a__job", json!({"confirm": true})))
+        .await
+    {
+        Ok(CallToolResponse::Task(created)) => created,
+        other => panic!("{other:?}"),
+    };
+    let id = created.task.task_id;
+    task_until(&agent, &id, TaskStatus::InputRequired).await;
+    agent
+        .cancel_task(moat_host::rmcp::model::CancelTaskParams::new(id.clone()))
+        .await
+        .unwrap();
+    task_until(&agent, &id, TaskStatus::Cancelled).await;
+
+    // Ids that this session did not issue: refused, and nothing is sent.
+    let other = gateway.session();
+    let (stranger, _serving_stranger) = rounds_agent(&other, true).await;
+    for unknown in [issued[0].1.as_str(), "a__no-such-task", "nope"] {
+        let error = stranger
+            .get_task(moat_host::rmcp::model::GetTaskParams::new(unknown))
+            .await
+            .unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .contains(&format!("-32602: no task {unknown:?} in this session")),
+            "{error}"
+        );
+    }
+    // An agent that did not declare tasks gets the result: Moat follows the
+    // task the server made (the server made one: its answer is not the
+    // inline one it gives a caller without tasks).
+    stranger.cancel().await.unwrap();
+    let (plain, _serving_plain) = rounds_agent(&other, false).await;
+    let done = plain
+        .call_tool(call("a__job", json!({"ms": 20})))
+        .await
+        .unwrap();
+    assert_eq!(text(&done), "a: job done");
+    plain.cancel().await.unwrap();
+    agent.cancel().await.unwrap();
+    assert!(session.close().await.is_empty());
+    assert!(other.close().await.is_empty());
+}
+
+/// `subscriptions/listen`, merged: one stream from the agent opens one at
+/// each server (then Moat says that what it listens to may have changed, as
+/// rmcp acknowledged the agent's stream before those opened), a resource's
+/// updates come from the server that lists it and only for what the agent
+/// subscribed to, list changes from every server, and ending the agent's
+/// stream ends the servers' streams.
+#[tokio::test]
+async fn a_subscription_is_merged_across_servers_and_ends_at_each() {
+    use moat_host::rmcp::model::{ServerNotification, SubscriptionFilter};
+    let gateway = rounds_gateway();
+    let session = gateway.session();
+    let (agent, _serving) = rounds_agent(&session, false).await;
+    let mut uris: Vec<String> = agent
+        .list_all_resources()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.uri.clone())
+        .collect();
+    uris.sort();
+    assert_eq!(uris, ["rounds://a/data", "rounds://b/data"]);
+    let mut subscription = agent
+        .peer()
+        .listen(
+            SubscriptionFilter::builder()
+                .resources_list_changed()
+                .resource_subscription("rounds://a/data")
+                .resource_subscription("rounds://nobody/data")
+                .build(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        subscription
+            .acknowledged()
+            .resource_subscriptions
+            .as_deref(),
+        Some(&["rounds://a/data".to_owned()][..]),
+        "a resource no server lists is not accepted"
+    );
+    // Once the servers' streams are open, Moat says what may have changed.
+    let mut caught_up = Vec::new();
+    while caught_up.len() < 2 {
+        caught_up.push(match subscription.next().await.unwrap().unwrap() {
+            ServerNotification::ResourceUpdatedNotification(update) => update.params.uri,
+            ServerNotification::ResourceListChangedNotification(_) => "listed".to_owned(),
+            other => panic!("{other:?}"),
+        });
+    }
+    assert_eq!(caught_up, ["listed", "rounds://a/data"]);
+    for server in ["b", "a"] {
+        let touched = agent
+            .call_tool(call(&format!("{server}__touch"), json!({})))
+            .await
+            .unwrap();
+        assert_eq!(text(&touched), format!("{server}: touched 1"));
+    }
+    let (mut updated, mut listed) = (Vec::new(), 0);
+    while listed < 2 || updated.is_empty() {
+        match subscription.next().await.unwrap().unwrap() {
+            ServerNotification::ResourceUpdatedNotification(update) => {
+                updated.push(update.params.uri)
+            }
+            ServerNotification::ResourceListChangedNotification(_) => listed += 1,
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(
+        updated,
+        ["rounds://a/data"],
+        "b's resource was not subscribed to"
+    );
+    subscription.cancel().await.unwrap();
+    // The servers' own streams end with the agent's.
+    for server in ["a", "b"] {
+        let mut tries = 0;
+        loop {
+            let touched = agent
+                .call_tool(call(&format!("{server}__touch"), json!({})))
+                .await
+                .unwrap();
+            if text(&touched) == format!("{server}: touched 0") {
+                break;
+            }
+            tries += 1;
+            assert!(
+                tries < 1_000,
+                "{server}'s stream is still open: {}",
+                text(&touched)
+            );
+            tokio::task::yield_now().await;
+        }
+    }
+    agent.cancel().await.unwrap();
+    assert!(session.close().await.is_empty());
+}

@@ -1,0 +1,301 @@
+//! `rounds`: a 2026-07-28 MCP server on rmcp that answers in the shapes that
+//! revision adds, so tests can check that Moat carries them between an agent
+//! and the server that issued them:
+//!
+//! - `ask` answers a first call with an `InputRequiredResult` (multi
+//!   round-trip request): one elicitation, keyed `name`, and a
+//!   `requestState`. The retry carries the agent's `inputResponses` and the
+//!   state back, and the answer names both.
+//! - `job` becomes a task (the tasks extension) when the caller declared
+//!   tasks, else runs inline. With `confirm`, the task asks for input
+//!   (`input_required`, answered by `tasks/update`) before it completes.
+//!
+//! - `touch` sends `notifications/resources/updated` for the server's one
+//!   resource (`rounds://NAME/data`) and `notifications/resources/list_changed`
+//!   on every open `subscriptions/listen` stream, and says on how many.
+//!
+//! Every answer names the server as `ROUNDS_NAME` says (default `rounds`),
+//! so a test with several of them behind one gateway sees which one
+//! answered. The same source builds for wasm32-wasip2 and natively.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rmcp::{
+    ErrorData, RoleServer, ServerHandler, ServiceExt,
+    model::{
+        CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams, ContentBlock,
+        CreateTaskResult, ElicitRequest, ElicitRequestParams, ElicitationSchema, GetTaskParams,
+        GetTaskResult, InputRequest, InputRequiredResult, ListResourcesResult, ListToolsResult,
+        PaginatedRequestParams, Resource, ResourceListChangedNotification,
+        ResourceUpdatedNotification, ResourceUpdatedNotificationParam, ServerCapabilities,
+        ServerConfig, ServerNotification, SubscriptionFilter, Tool, UpdateTaskParams,
+    },
+    service::{RequestContext, SubscriptionContext, SubscriptionSink},
+    task_manager::{TaskExit, TaskManager, TaskOptions},
+};
+
+fn name() -> String {
+    std::env::var("ROUNDS_NAME").unwrap_or_else(|_| "rounds".to_owned())
+}
+
+fn schema(value: serde_json::Value) -> std::sync::Arc<serde_json::Map<String, serde_json::Value>> {
+    match value {
+        serde_json::Value::Object(map) => std::sync::Arc::new(map),
+        _ => unreachable!("schemas here are objects"),
+    }
+}
+
+fn text(message: String) -> CallToolResult {
+    CallToolResult::success(vec![ContentBlock::text(message)])
+}
+
+fn elicitation(message: &str, field: &str) -> InputRequest {
+    let requested = ElicitationSchema::builder()
+        .required_string(field)
+        .build()
+        .expect("a one-field schema");
+    InputRequest::Elicitation(ElicitRequest::new(
+        ElicitRequestParams::FormElicitationParams {
+            meta: None,
+            message: message.to_owned(),
+            requested_schema: requested,
+        },
+    ))
+}
+
+/// The accepted content's `field`, from an elicitation's answer.
+fn answered(response: &serde_json::Value, field: &str) -> Option<String> {
+    (response.get("action")? == "accept")
+        .then(|| {
+            response
+                .get("content")?
+                .get(field)?
+                .as_str()
+                .map(str::to_owned)
+        })
+        .flatten()
+}
+
+fn data_uri() -> String {
+    format!("rounds://{}/data", name())
+}
+
+#[derive(Default)]
+struct Rounds {
+    tasks: TaskManager,
+    /// The open `subscriptions/listen` streams.
+    listening: Arc<Mutex<Vec<SubscriptionSink>>>,
+}
+
+impl Rounds {
+    fn ask(&self, request: &CallToolRequestParams) -> CallToolResponse {
+        let Some(responses) = &request.input_responses else {
+            let mut requests = BTreeMap::new();
+            requests.insert("name".to_owned(), elicitation("Your name?", "name"));
+            return InputRequiredResult::new(Some(requests), Some(format!("{}:round-1", name())))
+                .into();
+        };
+        let Some(state) = &request.request_state else {
+            return CallToolResult::error(vec![ContentBlock::text(
+                "a retry without its requestState",
+            )])
+            .into();
+        };
+        match responses.get("name").and_then(|r| answered(r, "name")) {
+            Some(who) => text(format!("{}: hello {who} ({state})", name())).into(),
+            None => CallToolResult::error(vec![ContentBlock::text("no accepted `name`")]).into(),
+        }
+    }
+
+    fn job(
+        &self,
+        request: &CallToolRequestParams,
+        context: &RequestContext<RoleServer>,
+    ) -> CallToolResponse {
+        let arguments = request.arguments.clone().unwrap_or_default();
+        let ms = arguments.get("ms").and_then(|v| v.as_u64()).unwrap_or(0);
+        let confirm = arguments
+            .get("confirm")
+            .and_then(|v| v.as_bool())
+            .unwrap_or(false);
+        let server = name();
+        let tasks = context
+            .client_capabilities()
+            .is_some_and(|caps| caps.supports_tasks());
+        if !tasks {
+            return text(format!("{server}: job done inline")).into();
+        }
+        let task = self
+            .tasks
+            .spawn(TaskOptions::new().with_poll_interval_ms(10), move |task| {
+                Box::pin(async move {
+                    tokio::time::sleep(Duration::from_millis(ms)).await;
+                    let mut said = String::new();
+                    if confirm {
+                        let answer = task
+                            .request_input("go", elicitation("Go on?", "go"))
+                            .await?;
+                        said = answered(&answer, "go").ok_or_else(|| {
+                            TaskExit::Error(ErrorData::invalid_params("no accepted `go`", None))
+                        })?;
+                        said = format!(" after {said}");
+                    }
+                    Ok(text(format!("{server}: job done{said}")))
+                })
+            });
+        CallToolResponse::Task(CreateTaskResult::new(task))
+    }
+}
+
+impl Rounds {
+    async fn touch(&self) -> CallToolResponse {
+        let sinks = self.listening.lock().unwrap().clone();
+        let mut reached = 0;
+        for sink in sinks {
+            let updated = ServerNotification::ResourceUpdatedNotification(
+                ResourceUpdatedNotification::new(ResourceUpdatedNotificationParam::new(data_uri())),
+            );
+            let listed = ServerNotification::ResourceListChangedNotification(
+                ResourceListChangedNotification::default(),
+            );
+            if sink.send(updated).await.is_ok() | sink.send(listed).await.is_ok() {
+                reached += 1;
+            }
+        }
+        text(format!("{}: touched {reached}", name())).into()
+    }
+}
+
+impl ServerHandler for Rounds {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_resources()
+                .enable_resources_list_changed()
+                .enable_resources_subscribe()
+                .enable_tasks()
+                .build(),
+        )
+    }
+
+    fn accepted_subscription_filter(
+        &self,
+        requested: &SubscriptionFilter,
+    ) -> Option<SubscriptionFilter> {
+        let mut accepted = SubscriptionFilter::builder().resources_list_changed();
+        if requested
+            .resource_subscriptions
+            .as_ref()
+            .is_some_and(|uris| uris.contains(&data_uri()))
+        {
+            accepted = accepted.resource_subscription(data_uri());
+        }
+        Some(accepted.build())
+    }
+
+    async fn listen(&self, context: SubscriptionContext) -> Result<(), ErrorData> {
+        self.listening.lock().unwrap().push(context.sink().clone());
+        context.cancelled().await;
+        let id = context.sink().id().clone();
+        self.listening
+            .lock()
+            .unwrap()
+            .retain(|sink| *sink.id() != id);
+        Ok(())
+    }
+
+    async fn list_resources(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListResourcesResult, ErrorData> {
+        Ok(ListResourcesResult::with_all_items(vec![Resource::new(
+            data_uri(),
+            "data",
+        )]))
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        Ok(ListToolsResult::with_all_items(vec![
+            Tool::new(
+                "ask",
+                "Asks the caller for a name (a multi round-trip request), then greets it",
+                schema(serde_json::json!({"type": "object", "properties": {}})),
+            ),
+            Tool::new(
+                "touch",
+                "Tells every open subscription that its resource changed",
+                schema(serde_json::json!({"type": "object", "properties": {}})),
+            ),
+            Tool::new(
+                "job",
+                "Runs as a task for ms milliseconds; with confirm, asks to go on first",
+                schema(serde_json::json!({
+                    "type": "object",
+                    "properties": {
+                        "ms": {"type": "integer", "minimum": 0},
+                        "confirm": {"type": "boolean"}
+                    }
+                })),
+            ),
+        ]))
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        match request.name.as_ref() {
+            "ask" => Ok(self.ask(&request)),
+            "job" => Ok(self.job(&request, &context)),
+            "touch" => Ok(self.touch().await),
+            other => Err(ErrorData::invalid_params(format!("no tool {other}"), None)),
+        }
+    }
+
+    async fn get_task(
+        &self,
+        request: GetTaskParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<GetTaskResult, ErrorData> {
+        self.tasks
+            .get_task(&request.task_id)
+            .map(GetTaskResult::new)
+    }
+
+    async fn update_task(
+        &self,
+        request: UpdateTaskParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        self.tasks
+            .update_task(&request.task_id, request.input_responses)
+    }
+
+    async fn cancel_task(
+        &self,
+        request: CancelTaskParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        self.tasks.cancel_task(&request.task_id)
+    }
+}
+
+fn main() -> std::io::Result<()> {
+    moat_wit::block_on(async {
+        let service = Rounds::default()
+            .serve(moat_wit::stdio())
+            .await
+            .map_err(std::io::Error::other)?;
+        service.waiting().await.map_err(std::io::Error::other)?;
+        Ok(())
+    })
+}
