@@ -475,7 +475,7 @@ fn the_python_sdk_carries_2026_07_28_requests_for_input_and_subscriptions() {
             "resources": ["rounds://a/data", "rounds://b/data"],
             "caught_up": [["listed"], ["updated", "rounds://b/data"]],
             "touched": ["a: touched 1", "b: touched 1"],
-            "events": [["listed"], ["listed"], ["updated", "rounds://b/data"]],
+            "events": [["listed"], ["updated", "rounds://b/data"]],
         })
     );
     assert_eq!(

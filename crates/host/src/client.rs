@@ -1362,10 +1362,10 @@ impl Session {
             }
         };
         match response {
-            ServerResult::CallToolResult(result) => {
-                self.check_output(name, &result)?;
-                Ok(CallAnswer::Complete(result))
-            }
+            ServerResult::CallToolResult(result) => match self.check_output(name, &result) {
+                Some(withheld) => Err(withheld),
+                None => Ok(CallAnswer::Complete(result)),
+            },
             ServerResult::InputRequiredResult(asked) => Ok(CallAnswer::InputRequired(asked)),
             ServerResult::CreateTaskResult(created) => Ok(CallAnswer::Task(created)),
             _ => Err(self.error(&operation, ServiceError::UnexpectedResponse)),
@@ -1373,19 +1373,15 @@ impl Session {
     }
 
     /// A result's structured content against the tool's pinned output
-    /// schema, when a lock pins it.
-    fn check_output(&self, name: &str, result: &CallToolResult) -> Result<(), ClientError> {
-        if let (Some(state), Some(structured)) = (&self.pins, &result.structured_content) {
-            state
-                .pins
-                .check_output(name, structured)
-                .map_err(|violation| ClientError::InvalidOutput {
-                    server: self.server().to_owned(),
-                    tool: name.to_owned(),
-                    violation,
-                })?;
-        }
-        Ok(())
+    /// schema, when a lock pins it: the error that withholds it.
+    fn check_output(&self, name: &str, result: &CallToolResult) -> Option<ClientError> {
+        let (state, structured) = (self.pins.as_ref()?, result.structured_content.as_ref()?);
+        let violation = state.pins.check_output(name, structured).err()?;
+        Some(ClientError::InvalidOutput {
+            server: self.server().to_owned(),
+            tool: name.to_owned(),
+            violation,
+        })
     }
 
     /// `tasks/get` for task `task_id` of tool `tool` (the call that made
@@ -1410,7 +1406,9 @@ impl Session {
                         detail: format!("the completed task's result is not a tool's result: {e}"),
                     }
                 })?;
-            self.check_output(tool, &result)?;
+            if let Some(withheld) = self.check_output(tool, &result) {
+                return Err(withheld);
+            }
         }
         Ok(found)
     }

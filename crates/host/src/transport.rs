@@ -225,7 +225,10 @@ pub struct Shared {
     closing: AtomicBool,
     stderr: StderrBuffer,
     tracker: Arc<Tracker>,
-    pending: Mutex<HashMap<RequestId, (String, Instant)>>,
+    /// Requests sent and not yet answered: the method, and the deadline by
+    /// which the server must answer (none for a `subscriptions/listen` that
+    /// the server acknowledged: its answer ends the stream, whenever).
+    pending: Mutex<HashMap<RequestId, (String, Option<Instant>)>>,
     /// Requests the host cancelled recently: a late answer to one of them is
     /// dropped, not a fault. Bounded to the last [`CANCELLED_REMEMBERED`].
     cancelled: Mutex<std::collections::VecDeque<RequestId>>,
@@ -685,7 +688,7 @@ impl rmcp::transport::Transport<RoleClient> for Connected {
                     .unwrap_or_else(|e| e.into_inner())
                     .insert(
                         request.id.clone(),
-                        (method, Instant::now() + self.request_timeout),
+                        (method, Some(Instant::now() + self.request_timeout)),
                     );
                 shared.requests_sent.fetch_add(1, Ordering::SeqCst);
                 shared.pending_changed.notify_one();
@@ -848,6 +851,16 @@ async fn read_stdout(
                     shared.tools_changed_events.send_modify(|n| *n += 1);
                 }
                 if let ServerJsonRpcMessage::Notification(notification) = &message
+                    && let rmcp::model::ServerNotification::SubscriptionsAcknowledgedNotification(_) =
+                        &notification.notification
+                {
+                    use rmcp::model::GetMeta;
+                    lift_deadline(
+                        &shared,
+                        notification.notification.get_meta().subscription_id(),
+                    );
+                }
+                if let ServerJsonRpcMessage::Notification(notification) = &message
                     && let rmcp::model::ServerNotification::ProgressNotification(progress) =
                         &notification.notification
                 {
@@ -997,6 +1010,25 @@ fn call_answer(shared: &Shared, line: &[u8]) -> Option<ServerJsonRpcMessage> {
     })
 }
 
+/// A `subscriptions/listen` request stays open until either side ends it:
+/// once the server acknowledges it (the acknowledgement names the request
+/// `id` in its `_meta`), the per-request deadline no longer applies to it.
+/// Only to a pending listen request: an acknowledgement that names any
+/// other request changes nothing.
+fn lift_deadline(shared: &Shared, id: Option<RequestId>) {
+    let Some(id) = id else {
+        return;
+    };
+    let mut pending = shared.pending.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((method, deadline)) = pending.get_mut(&id)
+        && method
+            == <rmcp::model::SubscriptionsListenRequestMethod as rmcp::model::ConstString>::VALUE
+    {
+        *deadline = None;
+        shared.pending_changed.notify_one();
+    }
+}
+
 fn response_id(message: &ServerJsonRpcMessage) -> Option<RequestId> {
     match message {
         ServerJsonRpcMessage::Response(response) => Some(response.id.clone()),
@@ -1016,7 +1048,7 @@ async fn watchdog(
     let status = loop {
         let next = {
             let pending = shared.pending.lock().unwrap_or_else(|e| e.into_inner());
-            pending.values().map(|(_, deadline)| *deadline).min()
+            pending.values().filter_map(|(_, deadline)| *deadline).min()
         };
         let changed = shared.pending_changed.notified();
         tokio::select! {
@@ -1029,7 +1061,7 @@ async fn watchdog(
                 let expired = {
                     let pending = shared.pending.lock().unwrap_or_else(|e| e.into_inner());
                     let now = Instant::now();
-                    pending.values().find(|(_, deadline)| *deadline <= now).map(|(method, _)| method.clone())
+                    pending.values().find(|(_, deadline)| deadline.is_some_and(|d| d <= now)).map(|(method, _)| method.clone())
                 };
                 if let Some(method) = expired {
                     tracing::warn!(server = %shared.server, %method, "request deadline passed; stopping server");
@@ -1081,9 +1113,41 @@ mod tests {
         let shared = Shared::new("s".into(), &Limits::default());
         shared.pending.lock().unwrap().insert(
             RequestId::Number(7),
-            (method.to_owned(), Instant::now() + Duration::from_secs(60)),
+            (
+                method.to_owned(),
+                Some(Instant::now() + Duration::from_secs(60)),
+            ),
         );
         shared
+    }
+
+    #[test]
+    fn an_acknowledged_subscription_has_no_deadline_and_nothing_else_loses_one() {
+        // As a server sends it: the listen request's id in `_meta`.
+        let acknowledged = |shared: &Shared, id: i64| {
+            let line = format!(
+                r#"{{"jsonrpc":"2.0","method":"notifications/subscriptions/acknowledged","params":{{"notifications":{{}},"_meta":{{"io.modelcontextprotocol/subscriptionId":{id}}}}}}}"#
+            );
+            let message = parse_message(shared, line.as_bytes()).unwrap();
+            let ServerJsonRpcMessage::Notification(notification) = message else {
+                panic!("{message:?}")
+            };
+            use rmcp::model::GetMeta;
+            lift_deadline(
+                shared,
+                notification.notification.get_meta().subscription_id(),
+            );
+        };
+        let deadline = |shared: &Shared| shared.pending.lock().unwrap()[&RequestId::Number(7)].1;
+        let listening = pending("subscriptions/listen");
+        acknowledged(&listening, 8);
+        assert!(deadline(&listening).is_some(), "another id");
+        acknowledged(&listening, 7);
+        assert_eq!(deadline(&listening), None);
+        // A server cannot lift a call's deadline by acknowledging its id.
+        let calling = pending("tools/call");
+        acknowledged(&calling, 7);
+        assert!(deadline(&calling).is_some());
     }
 
     fn result_of(message: &ServerJsonRpcMessage) -> &rmcp::model::ServerResult {

@@ -1151,7 +1151,11 @@ async fn revoke_digest(
 /// A gateway in front of `a` (the `rounds` guest as wasm) and `b` (the same
 /// guest native).
 fn rounds_gateway() -> Gateway {
-    let servers: Vec<_> = [("a", Launcher::Wasm), ("b", Launcher::Native)]
+    gateway(&rounds_servers())
+}
+
+fn rounds_servers() -> Vec<moat_host::ServerSpec> {
+    [("a", Launcher::Wasm), ("b", Launcher::Native)]
         .into_iter()
         .map(|(name, launcher)| {
             let mut server = spec(launcher, guests::ROUNDS);
@@ -1159,8 +1163,7 @@ fn rounds_gateway() -> Gateway {
             server.env.insert("ROUNDS_NAME".into(), name.into());
             server
         })
-        .collect();
-    gateway(&servers)
+        .collect()
 }
 
 type AgentClient = moat_host::rmcp::service::RunningService<
@@ -1290,13 +1293,20 @@ async fn a_multi_round_trip_request_comes_back_to_the_server_that_asked() {
     assert!(legacy.close().await.is_empty());
 }
 
-/// An agent on 2025-11-25 that answers every elicitation with `name`, or
-/// that does not take elicitations at all.
-struct Legacy(Option<&'static str>);
+/// An agent on the initialize handshake (2025-11-25 unless `revision`
+/// says otherwise) that answers every elicitation with `name`, or that does
+/// not take elicitations at all.
+struct Legacy(
+    Option<&'static str>,
+    Option<moat_host::rmcp::model::ProtocolVersion>,
+);
 
 impl moat_host::rmcp::ClientHandler for Legacy {
     fn get_info(&self) -> moat_host::rmcp::model::ClientConfig {
         let mut info = moat_host::rmcp::model::ClientConfig::default();
+        if let Some(revision) = &self.1 {
+            info.protocol_version = revision.clone();
+        }
         if self.0.is_some() {
             info.capabilities =
                 serde_json::from_value(json!({"elicitation": {"form": {}}})).unwrap();
@@ -1323,11 +1333,21 @@ async fn legacy_agent(
     moat_host::rmcp::service::RunningService<moat_host::rmcp::RoleClient, Legacy>,
     Serving,
 ) {
+    agent_on(session, Legacy(name, None)).await
+}
+
+async fn agent_on(
+    session: &moat_host::gateway::AgentSession,
+    legacy: Legacy,
+) -> (
+    moat_host::rmcp::service::RunningService<moat_host::rmcp::RoleClient, Legacy>,
+    Serving,
+) {
     use moat_host::rmcp::ServiceExt;
     let (agent_io, gateway_io) = tokio::io::duplex(64 << 10);
     let serving = tokio::spawn(session.clone().serve(gateway_io));
     let client = moat_host::rmcp::ClientServiceExt::serve_with_lifecycle(
-        Legacy(name),
+        legacy,
         agent_io,
         moat_host::rmcp::ClientLifecycleMode::Initialize,
     )
@@ -1474,11 +1494,17 @@ async fn tasks_are_routed_to_the_server_that_made_them_and_to_no_other_session()
 /// rmcp acknowledged the agent's stream before those opened), a resource's
 /// updates come from the server that lists it and only for what the agent
 /// subscribed to, list changes from every server, and ending the agent's
-/// stream ends the servers' streams.
+/// stream ends the servers' streams. A stream outlives the servers'
+/// per-request deadline: it is not a request awaiting its answer.
 #[tokio::test]
 async fn a_subscription_is_merged_across_servers_and_ends_at_each() {
     use moat_host::rmcp::model::{ServerNotification, SubscriptionFilter};
-    let gateway = rounds_gateway();
+    const DEADLINE_MS: u64 = 1_500;
+    let mut servers = rounds_servers();
+    for server in &mut servers {
+        server.limits.request_timeout_ms = DEADLINE_MS;
+    }
+    let gateway = gateway(&servers);
     let session = gateway.session();
     let (agent, _serving) = rounds_agent(&session, false).await;
     let mut uris: Vec<String> = agent
@@ -1519,6 +1545,9 @@ async fn a_subscription_is_merged_across_servers_and_ends_at_each() {
         });
     }
     assert_eq!(caught_up, ["listed", "rounds://a/data"]);
+    // Past the deadline the servers' streams are still open (nothing is
+    // awaited here: the time passing is what is tested).
+    tokio::time::sleep(std::time::Duration::from_millis(DEADLINE_MS * 3 / 2)).await;
     for server in ["b", "a"] {
         let touched = agent
             .call_tool(call(&format!("{server}__touch"), json!({})))
@@ -1564,4 +1593,135 @@ async fn a_subscription_is_merged_across_servers_and_ends_at_each() {
     }
     agent.cancel().await.unwrap();
     assert!(session.close().await.is_empty());
+}
+
+/// The protocol matrix: agents on 2025-06-18, 2025-11-25 and 2026-07-28
+/// against servers on each of them, all in one gateway (wasm and native
+/// mixed). Every agent reaches every server in the server's own revision;
+/// a request for input and a task of the 2026-07-28 server reach every
+/// agent in the form its revision has (handed on, or bridged by Moat); a
+/// subscription, which only 2026-07-28 has on either side, reaches the
+/// servers that take one.
+#[tokio::test]
+async fn every_agent_revision_meets_every_server_revision_in_one_gateway() {
+    use moat_host::rmcp::model::{
+        CallToolResponse, GetTaskParams, ProtocolVersion, SubscriptionFilter, TaskPayload,
+        TaskStatus,
+    };
+    let servers: Vec<_> = [
+        ("n26", Launcher::Wasm, None),
+        ("n25", Launcher::Native, Some("2025-11-25")),
+        ("n06", Launcher::Wasm, Some("2025-06-18")),
+    ]
+    .into_iter()
+    .map(|(name, launcher, revision)| {
+        let mut server = spec(launcher, guests::ROUNDS);
+        server.name = name.into();
+        server.env.insert("ROUNDS_NAME".into(), name.into());
+        if let Some(revision) = revision {
+            server.env.insert("ROUNDS_REVISION".into(), revision.into());
+        }
+        server
+    })
+    .collect();
+    let gateway = gateway(&servers);
+    // Each server as it answers: in its own revision, whatever the agent's.
+    let in_own_revision = [
+        ("n26", "n26: 2026-07-28"),
+        ("n25", "n25: 2025-11-25"),
+        ("n06", "n06: 2025-06-18"),
+    ];
+
+    // 2026-07-28, declaring tasks.
+    let session = gateway.session();
+    let (agent, _serving) = rounds_agent(&session, true).await;
+    for (server, expected) in in_own_revision {
+        let answer = agent
+            .call_tool(call(&format!("{server}__revision"), json!({})))
+            .await
+            .unwrap();
+        assert_eq!(text(&answer), expected, "an agent on 2026-07-28");
+    }
+    let asked = match agent.call_tool_once(call("n26__ask", json!({}))).await {
+        Ok(CallToolResponse::InputRequired(asked)) => asked,
+        other => panic!("{other:?}"),
+    };
+    let mut retry = call("n26__ask", json!({}));
+    retry.input_responses = Some(
+        [(
+            "name".to_owned(),
+            json!({"action": "accept", "content": {"name": "Ada"}}),
+        )]
+        .into(),
+    );
+    retry.request_state = asked.request_state;
+    match agent.call_tool_once(retry).await {
+        Ok(CallToolResponse::Complete(result)) => {
+            assert_eq!(text(&result), "n26: hello Ada (n26:round-1)")
+        }
+        other => panic!("{other:?}"),
+    }
+    let id = match agent
+        .call_tool_once(call("n26__job", json!({"ms": 5})))
+        .await
+    {
+        Ok(CallToolResponse::Task(created)) => created.task.task_id,
+        other => panic!("{other:?}"),
+    };
+    let done = task_until(&agent, &id, TaskStatus::Completed).await;
+    let TaskPayload::Completed { result } = done.task.payload else {
+        panic!("{done:?}")
+    };
+    assert_eq!(result["content"][0]["text"], "n26: job done");
+    assert!(agent.get_task(GetTaskParams::new(id)).await.is_ok());
+    let mut subscription = agent
+        .peer()
+        .listen(
+            SubscriptionFilter::builder()
+                .resources_list_changed()
+                .build(),
+        )
+        .await
+        .unwrap();
+    assert!(subscription.next().await.unwrap().is_some(), "caught up");
+    for (server, reached) in [("n26", 1), ("n25", 0), ("n06", 0)] {
+        let touched = agent
+            .call_tool(call(&format!("{server}__touch"), json!({})))
+            .await
+            .unwrap();
+        assert_eq!(text(&touched), format!("{server}: touched {reached}"));
+    }
+    subscription.cancel().await.unwrap();
+    agent.cancel().await.unwrap();
+    assert!(session.close().await.is_empty());
+
+    // 2025-11-25 and 2025-06-18: the same servers; the request for input
+    // bridged, the task's result.
+    for revision in [ProtocolVersion::V_2025_11_25, ProtocolVersion::V_2025_06_18] {
+        let session = gateway.session();
+        let (agent, _serving) =
+            agent_on(&session, Legacy(Some("Bob"), Some(revision.clone()))).await;
+        let negotiated = agent.peer_info().unwrap().protocol_version.to_string();
+        assert_eq!(negotiated, revision.to_string());
+        for (server, expected) in in_own_revision {
+            let answer = agent
+                .call_tool(call(&format!("{server}__revision"), json!({})))
+                .await
+                .unwrap();
+            assert_eq!(text(&answer), expected, "an agent on {negotiated}");
+        }
+        let answer = agent.call_tool(call("n26__ask", json!({}))).await.unwrap();
+        assert_eq!(
+            text(&answer),
+            "n26: hello Bob (n26:round-1)",
+            "{negotiated}"
+        );
+        let answer = agent
+            .call_tool(call("n26__job", json!({"ms": 5})))
+            .await
+            .unwrap();
+        assert_eq!(text(&answer), "n26: job done", "{negotiated}");
+        agent.cancel().await.unwrap();
+        assert!(session.close().await.is_empty());
+    }
 }

@@ -12,11 +12,17 @@
 //!
 //! - `touch` sends `notifications/resources/updated` for the server's one
 //!   resource (`rounds://NAME/data`) and `notifications/resources/list_changed`
-//!   on every open `subscriptions/listen` stream, and says on how many.
+//!   on every open `subscriptions/listen` stream, and says how many it
+//!   reached (a stream that accepts neither is not counted).
+//!
+//! - `revision` says which protocol revision the request reached it in.
 //!
 //! Every answer names the server as `ROUNDS_NAME` says (default `rounds`),
 //! so a test with several of them behind one gateway sees which one
-//! answered. The same source builds for wasm32-wasip2 and natively.
+//! answered. `ROUNDS_REVISION` (a revision such as `2025-06-18`) makes it a
+//! server of that revision only, as an older server is on the wire: it
+//! refuses `server/discover` as unknown, and `initialize` agrees to that
+//! revision whatever the client proposes. The same source builds for wasm32-wasip2 and natively.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -26,15 +32,25 @@ use rmcp::{
     ErrorData, RoleServer, ServerHandler, ServiceExt,
     model::{
         CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams, ContentBlock,
-        CreateTaskResult, ElicitRequest, ElicitRequestParams, ElicitationSchema, GetTaskParams,
-        GetTaskResult, InputRequest, InputRequiredResult, ListResourcesResult, ListToolsResult,
-        PaginatedRequestParams, Resource, ResourceListChangedNotification,
-        ResourceUpdatedNotification, ResourceUpdatedNotificationParam, ServerCapabilities,
-        ServerConfig, ServerNotification, SubscriptionFilter, Tool, UpdateTaskParams,
+        CreateTaskResult, DiscoverRequestMethod, DiscoverResult, ElicitRequest,
+        ElicitRequestParams, ElicitationSchema, GetTaskParams, GetTaskResult, InputRequest,
+        InputRequiredResult, ListResourcesResult, ListToolsResult, PaginatedRequestParams,
+        ProtocolVersion, Resource, ResourceListChangedNotification, ResourceUpdatedNotification,
+        ResourceUpdatedNotificationParam, ServerCapabilities, ServerConfig, ServerNotification,
+        SubscriptionFilter, Tool, UpdateTaskParams,
     },
     service::{RequestContext, SubscriptionContext, SubscriptionSink},
     task_manager::{TaskExit, TaskManager, TaskOptions},
 };
+
+/// The one revision `ROUNDS_REVISION` names, if it names a known one.
+fn revision() -> Option<ProtocolVersion> {
+    let only = std::env::var("ROUNDS_REVISION").ok()?;
+    ProtocolVersion::KNOWN_VERSIONS
+        .iter()
+        .find(|known| known.as_str() == only)
+        .cloned()
+}
 
 fn name() -> String {
     std::env::var("ROUNDS_NAME").unwrap_or_else(|_| "rounds".to_owned())
@@ -169,8 +185,33 @@ impl Rounds {
 }
 
 impl ServerHandler for Rounds {
+    /// With `ROUNDS_REVISION`, that revision, and 2026-07-28 only so that
+    /// rmcp lets `server/discover` reach [`Self::discover`], which refuses
+    /// it as a server that does not know it does.
+    fn supported_protocol_versions(&self) -> std::borrow::Cow<'static, [ProtocolVersion]> {
+        match revision() {
+            Some(only) => std::borrow::Cow::Owned(vec![only, ProtocolVersion::V_2026_07_28]),
+            None => std::borrow::Cow::Borrowed(ProtocolVersion::KNOWN_VERSIONS),
+        }
+    }
+
+    async fn discover(
+        &self,
+        context: RequestContext<RoleServer>,
+    ) -> Result<DiscoverResult, ErrorData> {
+        if revision().is_some() {
+            return Err(ErrorData::method_not_found::<DiscoverRequestMethod>());
+        }
+        let _ = context;
+        Ok(DiscoverResult::from_server_info(
+            self.supported_protocol_versions().into_owned(),
+            self.get_info(),
+        ))
+    }
+
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(
+        // What `initialize` falls back to for a revision it does not have.
+        let mut info = ServerConfig::new(
             ServerCapabilities::builder()
                 .enable_tools()
                 .enable_resources()
@@ -178,7 +219,11 @@ impl ServerHandler for Rounds {
                 .enable_resources_subscribe()
                 .enable_tasks()
                 .build(),
-        )
+        );
+        if let Some(only) = revision() {
+            info.protocol_version = only;
+        }
+        info
     }
 
     fn accepted_subscription_filter(
@@ -230,6 +275,11 @@ impl ServerHandler for Rounds {
                 schema(serde_json::json!({"type": "object", "properties": {}})),
             ),
             Tool::new(
+                "revision",
+                "Says which protocol revision this request reached the server in",
+                schema(serde_json::json!({"type": "object", "properties": {}})),
+            ),
+            Tool::new(
                 "touch",
                 "Tells every open subscription that its resource changed",
                 schema(serde_json::json!({"type": "object", "properties": {}})),
@@ -257,6 +307,12 @@ impl ServerHandler for Rounds {
             "ask" => Ok(self.ask(&request)),
             "job" => Ok(self.job(&request, &context)),
             "touch" => Ok(self.touch().await),
+            "revision" => {
+                let revision = context
+                    .protocol_version()
+                    .map_or_else(|| "none".to_owned(), |v| v.to_string());
+                Ok(text(format!("{}: {revision}", name())).into())
+            }
             other => Err(ErrorData::invalid_params(format!("no tool {other}"), None)),
         }
     }
