@@ -271,7 +271,9 @@ impl Metrics {
 pub fn outcome_class(outcome: &str) -> &str {
     match outcome {
         "ok" | "tool-error" | "invalid-params" | "unavailable" | "cancelled" | "invalid-output"
-        | "error" | "closed" | "stopped" | "revoked" | "stale" => outcome,
+        | "error" | "closed" | "stopped" | "revoked" | "stale" | "task" | "input-required" => {
+            outcome
+        }
         _ if outcome.starts_with("fault:") => "fault",
         _ => "refused",
     }
@@ -286,6 +288,9 @@ mod tests {
         assert_eq!(outcome_class("ok"), "ok");
         assert_eq!(outcome_class("revoked"), "revoked");
         assert_eq!(outcome_class("stale"), "stale");
+        // A call answered with a task or a request for input (2026-07-28).
+        assert_eq!(outcome_class("task"), "task");
+        assert_eq!(outcome_class("input-required"), "input-required");
         assert_eq!(outcome_class("fault: server `a` hit its ..."), "fault");
         assert_eq!(
             outcome_class("server `a` has no sha256 pinned: refusing"),
