@@ -1,8 +1,9 @@
 //! MCP clients that nobody here wrote drive `moat serve`: the official
 //! TypeScript SDK and the official Python SDK, over stdio, list tools across
 //! a wasm and a native server, call both, receive progress, and cancel a
-//! long call. The Python SDK also speaks 2026-07-28 to Moat: requests for
-//! input and a subscription across servers.
+//! long call. The Python SDK also speaks 2026-07-28 to Moat (requests for
+//! input and a subscription across servers), and both SDKs on 2025-11-25
+//! are asked for a 2026-07-28 server's input with their own elicitation.
 
 use std::path::Path;
 use std::process::Command;
@@ -426,17 +427,9 @@ fn the_typescript_sdk_calls_typed_components_in_three_languages() {
     assert!(results[7].1.contains("300"), "{:?}", results[7]);
 }
 
-/// The Python SDK on 2026-07-28 (`server/discover`) and on the initialize
-/// handshake, in front of the `rounds` guest as wasm (`a`) and native
-/// (`b`): a request for input answered by the SDK's own driver, or by Moat
-/// asking the older agent with `elicitation/create`; a subscription that
-/// opens a stream at each server and hears each resource from its own; a
-/// task followed to its end for an agent that does not take tasks.
-#[test]
-fn the_python_sdk_carries_2026_07_28_requests_for_input_and_subscriptions() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("moat.toml");
+/// The `rounds` guest as wasm (`a`) and native (`b`), each naming itself.
+fn rounds_config(dir: &Path) -> std::path::PathBuf {
+    let config = dir.join("moat.toml");
     std::fs::write(
         &config,
         format!(
@@ -447,6 +440,50 @@ fn the_python_sdk_carries_2026_07_28_requests_for_input_and_subscriptions() {
         ),
     )
     .unwrap();
+    config
+}
+
+/// The TypeScript SDK, which speaks 2025-11-25 at most, in front of
+/// 2026-07-28 servers: a server's request for input reaches it as its own
+/// `elicitation/create` (Moat asks on the server's behalf and calls the
+/// server again with the answer), and a call the server makes a task of
+/// comes back as the task's result.
+#[test]
+fn the_typescript_sdk_on_2025_11_25_is_asked_for_a_2026_servers_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = rounds_config(dir.path());
+    let output = common::ts_client("ts_rounds.mjs", &config)
+        .output()
+        .expect("running node");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "the TypeScript agent failed:\n{stderr}"
+    );
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&output.stdout)));
+    assert_eq!(
+        report,
+        serde_json::json!({
+            "revision": "2025-11-25",
+            "a_ask": "a: hello Ts (a:round-1)",
+            "b_job": "b: job done",
+            "asked": ["Your name?"],
+        })
+    );
+}
+
+/// The Python SDK on 2026-07-28 (`server/discover`) and on the initialize
+/// handshake, in front of the `rounds` guest as wasm (`a`) and native
+/// (`b`): a request for input answered by the SDK's own driver, or by Moat
+/// asking the older agent with `elicitation/create`; a subscription that
+/// opens a stream at each server and hears each resource from its own; a
+/// task followed to its end for an agent that does not take tasks.
+#[test]
+fn the_python_sdk_carries_2026_07_28_requests_for_input_and_subscriptions() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = tempfile::tempdir().unwrap();
+    let config = rounds_config(dir.path());
     let output = Command::new("python3")
         .arg(root.join("tests/clients/py_rounds.py"))
         .arg(env!("CARGO_BIN_EXE_moat"))

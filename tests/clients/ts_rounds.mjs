@@ -1,0 +1,47 @@
+// An agent on the official TypeScript SDK (@modelcontextprotocol/sdk from
+// the npm registry; it speaks 2025-11-25 at most) driving `moat serve` over
+// stdio in front of two `rounds` servers (`a` and `b`, on 2026-07-28). It
+// takes elicitations and answers every one with the name Ts, so Moat can
+// ask it on a server's behalf. Prints one JSON report on stdout for
+// tests/real_clients.rs to check.
+//
+// usage: node ts_rounds.mjs SDK_DIR MOAT CONFIG
+import { pathToFileURL } from "node:url";
+import path from "node:path";
+
+const [sdk, moat, config] = process.argv.slice(2);
+const load = (p) => import(pathToFileURL(path.join(sdk, "dist/esm", p)).href);
+const { Client } = await load("client/index.js");
+const { StdioClientTransport } = await load("client/stdio.js");
+const { ElicitRequestSchema, LATEST_PROTOCOL_VERSION } = await load("types.js");
+
+const transport = new StdioClientTransport({
+  command: moat,
+  args: ["serve", "--config", config],
+  env: {
+    PATH: process.env.PATH,
+    MOAT_CACHE_DIR: process.env.MOAT_CACHE_DIR ?? "",
+    MOAT_STATE_DIR: process.env.MOAT_STATE_DIR ?? "",
+  },
+  stderr: "inherit",
+});
+const client = new Client(
+  { name: "ts-rounds", version: "1.0.0" },
+  { capabilities: { elicitation: { form: {} } } },
+);
+const asked = [];
+client.setRequestHandler(ElicitRequestSchema, async (request) => {
+  asked.push(request.params.message);
+  return { action: "accept", content: { name: "Ts" } };
+});
+await client.connect(transport);
+
+const text = (result) => result.content.map((c) => c.text ?? "").join("");
+const report = {
+  revision: LATEST_PROTOCOL_VERSION,
+  a_ask: text(await client.callTool({ name: "a__ask", arguments: {} })),
+  b_job: text(await client.callTool({ name: "b__job", arguments: { ms: 20 } })),
+  asked,
+};
+await client.close();
+console.log(JSON.stringify(report));
