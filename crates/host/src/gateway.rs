@@ -808,17 +808,23 @@ const INPUT_ROUNDS: usize = rmcp::model::DEFAULT_MRTR_MAX_ROUNDS;
 
 /// Whether an agent on a revision before 2026-07-28 can be asked, through
 /// its own requests (`elicitation/create`, `sampling/createMessage`,
-/// `roots/list`), for everything `asked` needs.
+/// `roots/list`), for everything `asked` needs; with `None`, for anything
+/// at all (then a call keeps its arguments, to call again with the answers).
 #[allow(
     deprecated,
     reason = "agents before 2026-07-28 declare roots and sampling"
 )]
-fn can_ask(agent: &Peer<RoleServer>, asked: &rmcp::model::InputRequests) -> bool {
+fn can_ask(agent: &Peer<RoleServer>, asked: Option<&rmcp::model::InputRequests>) -> bool {
     use rmcp::model::InputRequest;
     let Some(info) = agent.peer_info() else {
         return false;
     };
     let capabilities = &info.capabilities;
+    let Some(asked) = asked else {
+        return capabilities.elicitation.is_some()
+            || capabilities.sampling.is_some()
+            || capabilities.roots.is_some();
+    };
     asked.values().all(|request| match request {
         InputRequest::Elicitation(_) => capabilities.elicitation.is_some(),
         InputRequest::CreateMessage(_) => capabilities.sampling.is_some(),
@@ -1518,7 +1524,7 @@ impl AgentSession {
         // An agent before 2026-07-28 that can be asked for input: Moat asks
         // it on the server's behalf and calls again, so it keeps the call's
         // arguments for that.
-        let agent = agent.filter(|_| !takes.input);
+        let agent = agent.filter(|agent| !takes.input && can_ask(agent, None));
         let again = agent.as_ref().map(|_| arguments.clone());
         // Cancelled by the agent, by close once the drain timeout passes, or
         // by a revocation of what it calls; a start still under way is
@@ -1568,7 +1574,7 @@ impl AgentSession {
             let mut rounds = 0;
             while let (CallAnswer::InputRequired(asked), Some(agent)) = (&answer, &agent) {
                 let requests = asked.input_requests.clone().unwrap_or_default();
-                if rounds == INPUT_ROUNDS || !can_ask(agent, &requests) {
+                if rounds == INPUT_ROUNDS || !can_ask(agent, Some(&requests)) {
                     break;
                 }
                 rounds += 1;
