@@ -80,17 +80,8 @@ fn the_python_sdk_drives_moat_serve_over_stdio() {
     let config = hybrid_config(dir.path());
     let audit = dir.path().join("audit.jsonl");
     // The agent starts `moat serve` itself, with --audit from MOAT_AUDIT.
-    let output = Command::new("python3")
-        .arg(root.join("tests/clients/py_agent.py"))
-        .arg(env!("CARGO_BIN_EXE_moat"))
-        .arg(&config)
-        .env("PYTHONPATH", &site)
+    let output = common::py_client("py_agent.py", &config)
         .env("MOAT_AUDIT", &audit)
-        .env(
-            "MOAT_CACHE_DIR",
-            Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-cache"),
-        )
-        .env("MOAT_STATE_DIR", common::state_dir())
         .output()
         .expect("running python3");
     let stderr = String::from_utf8_lossy(&output.stderr);
@@ -312,19 +303,9 @@ fn check_reference_report(output: &std::process::Output, agent: &str) {
 /// serve`, driven by the official Python SDK.
 #[test]
 fn the_python_sdk_drives_the_reference_servers_under_the_required_sandbox() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let dir = tempfile::tempdir().unwrap();
     let config = reference_config(dir.path());
-    let output = Command::new("python3")
-        .arg(root.join("tests/clients/py_reference.py"))
-        .arg(env!("CARGO_BIN_EXE_moat"))
-        .arg(&config)
-        .env("PYTHONPATH", root.join("target/py"))
-        .env(
-            "MOAT_CACHE_DIR",
-            Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-cache"),
-        )
-        .env("MOAT_STATE_DIR", common::state_dir())
+    let output = common::py_client("py_reference.py", &config)
         .output()
         .expect("running python3");
     check_reference_report(&output, "Python");
@@ -481,19 +462,9 @@ fn the_typescript_sdk_on_2025_11_25_is_asked_for_a_2026_servers_input() {
 /// task followed to its end for an agent that does not take tasks.
 #[test]
 fn the_python_sdk_carries_2026_07_28_requests_for_input_and_subscriptions() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let dir = tempfile::tempdir().unwrap();
     let config = rounds_config(dir.path());
-    let output = Command::new("python3")
-        .arg(root.join("tests/clients/py_rounds.py"))
-        .arg(env!("CARGO_BIN_EXE_moat"))
-        .arg(&config)
-        .env("PYTHONPATH", root.join("target/py"))
-        .env(
-            "MOAT_CACHE_DIR",
-            Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-cache"),
-        )
-        .env("MOAT_STATE_DIR", common::state_dir())
+    let output = common::py_client("py_rounds.py", &config)
         .output()
         .expect("running python3");
     let stderr = String::from_utf8_lossy(&output.stderr);

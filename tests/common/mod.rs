@@ -101,6 +101,25 @@ pub fn ts_client(script: &str, config: &Path) -> Command {
     command
 }
 
+/// `python3 tests/clients/SCRIPT MOAT CONFIG` with the official Python SDK
+/// (installed by tests/setup.sh into target/py) on its path, and the tests'
+/// component cache and state directory.
+pub fn py_client(script: &str, config: &Path) -> Command {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut command = Command::new("python3");
+    command
+        .arg(root.join("tests/clients").join(script))
+        .arg(env!("CARGO_BIN_EXE_moat"))
+        .arg(config)
+        .env("PYTHONPATH", root.join("target/py"))
+        .env(
+            "MOAT_CACHE_DIR",
+            Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-cache"),
+        )
+        .env("MOAT_STATE_DIR", state_dir());
+    command
+}
+
 /// `moat lock --config CONFIG` with the tests' component cache and state
 /// directory; panics with its stderr when it fails.
 pub fn lock(config: &Path) {
