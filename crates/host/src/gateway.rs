@@ -2063,6 +2063,25 @@ impl ServerHandler for AgentSession {
         Some(accepted)
     }
 
+    /// `resources/subscribe` (before 2026-07-28) is not carried: the
+    /// agent is told so, and what to use instead. (Moat advertises resource
+    /// subscriptions for `subscriptions/listen`, and rmcp has one set of
+    /// capabilities for every revision.)
+    #[allow(deprecated, reason = "answering the legacy request")]
+    async fn subscribe(
+        &self,
+        request: rmcp::model::SubscribeRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        Err(ErrorData::invalid_request(
+            format!(
+                "resources/subscribe {} is not carried by Moat: subscribe with subscriptions/listen (protocol 2026-07-28)",
+                request.uri
+            ),
+            None,
+        ))
+    }
+
     async fn listen(&self, context: rmcp::service::SubscriptionContext) -> Result<(), ErrorData> {
         let accepted = context.accepted().clone();
         let sink = context.sink().clone();

@@ -1721,6 +1721,21 @@ async fn every_agent_revision_meets_every_server_revision_in_one_gateway() {
             .await
             .unwrap();
         assert_eq!(text(&answer), "n26: job done", "{negotiated}");
+        // Resource subscriptions are carried on 2026-07-28 only; an older
+        // agent that asks is told so.
+        #[allow(deprecated, reason = "the legacy request is what is tested")]
+        let refused = agent
+            .subscribe(moat_host::rmcp::model::SubscribeRequestParams::new(
+                "rounds://n26/data",
+            ))
+            .await
+            .unwrap_err();
+        assert!(
+            refused.to_string().contains(
+                "resources/subscribe rounds://n26/data is not carried by Moat: subscribe with subscriptions/listen (protocol 2026-07-28)"
+            ),
+            "{refused}"
+        );
         agent.cancel().await.unwrap();
         assert!(session.close().await.is_empty());
     }
