@@ -2089,27 +2089,37 @@ impl ServerHandler for AgentSession {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .push(sink.clone());
+        // Every server's stream is opened at once: one that is slow to
+        // acknowledge (until its deadline) holds back no other.
+        let opening = futures::future::join_all(self.listen_filters(&accepted).await.into_iter().map(
+            |(server, filter)| async move {
+                let child = match self.child(&server).await {
+                    Ok(child) => child,
+                    Err(error) => {
+                        tracing::warn!(%server, %error, "subscriptions/listen: server not started");
+                        return None;
+                    }
+                };
+                let uris = filter.resource_subscriptions.clone().unwrap_or_default();
+                match child.listen(filter).await {
+                    Ok(subscription) => Some((server, uris, subscription)),
+                    Err(error) => {
+                        // A server that does not take subscriptions: its tool
+                        // changes still reach the agent through the pin check.
+                        tracing::debug!(%server, %error, "subscriptions/listen not taken");
+                        None
+                    }
+                }
+            },
+        ));
+        let opened = tokio::select! {
+            opened = opening => opened,
+            () = context.cancelled() => Vec::new(),
+            () = self.closing.cancelled() => Vec::new(),
+        };
         let stop = CancellationToken::new();
         let mut forwarding = tokio::task::JoinSet::new();
-        for (server, filter) in self.listen_filters(&accepted).await {
-            let child = match self.child(&server).await {
-                Ok(child) => child,
-                Err(error) => {
-                    tracing::warn!(%server, %error, "subscriptions/listen: server not started");
-                    continue;
-                }
-            };
-            let uris = filter.resource_subscriptions.clone().unwrap_or_default();
-            let mut subscription = match child.listen(filter).await {
-                Ok(subscription) => subscription,
-                Err(error) => {
-                    // A server that does not take subscriptions: its tool
-                    // changes still reach the agent through the pin check.
-                    tracing::debug!(%server, %error, "subscriptions/listen not taken");
-                    continue;
-                }
-            };
-            drop(child);
+        for (server, uris, mut subscription) in opened.into_iter().flatten() {
             let (sink, stop) = (sink.clone(), stop.clone());
             forwarding.spawn(async move {
                 use rmcp::model::ServerNotification as N;
