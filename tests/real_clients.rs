@@ -424,6 +424,17 @@ fn rounds_config(dir: &Path) -> std::path::PathBuf {
     config
 }
 
+/// What an agent script printed: its JSON report, once it exited well.
+fn agent_report(output: &std::process::Output, agent: &str) -> serde_json::Value {
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "the {agent} agent failed:\n{stderr}"
+    );
+    serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&output.stdout)))
+}
+
 /// The TypeScript SDK, which speaks 2025-11-25 at most, in front of
 /// 2026-07-28 servers: a server's request for input reaches it as its own
 /// `elicitation/create` (Moat asks on the server's behalf and calls the
@@ -436,13 +447,7 @@ fn the_typescript_sdk_on_2025_11_25_is_asked_for_a_2026_servers_input() {
     let output = common::ts_client("ts_rounds.mjs", &config)
         .output()
         .expect("running node");
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "the TypeScript agent failed:\n{stderr}"
-    );
-    let report: serde_json::Value = serde_json::from_slice(&output.stdout)
-        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&output.stdout)));
+    let report = agent_report(&output, "TypeScript");
     assert_eq!(
         report,
         serde_json::json!({
@@ -467,13 +472,7 @@ fn the_python_sdk_carries_2026_07_28_requests_for_input_and_subscriptions() {
     let output = common::py_client("py_rounds.py", &config)
         .output()
         .expect("running python3");
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "the Python agent failed:\n{stderr}"
-    );
-    let report: serde_json::Value = serde_json::from_slice(&output.stdout)
-        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&output.stdout)));
+    let report = agent_report(&output, "Python");
     assert_eq!(
         report["modern"],
         serde_json::json!({
