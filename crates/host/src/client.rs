@@ -811,11 +811,75 @@ fn identity_parts<'a>(
     }
 }
 
+/// A request a server made of its client on its own, in a revision before
+/// 2026-07-28 (`elicitation/create`, `sampling/createMessage`): given to the
+/// call in flight that takes it, whose agent answers.
+#[derive(Debug)]
+pub struct ServerAsk {
+    /// What the server asked, as a 2026-07-28 request for input would carry it.
+    pub request: rmcp::model::InputRequest,
+    /// The agent's answer (an `ElicitResult`, a `CreateMessageResult`), or
+    /// the error the server gets.
+    pub answer: tokio::sync::oneshot::Sender<Result<serde_json::Value, rmcp::ErrorData>>,
+}
+
+/// The calls in flight that take a server's own requests. A server before
+/// 2026-07-28 names no call in its requests, so the earliest call still
+/// waiting gets it.
+type Askers = Arc<std::sync::Mutex<Vec<mpsc::UnboundedSender<ServerAsk>>>>;
+
+/// How many notifications a slow reader of [`Session::notices`] may fall
+/// behind before it misses some (it is told how many it missed).
+const NOTICES_BUFFERED: usize = 64;
+
 /// Receives what the server sends the client on its own: progress not
-/// routed to a call. (Routed progress and word that the tool list changed
-/// are caught by the transport, in order.)
+/// routed to a call, its own requests for input, and notifications not
+/// routed to a subscription. (Routed progress and word that the tool list
+/// changed are caught by the transport, in order.)
 struct ClientSide {
     progress: mpsc::UnboundedSender<ProgressNotificationParam>,
+    askers: Askers,
+    notices: tokio::sync::broadcast::Sender<rmcp::model::ServerNotification>,
+    shared: Arc<Shared>,
+}
+
+impl ClientSide {
+    /// Gives `request` to the earliest call in flight that takes it, and
+    /// waits for its answer with the server's deadlines held.
+    async fn ask(
+        &self,
+        request: rmcp::model::InputRequest,
+        method: &str,
+    ) -> Result<serde_json::Value, rmcp::ErrorData> {
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        let mut unsent = Some(ServerAsk { request, answer });
+        {
+            let mut askers = self.askers.lock().unwrap_or_else(|e| e.into_inner());
+            askers.retain(|asker| !asker.is_closed());
+            for asker in askers.iter() {
+                let Some(ask) = unsent.take() else { break };
+                // A call that ended meanwhile hands it back.
+                unsent = asker.send(ask).err().map(|returned| returned.0);
+            }
+        }
+        let taken = unsent.is_none();
+        if !taken {
+            return Err(rmcp::ErrorData::invalid_request(
+                format!(
+                    "{method} from server `{}` came while no call was in flight: Moat passes a server's requests to the agent of the call they belong to",
+                    self.shared.server()
+                ),
+                None,
+            ));
+        }
+        let _waiting = self.shared.asking_agent();
+        answered.await.unwrap_or_else(|_| {
+            Err(rmcp::ErrorData::internal_error(
+                format!("the call that {method} belonged to ended before the agent answered"),
+                None,
+            ))
+        })
+    }
 }
 
 pub use crate::transport::ProgressSender;
@@ -823,10 +887,18 @@ pub use crate::transport::ProgressSender;
 impl ClientHandler for ClientSide {
     /// Moat takes tasks from every server: it hands a task on to an agent
     /// that takes tasks, and follows it to its end for one that does not.
+    /// It takes elicitation and sampling from servers before 2026-07-28 and
+    /// passes them to the agent of the call (see [`ServerAsk`]).
+    #[allow(
+        deprecated,
+        reason = "servers before 2026-07-28 sample through their client"
+    )]
     fn get_info(&self) -> rmcp::model::ClientConfig {
         let mut config = rmcp::model::ClientConfig::default();
         config.capabilities = rmcp::model::ClientCapabilities::builder()
             .enable_tasks()
+            .enable_elicitation()
+            .enable_sampling()
             .build();
         config
     }
@@ -838,6 +910,139 @@ impl ClientHandler for ClientSide {
     ) {
         let _ = self.progress.send(params);
     }
+
+    async fn create_elicitation(
+        &self,
+        request: rmcp::model::ElicitRequestParams,
+        _context: rmcp::service::RequestContext<RoleClient>,
+    ) -> Result<rmcp::model::ElicitResult, rmcp::ErrorData> {
+        let asked =
+            rmcp::model::InputRequest::Elicitation(rmcp::model::ElicitRequest::new(request));
+        let answer = self.ask(asked, "elicitation/create").await?;
+        serde_json::from_value(answer).map_err(|e| {
+            rmcp::ErrorData::internal_error(
+                format!(
+                    "the agent's answer to elicitation/create is not an elicitation result: {e}"
+                ),
+                None,
+            )
+        })
+    }
+
+    #[allow(
+        deprecated,
+        reason = "servers before 2026-07-28 sample through their client"
+    )]
+    async fn create_message(
+        &self,
+        params: rmcp::model::CreateMessageRequestParams,
+        _context: rmcp::service::RequestContext<RoleClient>,
+    ) -> Result<rmcp::model::CreateMessageResult, rmcp::ErrorData> {
+        let asked = rmcp::model::InputRequest::CreateMessage(
+            rmcp::model::CreateMessageRequest::new(params),
+        );
+        let answer = self.ask(asked, "sampling/createMessage").await?;
+        serde_json::from_value(answer).map_err(|e| {
+            rmcp::ErrorData::internal_error(
+                format!("the agent's answer to sampling/createMessage is not a message: {e}"),
+                None,
+            )
+        })
+    }
+
+    async fn on_resource_updated(
+        &self,
+        params: rmcp::model::ResourceUpdatedNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        let _ = self.notices.send(
+            rmcp::model::ServerNotification::ResourceUpdatedNotification(
+                rmcp::model::ResourceUpdatedNotification::new(params),
+            ),
+        );
+    }
+
+    async fn on_resource_list_changed(&self, _context: NotificationContext<RoleClient>) {
+        let _ = self.notices.send(
+            rmcp::model::ServerNotification::ResourceListChangedNotification(Default::default()),
+        );
+    }
+
+    async fn on_prompt_list_changed(&self, _context: NotificationContext<RoleClient>) {
+        let _ = self.notices.send(
+            rmcp::model::ServerNotification::PromptListChangedNotification(Default::default()),
+        );
+    }
+}
+
+/// One subscription at one server: see [`Session::listen`].
+pub enum Listening {
+    /// A `subscriptions/listen` stream (2026-07-28).
+    Stream(rmcp::service::Subscription),
+    /// `resources/subscribe` at an older server, and what it sends on its own.
+    Notices {
+        session: Arc<Session>,
+        filter: rmcp::model::SubscriptionFilter,
+        notices: tokio::sync::broadcast::Receiver<rmcp::model::ServerNotification>,
+    },
+}
+
+impl Listening {
+    /// The next notification for this subscription; `None` once the server
+    /// or the stream has ended.
+    pub async fn next(&mut self) -> Option<rmcp::model::ServerNotification> {
+        use rmcp::model::ServerNotification as N;
+        match self {
+            Self::Stream(stream) => stream.next().await.ok().flatten(),
+            Self::Notices {
+                filter, notices, ..
+            } => loop {
+                let notice = match notices.recv().await {
+                    Ok(notice) => notice,
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(missed)) => {
+                        tracing::warn!(
+                            missed,
+                            "a subscription fell behind its server's notifications"
+                        );
+                        continue;
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
+                };
+                let wanted = match &notice {
+                    N::PromptListChangedNotification(_) => {
+                        filter.prompts_list_changed == Some(true)
+                    }
+                    N::ResourceListChangedNotification(_) => {
+                        filter.resources_list_changed == Some(true)
+                    }
+                    N::ResourceUpdatedNotification(updated) => filter
+                        .resource_subscriptions
+                        .as_ref()
+                        .is_some_and(|uris| uris.contains(&updated.params.uri)),
+                    _ => false,
+                };
+                if wanted {
+                    return Some(notice);
+                }
+            },
+        }
+    }
+
+    /// Ends the subscription at the server.
+    pub async fn cancel(self) {
+        match self {
+            Self::Stream(mut stream) => {
+                let _ = stream.cancel().await;
+            }
+            Self::Notices {
+                session, filter, ..
+            } => {
+                for uri in filter.resource_subscriptions.iter().flatten() {
+                    session.unsubscribe_resource(uri).await;
+                }
+            }
+        }
+    }
 }
 
 /// A live session with one server.
@@ -845,6 +1050,11 @@ pub struct Session {
     service: RunningService<RoleClient, ClientSide>,
     shared: Arc<Shared>,
     progress: Option<mpsc::UnboundedReceiver<ProgressNotificationParam>>,
+    askers: Askers,
+    notices: tokio::sync::broadcast::Sender<rmcp::model::ServerNotification>,
+    /// Resources subscribed at a server before 2026-07-28, with how many
+    /// of this session's subscriptions hold each.
+    subscribed: std::sync::Mutex<std::collections::BTreeMap<String, usize>>,
     pins: Option<PinState>,
     prompt_pins: Option<ListingState>,
     resource_pins: Option<ListingState>,
@@ -977,8 +1187,13 @@ impl Session {
         let server = shared.server().to_owned();
         let connected = transport.connect().await?;
         let (progress_tx, progress) = mpsc::unbounded_channel();
+        let askers = Askers::default();
+        let (notices, _) = tokio::sync::broadcast::channel(NOTICES_BUFFERED);
         let client = ClientSide {
             progress: progress_tx,
+            askers: askers.clone(),
+            notices: notices.clone(),
+            shared: shared.clone(),
         };
         match client
             .serve_with_lifecycle(connected, handshake.mode())
@@ -988,6 +1203,9 @@ impl Session {
                 service,
                 shared,
                 progress: Some(progress),
+                askers,
+                notices,
+                subscribed: Default::default(),
                 pins: None,
                 prompt_pins: None,
                 resource_pins: None,
@@ -1022,6 +1240,33 @@ impl Session {
     /// Progress notifications the server sends, in order. Taken once.
     pub fn take_progress(&mut self) -> Option<mpsc::UnboundedReceiver<ProgressNotificationParam>> {
         self.progress.take()
+    }
+
+    /// The server's own requests for input (before 2026-07-28) while the
+    /// receiver lives: a call in flight takes them, the earliest first.
+    pub fn asks(&self) -> mpsc::UnboundedReceiver<ServerAsk> {
+        let (sender, receiver) = mpsc::unbounded_channel();
+        self.askers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(sender);
+        receiver
+    }
+
+    /// Notifications the server sends outside any `subscriptions/listen`
+    /// stream, as servers before 2026-07-28 do: a subscribed resource's
+    /// updates, and changes to its prompt and resource lists.
+    pub fn notices(&self) -> tokio::sync::broadcast::Receiver<rmcp::model::ServerNotification> {
+        self.notices.subscribe()
+    }
+
+    /// Whether the server speaks 2026-07-28 or later (else it was met
+    /// with `initialize`, and speaks a revision without requests for input,
+    /// tasks or `subscriptions/listen`).
+    pub fn is_current(&self) -> bool {
+        self.service
+            .peer_info()
+            .is_some_and(|info| info.protocol_version >= ProtocolVersion::V_2026_07_28)
     }
 
     /// The protocol revision agreed in the handshake.
@@ -1413,17 +1658,95 @@ impl Session {
         Ok(found)
     }
 
-    /// Opens a `subscriptions/listen` stream for `filter` (2026-07-28); a
-    /// server that does not take subscriptions answers with an error.
+    /// Opens a subscription for `filter`: at a 2026-07-28 server a
+    /// `subscriptions/listen` stream (a server that does not take them
+    /// answers with an error); at an older one, `resources/subscribe` for
+    /// each resource in it (once per resource however many subscriptions
+    /// of this session name it) and the notifications the server sends on
+    /// its own, filtered as the stream's would be.
     pub async fn listen(
-        &self,
+        self: &Arc<Self>,
         filter: rmcp::model::SubscriptionFilter,
-    ) -> Result<rmcp::service::Subscription, ClientError> {
-        self.service
+    ) -> Result<Listening, ClientError> {
+        if self.is_current() {
+            let stream = self
+                .service
+                .peer()
+                .listen(filter)
+                .await
+                .map_err(|e| self.error("subscriptions/listen", e))?;
+            return Ok(Listening::Stream(stream));
+        }
+        let notices = self.notices();
+        let uris = filter.resource_subscriptions.clone().unwrap_or_default();
+        for (at, uri) in uris.iter().enumerate() {
+            if let Err(error) = self.subscribe_resource(uri).await {
+                for done in &uris[..at] {
+                    self.unsubscribe_resource(done).await;
+                }
+                return Err(error);
+            }
+        }
+        Ok(Listening::Notices {
+            session: self.clone(),
+            filter,
+            notices,
+        })
+    }
+
+    /// `resources/subscribe` for `uri`, unless this session holds it already.
+    #[allow(deprecated, reason = "servers before 2026-07-28 subscribe this way")]
+    async fn subscribe_resource(&self, uri: &str) -> Result<(), ClientError> {
+        let first = {
+            let mut held = self.subscribed.lock().unwrap_or_else(|e| e.into_inner());
+            let count = held.entry(uri.to_owned()).or_insert(0);
+            *count += 1;
+            *count == 1
+        };
+        if !first {
+            return Ok(());
+        }
+        let subscribed = self
+            .service
             .peer()
-            .listen(filter)
-            .await
-            .map_err(|e| self.error("subscriptions/listen", e))
+            .subscribe(rmcp::model::SubscribeRequestParams::new(uri))
+            .await;
+        if let Err(error) = subscribed {
+            self.release(uri);
+            return Err(self.error(&format!("resources/subscribe {uri}"), error));
+        }
+        Ok(())
+    }
+
+    /// Lets go of one hold on `uri`; returns whether it was the last.
+    fn release(&self, uri: &str) -> bool {
+        let mut held = self.subscribed.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(count) = held.get_mut(uri) else {
+            return false;
+        };
+        *count -= 1;
+        let last = *count == 0;
+        if last {
+            held.remove(uri);
+        }
+        last
+    }
+
+    /// `resources/unsubscribe` for `uri` once no subscription of this
+    /// session holds it.
+    #[allow(deprecated, reason = "servers before 2026-07-28 subscribe this way")]
+    async fn unsubscribe_resource(&self, uri: &str) {
+        if !self.release(uri) {
+            return;
+        }
+        let unsubscribed = self
+            .service
+            .peer()
+            .unsubscribe(rmcp::model::UnsubscribeRequestParams::new(uri))
+            .await;
+        if let Err(error) = unsubscribed {
+            tracing::debug!(server = %self.server(), %uri, %error, "resources/unsubscribe");
+        }
     }
 
     /// `tasks/update`: the agent's answers to what task `task_id` asked.

@@ -20,7 +20,7 @@ use tokio::sync::{Mutex, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::audit::{AuditLog, Event, Outcome};
-use crate::client::{CallAnswer, ClientError, Host, ProgressSender, Retry, Session};
+use crate::client::{CallAnswer, ClientError, Host, ProgressSender, Retry, ServerAsk, Session};
 use crate::config::{Config, ServerSpec};
 use crate::identity::Digest;
 use crate::revoke::Revoked;
@@ -662,6 +662,8 @@ impl Gateway {
             slots: Arc::default(),
             resource_owners: Arc::default(),
             tasks: std::sync::Mutex::default(),
+            parked: Arc::default(),
+            subscriptions: std::sync::Mutex::default(),
             closing: CancellationToken::new(),
             cancel_calls: CancellationToken::new(),
             in_flight: Arc::new(watch::Sender::new(0)),
@@ -739,6 +741,12 @@ pub struct SessionState {
     /// Tasks servers made of this session's calls, by the id the agent
     /// knows them by.
     tasks: std::sync::Mutex<BTreeMap<String, IssuedTask>>,
+    /// Calls to servers before 2026-07-28 waiting for the agent's input,
+    /// by the `requestState` the agent got.
+    parked: Arc<std::sync::Mutex<BTreeMap<String, Parked>>>,
+    /// Resources an agent before 2026-07-28 subscribed to, each ended by
+    /// its token.
+    subscriptions: std::sync::Mutex<BTreeMap<String, CancellationToken>>,
     /// Set when close begins: no new calls are admitted.
     closing: CancellationToken,
     /// Set when the drain timeout passes: in-flight calls are cancelled.
@@ -790,6 +798,23 @@ struct IssuedTask {
     task_id: String,
 }
 
+/// Where a call goes: the server, its tool and the child that runs it.
+#[derive(Clone, Copy)]
+struct Target<'a> {
+    server: &'a str,
+    tool: &'a str,
+    child: &'a Arc<Session>,
+}
+
+/// What a server before 2026-07-28 gets when it asks for input that the
+/// caller of its tool cannot give.
+fn cannot_ask(server: &str, tool: &str) -> ErrorData {
+    ErrorData::invalid_request(
+        format!("tool `{tool}` on server `{server}` asked for input that its caller cannot give"),
+        None,
+    )
+}
+
 /// A call's parts besides its target and arguments.
 struct CallParts {
     /// The agent that called, when it came through a connection (not an
@@ -805,6 +830,36 @@ struct CallParts {
 /// Rounds of input Moat asks an agent for on a server's behalf before it
 /// gives up on a call (rmcp's own client stops at the same count).
 const INPUT_ROUNDS: usize = rmcp::model::DEFAULT_MRTR_MAX_ROUNDS;
+
+/// A call to a server before 2026-07-28 that asked for input (its own
+/// `elicitation/create` or `sampling/createMessage`) while its agent, on
+/// 2026-07-28, takes requests for input instead of answering such
+/// requests. The agent gets the request as an `InputRequiredResult` whose
+/// `requestState` names this call; the call goes on waiting at the server,
+/// and the agent's retry delivers its answers and takes the call up again.
+/// A server is asked once per call, as it asked: nothing is run twice.
+struct Parked {
+    server: String,
+    tool: String,
+    call: std::pin::Pin<Box<dyn Future<Output = Result<CallAnswer, ClientError>> + Send>>,
+    asks: tokio::sync::mpsc::UnboundedReceiver<ServerAsk>,
+    /// The call's progress, passed to whichever agent request holds it.
+    progress: tokio::sync::mpsc::UnboundedReceiver<ProgressNotificationParam>,
+    cancel: CancellationToken,
+    /// The server's requests the agent was handed, by the key it answers.
+    waiting: Vec<(
+        String,
+        tokio::sync::oneshot::Sender<Result<serde_json::Value, ErrorData>>,
+    )>,
+    rounds: usize,
+}
+
+/// How long a parked call waits for the agent's retry before it is
+/// cancelled (a person may be answering).
+const INPUT_WAIT: Duration = Duration::from_secs(600);
+
+/// What marks a `requestState` as Moat's own, naming a parked call.
+const PARKED_STATE: &str = "moat-parked:";
 
 /// Whether an agent on a revision before 2026-07-28 can be asked, through
 /// its own requests (`elicitation/create`, `sampling/createMessage`,
@@ -881,6 +936,10 @@ pub struct Takes {
     pub tasks: bool,
     /// A request for its input (a multi round-trip request: 2026-07-28).
     pub input: bool,
+    /// Its connection outlives the call (stdio, or an HTTP session): a
+    /// server's own request for input can wait at the gateway for the
+    /// agent's retry (see [`Parked`]).
+    pub held: bool,
 }
 
 /// The running children of one session, keyed by process key (see
@@ -1309,6 +1368,7 @@ impl AgentSession {
     /// the pins and then tells the agent, which lists them again. Ends with
     /// the child's transport.
     fn pass_on_tool_changes(&self, server: &str, child: &Arc<Session>) {
+        self.pass_on_list_changes(server, child);
         let mut events = child.shared().tools_changed_events();
         let weak = Arc::downgrade(child);
         let agent = self.agent.clone();
@@ -1336,6 +1396,46 @@ impl AgentSession {
                             tracing::debug!(%server, %error, "passing list_changed to a subscription");
                         }
                     }
+                }
+            }
+        });
+    }
+
+    /// When a server before 2026-07-28 announces that its prompts or
+    /// resources changed, tells an agent before 2026-07-28 (one on
+    /// 2026-07-28 hears it on its `subscriptions/listen` stream). Ends with
+    /// the child's transport.
+    fn pass_on_list_changes(&self, server: &str, child: &Arc<Session>) {
+        use rmcp::model::ServerNotification as N;
+        if child.is_current() {
+            return;
+        }
+        let mut notices = child.notices();
+        let agent = self.agent.clone();
+        let server = server.to_owned();
+        tokio::spawn(async move {
+            loop {
+                let notice = match notices.recv().await {
+                    Ok(notice) => notice,
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                };
+                let Some(agent) = agent.get().filter(|agent| {
+                    agent.peer_info().is_some_and(|info| {
+                        info.protocol_version < rmcp::model::ProtocolVersion::V_2026_07_28
+                    })
+                }) else {
+                    continue;
+                };
+                let passed = match notice {
+                    N::PromptListChangedNotification(_) => agent.notify_prompt_list_changed().await,
+                    N::ResourceListChangedNotification(_) => {
+                        agent.notify_resource_list_changed().await
+                    }
+                    _ => Ok(()),
+                };
+                if let Err(error) = passed {
+                    tracing::debug!(%server, %error, "passing a list change to the agent");
                 }
             }
         });
@@ -1561,16 +1661,34 @@ impl AgentSession {
         }
         let fuel_before = child.shared().metrics().fuel_consumed();
         let mut call = Box::pin(async {
-            let mut answer = child
-                .call_tool_answer(
-                    tool,
+            let mut answer = if child.is_current() {
+                child
+                    .call_tool_answer(
+                        tool,
+                        arguments,
+                        progress.clone(),
+                        cancel_call.clone(),
+                        traceparent.clone(),
+                        retry,
+                    )
+                    .await?
+            } else {
+                self.older_answer(
+                    Target {
+                        server,
+                        tool,
+                        child: &child,
+                    },
                     arguments,
                     progress.clone(),
-                    cancel_call.clone(),
+                    &cancel_call,
                     traceparent.clone(),
                     retry,
+                    agent.as_ref(),
+                    takes.input && takes.held,
                 )
-                .await?;
+                .await?
+            };
             let mut rounds = 0;
             while let (CallAnswer::InputRequired(asked), Some(agent)) = (&answer, &agent) {
                 let requests = asked.input_requests.clone().unwrap_or_default();
@@ -1670,6 +1788,178 @@ impl AgentSession {
         result.map_err(to_error)
     }
 
+    /// The answer of a server before 2026-07-28 to a call. Such a server
+    /// may ask for input on its own while it works (`elicitation/create`,
+    /// `sampling/createMessage`): each request goes to `asker` (an older
+    /// agent that declared what it needs), or, for an agent that takes
+    /// requests for input and will come back (`park`), to the agent as an
+    /// `InputRequiredResult` while the call waits parked at the gateway
+    /// (see [`Parked`]); any other caller's is refused. A retry whose
+    /// `requestState` names a parked call of this session takes it up.
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "one call's parts, as the agent sent them"
+    )]
+    async fn older_answer(
+        &self,
+        target: Target<'_>,
+        arguments: Option<rmcp::model::JsonObject>,
+        progress: Option<ProgressSender>,
+        cancel_call: &CancellationToken,
+        traceparent: Option<String>,
+        retry: Retry,
+        asker: Option<&Peer<RoleServer>>,
+        park: bool,
+    ) -> Result<CallAnswer, ClientError> {
+        let Target {
+            server,
+            tool,
+            child,
+        } = target;
+        let mut parked = match retry
+            .request_state
+            .as_deref()
+            .filter(|state| state.starts_with(PARKED_STATE))
+        {
+            Some(state) => self.unpark(server, tool, state, retry.input_responses)?,
+            None => {
+                let asks = child.asks();
+                let (relay, relayed) = tokio::sync::mpsc::unbounded_channel();
+                let cancel = CancellationToken::new();
+                let call = {
+                    let (child, tool, cancel) = (child.clone(), tool.to_owned(), cancel.clone());
+                    Box::pin(async move {
+                        child
+                            .call_tool_answer(
+                                &tool,
+                                arguments,
+                                Some(relay),
+                                cancel,
+                                traceparent,
+                                retry,
+                            )
+                            .await
+                    })
+                };
+                Parked {
+                    server: server.to_owned(),
+                    tool: tool.to_owned(),
+                    call,
+                    asks,
+                    progress: relayed,
+                    cancel,
+                    waiting: Vec::new(),
+                    rounds: 0,
+                }
+            }
+        };
+        loop {
+            tokio::select! {
+                answer = &mut parked.call => return answer,
+                Some(note) = parked.progress.recv() => {
+                    if let Some(progress) = &progress {
+                        let _ = progress.send(note);
+                    }
+                }
+                () = cancel_call.cancelled(), if !parked.cancel.is_cancelled() => parked.cancel.cancel(),
+                Some(ask) = parked.asks.recv() => {
+                    let mut asked = rmcp::model::InputRequests::new();
+                    if let Some(agent) = asker {
+                        asked.insert("ask".to_owned(), ask.request);
+                        if !can_ask(agent, Some(&asked)) {
+                            let _ = ask.answer.send(Err(cannot_ask(server, tool)));
+                            continue;
+                        }
+                        let answer = match ask_agent(agent, server, tool, &asked).await {
+                            Ok(mut answers) => answers.remove("ask").ok_or_else(|| cannot_ask(server, tool)),
+                            Err(error) => Err(ErrorData::internal_error(error.to_string(), None)),
+                        };
+                        let _ = ask.answer.send(answer);
+                    } else if park && parked.rounds < INPUT_ROUNDS {
+                        parked.rounds += 1;
+                        let key = format!("moat-{}", parked.rounds);
+                        asked.insert(key.clone(), ask.request);
+                        parked.waiting.push((key, ask.answer));
+                        let state = self.park(parked);
+                        return Ok(CallAnswer::InputRequired(rmcp::model::InputRequiredResult::new(
+                            Some(asked),
+                            Some(state),
+                        )));
+                    } else {
+                        let _ = ask.answer.send(Err(cannot_ask(server, tool)));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Keeps `parked` for the agent's retry, under a fresh `requestState`
+    /// of this session; after [`INPUT_WAIT`] without one it is cancelled.
+    fn park(&self, parked: Parked) -> String {
+        let mut nonce = [0u8; 16];
+        if let Err(error) = getrandom::fill(&mut nonce) {
+            tracing::warn!(%error, "no randomness for a parked call's name: using the clock");
+            nonce = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_nanos()
+                .to_le_bytes();
+        }
+        let state = format!(
+            "{PARKED_STATE}{}",
+            nonce.iter().map(|b| format!("{b:02x}")).collect::<String>()
+        );
+        self.parked
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(state.clone(), parked);
+        let (all, key) = (Arc::downgrade(&self.parked), state.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep(INPUT_WAIT).await;
+            let Some(all) = all.upgrade() else { return };
+            let expired = all.lock().unwrap_or_else(|e| e.into_inner()).remove(&key);
+            if let Some(mut parked) = expired {
+                tracing::warn!(server = %parked.server, tool = %parked.tool, "no retry came for a request for input: the call is cancelled");
+                parked.waiting.clear();
+                parked.cancel.cancel();
+                let _ = parked.call.await;
+            }
+        });
+        state
+    }
+
+    /// Takes up the parked call `state` names, for a retry of `server`'s
+    /// `tool`, and gives the server the agent's answers.
+    fn unpark(
+        &self,
+        server: &str,
+        tool: &str,
+        state: &str,
+        answers: Option<rmcp::model::InputResponses>,
+    ) -> Result<Parked, ClientError> {
+        let mut all = self.parked.lock().unwrap_or_else(|e| e.into_inner());
+        let found = all
+            .get(state)
+            .is_some_and(|parked| parked.server == server && parked.tool == tool);
+        let Some(mut parked) = found.then(|| all.remove(state)).flatten() else {
+            return Err(ClientError::Protocol {
+                server: server.to_owned(),
+                operation: format!("tools/call `{tool}`"),
+                detail: format!(
+                    "requestState {state:?} names no call of this tool waiting for input in this session (it may have waited longer than {INPUT_WAIT:?})"
+                ),
+            });
+        };
+        drop(all);
+        let mut answers = answers.unwrap_or_default();
+        for (key, answer) in parked.waiting.drain(..) {
+            let _ = answer.send(answers.remove(&key).ok_or_else(|| {
+                ErrorData::invalid_params(format!("the agent gave no answer to `{key}`"), None)
+            }));
+        }
+        Ok(parked)
+    }
+
     /// Every server's prompts, as `server__prompt`.
     pub async fn prompts(&self) -> Result<Vec<rmcp::model::Prompt>, ClientError> {
         let mut exposed = Vec::new();
@@ -1727,6 +2017,11 @@ impl SessionState {
             return Vec::new();
         }
         self.closing.cancel();
+        // Calls waiting for input that will never come: their children close below.
+        self.parked
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
         let drain = Duration::from_millis(self.generation.config.serve.drain_timeout_ms);
         let mut in_flight = self.in_flight.subscribe();
         let mut failures = Vec::new();
@@ -1978,6 +2273,18 @@ impl AgentSession {
         filters
     }
 
+    /// The server that lists resource `uri` (listing every server's
+    /// resources first if this session has not seen it).
+    async fn owner_of(&self, uri: &str) -> Result<String, ErrorData> {
+        if !self.resource_owners.lock().await.contains_key(uri) {
+            self.resources().await.map_err(to_error)?;
+        }
+        let owner = self.resource_owners.lock().await.get(uri).cloned();
+        owner.ok_or_else(|| {
+            ErrorData::resource_not_found(format!("no server lists resource {uri}"), None)
+        })
+    }
+
     /// Hands a task that `server` made of a call to `tool` on to the agent,
     /// under the id the agent will know it by.
     fn issue_task(
@@ -2063,23 +2370,96 @@ impl ServerHandler for AgentSession {
         Some(accepted)
     }
 
-    /// `resources/subscribe` (before 2026-07-28) is not carried: the
-    /// agent is told so, and what to use instead. (Moat advertises resource
-    /// subscriptions for `subscriptions/listen`, and rmcp has one set of
-    /// capabilities for every revision.)
+    /// `resources/subscribe` (before 2026-07-28): the server that lists the
+    /// resource is subscribed to it (with its own `resources/subscribe`,
+    /// or a `subscriptions/listen` stream at a 2026-07-28 server), and its
+    /// updates reach the agent as `notifications/resources/updated` until
+    /// `resources/unsubscribe` or the session's end.
     #[allow(deprecated, reason = "answering the legacy request")]
     async fn subscribe(
         &self,
         request: rmcp::model::SubscribeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        let _in_flight = self.admit(None)?;
+        let uri = request.uri;
+        if self
+            .subscriptions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains_key(&uri)
+        {
+            return Ok(());
+        }
+        let server = self.owner_of(&uri).await?;
+        if let Some(error) = self.generation.refusal(&server, None, None) {
+            return Err(to_error(error));
+        }
+        let child = self.child(&server).await.map_err(to_error)?;
+        let filter = rmcp::model::SubscriptionFilter::builder()
+            .resource_subscription(uri.clone())
+            .build();
+        let mut listening = child.listen(filter).await.map_err(to_error)?;
+        let stop = CancellationToken::new();
+        let taken = {
+            let mut open = self.subscriptions.lock().unwrap_or_else(|e| e.into_inner());
+            let taken = open.contains_key(&uri);
+            if !taken {
+                open.insert(uri.clone(), stop.clone());
+            }
+            taken
+        };
+        if taken {
+            // Subscribed meanwhile by another request of this session.
+            listening.cancel().await;
+            return Ok(());
+        }
+        let (agent, closing) = (context.peer, self.closing.clone());
+        tokio::spawn(async move {
+            use rmcp::model::ServerNotification as N;
+            loop {
+                let next = tokio::select! {
+                    next = listening.next() => next,
+                    () = stop.cancelled() => break,
+                    () = closing.cancelled() => break,
+                };
+                match next {
+                    Some(N::ResourceUpdatedNotification(updated)) => {
+                        if let Err(error) = agent.notify_resource_updated(updated.params).await {
+                            tracing::debug!(%server, %error, "passing a resource update to the agent");
+                        }
+                    }
+                    Some(_) => {}
+                    None => break,
+                }
+            }
+            listening.cancel().await;
+        });
+        Ok(())
+    }
+
+    #[allow(deprecated, reason = "answering the legacy request")]
+    async fn unsubscribe(
+        &self,
+        request: rmcp::model::UnsubscribeRequestParams,
         _context: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
-        Err(ErrorData::invalid_request(
-            format!(
-                "resources/subscribe {} is not carried by Moat: subscribe with subscriptions/listen (protocol 2026-07-28)",
-                request.uri
-            ),
-            None,
-        ))
+        let _in_flight = self.admit(None)?;
+        let open = self
+            .subscriptions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&request.uri);
+        match open {
+            Some(stop) => {
+                stop.cancel();
+                Ok(())
+            }
+            None => Err(ErrorData::invalid_params(
+                format!("resource {} is not subscribed in this session", request.uri),
+                None,
+            )),
+        }
     }
 
     async fn listen(&self, context: rmcp::service::SubscriptionContext) -> Result<(), ErrorData> {
@@ -2128,7 +2508,7 @@ impl ServerHandler for AgentSession {
                         next = subscription.next() => next,
                         () = stop.cancelled() => break,
                     };
-                    let Ok(Some(notification)) = next else { return };
+                    let Some(notification) = next else { return };
                     let pass = match &notification {
                         // Through the pin check first (`pass_on_tool_changes`).
                         N::ToolListChangedNotification(_) => false,
@@ -2141,7 +2521,7 @@ impl ServerHandler for AgentSession {
                         tracing::debug!(%server, %error, "passing a notification to a subscription");
                     }
                 }
-                let _ = subscription.cancel().await;
+                subscription.cancel().await;
             });
         }
         // rmcp acknowledges the agent's stream before this runs, so a change
@@ -2251,16 +2631,7 @@ impl ServerHandler for AgentSession {
         _context: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::ReadResourceResponse, ErrorData> {
         let _in_flight = self.admit(None)?;
-        if !self.resource_owners.lock().await.contains_key(&request.uri) {
-            self.resources().await.map_err(to_error)?;
-        }
-        let owner = self.resource_owners.lock().await.get(&request.uri).cloned();
-        let Some(server) = owner else {
-            return Err(ErrorData::resource_not_found(
-                format!("no server lists resource {}", request.uri),
-                None,
-            ));
-        };
+        let server = self.owner_of(&request.uri).await?;
         let child = self.child(&server).await.map_err(to_error)?;
         child
             .read_resource(&request.uri)
@@ -2327,6 +2698,7 @@ impl ServerHandler for AgentSession {
                     .client_capabilities()
                     .is_some_and(|capabilities| capabilities.supports_tasks()),
             input: current,
+            held: !stateless,
         };
         let (server, tool) = self.route_tool(&request.name)?;
         let result = self

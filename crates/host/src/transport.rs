@@ -234,6 +234,10 @@ pub struct Shared {
     cancelled: Mutex<std::collections::VecDeque<RequestId>>,
     /// Requests from the server read but not yet answered on its stdin.
     server_requests: AtomicUsize,
+    /// The server's own requests that wait for an agent's answer (a person
+    /// may be typing it): while one does, the server's deadlines stand
+    /// still, and they resume pushed back by the wait when it ends.
+    asking: AtomicUsize,
     pending_changed: Notify,
     requests_sent: AtomicU64,
     identity: std::sync::OnceLock<Identity>,
@@ -270,6 +274,7 @@ impl Shared {
             pending: Mutex::new(HashMap::new()),
             cancelled: Mutex::default(),
             server_requests: AtomicUsize::new(0),
+            asking: AtomicUsize::new(0),
             pending_changed: Notify::new(),
             requests_sent: AtomicU64::new(0),
             identity: std::sync::OnceLock::new(),
@@ -278,6 +283,22 @@ impl Shared {
             tools_changed_events: watch::Sender::new(0),
             progress_routes: Mutex::new(HashMap::new()),
             stderr_drained: watch::Sender::new(false),
+        }
+    }
+
+    /// Marks one of the server's own requests (`elicitation/create`,
+    /// `sampling/createMessage`) as waiting for the agent until the guard
+    /// drops. The per-request deadline bounds the server's work, not the
+    /// agent's (or its user's) time to answer: while any such request
+    /// waits, no deadline of this server passes, and when it is answered
+    /// every pending deadline moves back by the time it waited. The wait
+    /// itself is bounded by whoever holds the guard.
+    pub fn asking_agent(self: &Arc<Self>) -> AskingAgent {
+        self.asking.fetch_add(1, Ordering::SeqCst);
+        self.pending_changed.notify_one();
+        AskingAgent {
+            shared: self.clone(),
+            since: Instant::now(),
         }
     }
 
@@ -1010,6 +1031,34 @@ fn call_answer(shared: &Shared, line: &[u8]) -> Option<ServerJsonRpcMessage> {
     })
 }
 
+/// One of the server's requests waiting for the agent; see
+/// [`Shared::asking_agent`].
+#[derive(Debug)]
+pub struct AskingAgent {
+    shared: Arc<Shared>,
+    since: Instant,
+}
+
+impl Drop for AskingAgent {
+    fn drop(&mut self) {
+        let waited = self.since.elapsed();
+        {
+            let mut pending = self
+                .shared
+                .pending
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            for (_, deadline) in pending.values_mut() {
+                if let Some(deadline) = deadline {
+                    *deadline += waited;
+                }
+            }
+        }
+        self.shared.asking.fetch_sub(1, Ordering::SeqCst);
+        self.shared.pending_changed.notify_one();
+    }
+}
+
 /// A `subscriptions/listen` request stays open until either side ends it:
 /// once the server acknowledges it (the acknowledgement names the request
 /// `id` in its `_meta`), the per-request deadline no longer applies to it.
@@ -1046,11 +1095,15 @@ async fn watchdog(
     stop: Arc<dyn Fn() + Send + Sync>,
 ) {
     let status = loop {
-        let next = {
+        // Registered before the state is read: a change after the read
+        // wakes this loop.
+        let changed = shared.pending_changed.notified();
+        let next = if shared.asking.load(Ordering::SeqCst) > 0 {
+            None
+        } else {
             let pending = shared.pending.lock().unwrap_or_else(|e| e.into_inner());
             pending.values().filter_map(|(_, deadline)| *deadline).min()
         };
-        let changed = shared.pending_changed.notified();
         tokio::select! {
             _ = async {
                 match next {
@@ -1058,7 +1111,9 @@ async fn watchdog(
                     None => std::future::pending().await,
                 }
             } => {
-                let expired = {
+                let expired = if shared.asking.load(Ordering::SeqCst) > 0 {
+                    None
+                } else {
                     let pending = shared.pending.lock().unwrap_or_else(|e| e.into_inner());
                     let now = Instant::now();
                     pending.values().find(|(_, deadline)| deadline.is_some_and(|d| d <= now)).map(|(method, _)| method.clone())
@@ -1148,6 +1203,64 @@ mod tests {
         let calling = pending("tools/call");
         acknowledged(&calling, 7);
         assert!(deadline(&calling).is_some());
+    }
+
+    /// The deadline bounds the server's work, not the agent's time to
+    /// answer the server's own request; and it is not lost either.
+    #[tokio::test(start_paused = true)]
+    async fn a_request_waiting_for_the_agent_holds_the_deadline_and_moves_it_back() {
+        let shared = Arc::new(pending("tools/call"));
+        let deadline = || {
+            shared.pending.lock().unwrap()[&RequestId::Number(7)]
+                .1
+                .unwrap()
+        };
+        let first = deadline();
+        let stopped = Arc::new(AtomicBool::new(false));
+        let (_exit, exit) = watch::channel(None);
+        let stop = stopped.clone();
+        let watching = tokio::spawn(watchdog(
+            shared.clone(),
+            60_000,
+            exit,
+            Arc::new(move || stop.store(true, Ordering::SeqCst)),
+        ));
+        let settle = || async {
+            for _ in 0..8 {
+                tokio::task::yield_now().await;
+            }
+        };
+        let asking = shared.asking_agent();
+        settle().await;
+        tokio::time::advance(Duration::from_secs(90)).await;
+        settle().await;
+        assert!(
+            shared.fault().is_none(),
+            "the deadline passed while the agent was asked"
+        );
+        assert!(!stopped.load(Ordering::SeqCst));
+        drop(asking);
+        assert_eq!(deadline(), first + Duration::from_secs(90));
+        settle().await;
+        tokio::time::advance(Duration::from_secs(59)).await;
+        settle().await;
+        assert!(shared.fault().is_none(), "fired before the moved deadline");
+        tokio::time::advance(Duration::from_secs(2)).await;
+        settle().await;
+        assert!(
+            stopped.load(Ordering::SeqCst),
+            "the moved deadline never fired"
+        );
+        assert!(matches!(
+            shared.fault(),
+            Some(Fault::Limit {
+                limit: LimitHit::Deadline {
+                    request_timeout_ms: 60_000
+                },
+                ..
+            })
+        ));
+        watching.await.unwrap();
     }
 
     fn result_of(message: &ServerJsonRpcMessage) -> &rmcp::model::ServerResult {
