@@ -981,7 +981,8 @@ pub enum Listening {
     Stream(rmcp::service::Subscription),
     /// `resources/subscribe` at an older server, and what it sends on its own.
     Notices {
-        session: Arc<Session>,
+        /// Weak: a subscription never keeps a closing session in use.
+        session: std::sync::Weak<Session>,
         filter: rmcp::model::SubscriptionFilter,
         notices: tokio::sync::broadcast::Receiver<rmcp::model::ServerNotification>,
     },
@@ -1037,6 +1038,9 @@ impl Listening {
             Self::Notices {
                 session, filter, ..
             } => {
+                let Some(session) = session.upgrade() else {
+                    return;
+                };
                 for uri in filter.resource_subscriptions.iter().flatten() {
                     session.unsubscribe_resource(uri).await;
                 }
@@ -1688,7 +1692,7 @@ impl Session {
             }
         }
         Ok(Listening::Notices {
-            session: self.clone(),
+            session: Arc::downgrade(self),
             filter,
             notices,
         })
@@ -1950,5 +1954,57 @@ impl Session {
             })?;
         // The transport's close has awaited its tasks and the instance.
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn client_side() -> (ClientSide, Askers) {
+        let askers = Askers::default();
+        let (progress, _) = mpsc::unbounded_channel();
+        let (notices, _) = tokio::sync::broadcast::channel(1);
+        let shared = Arc::new(Shared::new(
+            "s".into(),
+            &crate::limits::Limits::default(),
+        ));
+        let side = ClientSide {
+            progress,
+            askers: askers.clone(),
+            notices,
+            shared,
+        };
+        (side, askers)
+    }
+
+    fn roots() -> rmcp::model::InputRequest {
+        rmcp::model::InputRequest::ListRoots(Default::default())
+    }
+
+    /// A server's own request with no call in flight to take it is refused
+    /// at once, naming the server; one that a call takes waits for its
+    /// answer, and a call that ended is passed over.
+    #[tokio::test]
+    async fn a_servers_request_goes_to_a_call_in_flight_and_else_is_refused_at_once() {
+        let (side, askers) = client_side();
+        let refused = side.ask(roots(), "roots/list").await.unwrap_err();
+        assert_eq!(
+            refused.message,
+            "roots/list from server `s` came while no call was in flight: Moat passes a server's requests to the agent of the call they belong to"
+        );
+        let (ended, gone) = mpsc::unbounded_channel();
+        drop(gone);
+        let (taking, mut taken) = mpsc::unbounded_channel();
+        askers.lock().unwrap().extend([ended, taking]);
+        let answering = tokio::spawn(async move {
+            let ask: ServerAsk = taken.recv().await.unwrap();
+            assert!(matches!(ask.request, rmcp::model::InputRequest::ListRoots(_)));
+            ask.answer.send(Ok(serde_json::json!({"roots": []}))).unwrap();
+        });
+        let answer = side.ask(roots(), "roots/list").await.unwrap();
+        assert_eq!(answer, serde_json::json!({"roots": []}));
+        answering.await.unwrap();
+        assert_eq!(askers.lock().unwrap().len(), 1, "the ended call is forgotten");
     }
 }

@@ -746,7 +746,7 @@ pub struct SessionState {
     parked: Arc<std::sync::Mutex<BTreeMap<String, Parked>>>,
     /// Resources an agent before 2026-07-28 subscribed to, each ended by
     /// its token.
-    subscriptions: std::sync::Mutex<BTreeMap<String, CancellationToken>>,
+    subscriptions: std::sync::Mutex<BTreeMap<String, Subscribed>>,
     /// Set when close begins: no new calls are admitted.
     closing: CancellationToken,
     /// Set when the drain timeout passes: in-flight calls are cancelled.
@@ -787,6 +787,13 @@ fn catch_up(accepted: &rmcp::model::SubscriptionFilter) -> Vec<rmcp::model::Serv
         ));
     }
     notifications
+}
+
+/// A resource an agent before 2026-07-28 subscribed to: the task that
+/// passes its updates on, and what ends it.
+struct Subscribed {
+    stop: CancellationToken,
+    passing: Option<tokio::task::JoinHandle<()>>,
 }
 
 /// A task a server made of an agent's call. The agent knows it as
@@ -2405,7 +2412,13 @@ impl ServerHandler for AgentSession {
             let mut open = self.subscriptions.lock().unwrap_or_else(|e| e.into_inner());
             let taken = open.contains_key(&uri);
             if !taken {
-                open.insert(uri.clone(), stop.clone());
+                open.insert(
+                    uri.clone(),
+                    Subscribed {
+                        stop: stop.clone(),
+                        passing: None,
+                    },
+                );
             }
             taken
         };
@@ -2415,13 +2428,14 @@ impl ServerHandler for AgentSession {
             return Ok(());
         }
         let (agent, closing) = (context.peer, self.closing.clone());
-        tokio::spawn(async move {
+        let passing = tokio::spawn(async move {
             use rmcp::model::ServerNotification as N;
             loop {
                 let next = tokio::select! {
                     next = listening.next() => next,
                     () = stop.cancelled() => break,
-                    () = closing.cancelled() => break,
+                    // The server closes with the session: nothing to undo.
+                    () = closing.cancelled() => return,
                 };
                 match next {
                     Some(N::ResourceUpdatedNotification(updated)) => {
@@ -2435,6 +2449,14 @@ impl ServerHandler for AgentSession {
             }
             listening.cancel().await;
         });
+        if let Some(open) = self
+            .subscriptions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_mut(&uri)
+        {
+            open.passing = Some(passing);
+        }
         Ok(())
     }
 
@@ -2451,8 +2473,12 @@ impl ServerHandler for AgentSession {
             .unwrap_or_else(|e| e.into_inner())
             .remove(&request.uri);
         match open {
-            Some(stop) => {
-                stop.cancel();
+            Some(open) => {
+                // Answered once the server has let go of it too.
+                open.stop.cancel();
+                if let Some(passing) = open.passing {
+                    let _ = passing.await;
+                }
                 Ok(())
             }
             None => Err(ErrorData::invalid_params(
@@ -2463,6 +2489,9 @@ impl ServerHandler for AgentSession {
     }
 
     async fn listen(&self, context: rmcp::service::SubscriptionContext) -> Result<(), ErrorData> {
+        // In flight until its servers' streams are ended: close waits for
+        // that, and ends it.
+        let _in_flight = self.admit(None)?;
         let accepted = context.accepted().clone();
         let sink = context.sink().clone();
         self.listeners

@@ -262,7 +262,7 @@ pub const MAX_UNANSWERED_SERVER_REQUESTS: usize = 256;
 pub type ProgressSender = mpsc::UnboundedSender<rmcp::model::ProgressNotificationParam>;
 
 impl Shared {
-    fn new(server: String, limits: &Limits) -> Self {
+    pub(crate) fn new(server: String, limits: &Limits) -> Self {
         Self {
             server,
             fault: Mutex::new(None),

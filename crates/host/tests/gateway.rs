@@ -1296,9 +1296,14 @@ async fn a_multi_round_trip_request_comes_back_to_the_server_that_asked() {
 /// An agent on the initialize handshake (2025-11-25 unless `revision`
 /// says otherwise) that answers every elicitation with `name`, or that does
 /// not take elicitations at all.
+/// An agent before 2026-07-28: answers elicitation with its name (if it
+/// has one, else it declares none), speaks the revision given (else
+/// rmcp's latest with `initialize`), and reports the resource updates and
+/// resource list changes it hears (the uri, or `list_changed`).
 struct Legacy(
     Option<&'static str>,
     Option<moat_host::rmcp::model::ProtocolVersion>,
+    Option<tokio::sync::mpsc::UnboundedSender<String>>,
 );
 
 impl moat_host::rmcp::ClientHandler for Legacy {
@@ -1324,6 +1329,25 @@ impl moat_host::rmcp::ClientHandler for Legacy {
                 .unwrap(),
         )
     }
+
+    async fn on_resource_updated(
+        &self,
+        params: moat_host::rmcp::model::ResourceUpdatedNotificationParam,
+        _context: moat_host::rmcp::service::NotificationContext<moat_host::rmcp::RoleClient>,
+    ) {
+        if let Some(heard) = &self.2 {
+            let _ = heard.send(params.uri);
+        }
+    }
+
+    async fn on_resource_list_changed(
+        &self,
+        _context: moat_host::rmcp::service::NotificationContext<moat_host::rmcp::RoleClient>,
+    ) {
+        if let Some(heard) = &self.2 {
+            let _ = heard.send("list_changed".to_owned());
+        }
+    }
 }
 
 async fn legacy_agent(
@@ -1333,7 +1357,7 @@ async fn legacy_agent(
     moat_host::rmcp::service::RunningService<moat_host::rmcp::RoleClient, Legacy>,
     Serving,
 ) {
-    agent_on(session, Legacy(name, None)).await
+    agent_on(session, Legacy(name, None, None)).await
 }
 
 async fn agent_on(
@@ -1598,15 +1622,17 @@ async fn a_subscription_is_merged_across_servers_and_ends_at_each() {
 /// The protocol matrix: agents on 2025-06-18, 2025-11-25 and 2026-07-28
 /// against servers on each of them, all in one gateway (wasm and native
 /// mixed). Every agent reaches every server in the server's own revision;
-/// a request for input and a task of the 2026-07-28 server reach every
-/// agent in the form its revision has (handed on, or bridged by Moat); a
-/// subscription, which only 2026-07-28 has on either side, reaches the
-/// servers that take one.
+/// a request for input reaches every agent in the form its revision has,
+/// from every server in the form the server's has (handed on, bridged, or
+/// parked while the agent answers); a task of the 2026-07-28 server
+/// reaches every agent (handed on, or its result); a subscription from
+/// every agent reaches every server, as `subscriptions/listen` or
+/// `resources/subscribe`, whichever each side speaks.
 #[tokio::test]
 async fn every_agent_revision_meets_every_server_revision_in_one_gateway() {
     use moat_host::rmcp::model::{
-        CallToolResponse, GetTaskParams, ProtocolVersion, SubscriptionFilter, TaskPayload,
-        TaskStatus,
+        CallToolResponse, GetTaskParams, InputRequest, ProtocolVersion, ServerNotification,
+        SubscriptionFilter, TaskPayload, TaskStatus,
     };
     let servers: Vec<_> = [
         ("n26", Launcher::Wasm, None),
@@ -1621,6 +1647,9 @@ async fn every_agent_revision_meets_every_server_revision_in_one_gateway() {
         if let Some(revision) = revision {
             server.env.insert("ROUNDS_REVISION".into(), revision.into());
         }
+        // Shorter than the agent takes to answer below: the deadline
+        // bounds the server's work, not the agent's answer.
+        server.limits.request_timeout_ms = 1_000;
         server
     })
     .collect();
@@ -1631,6 +1660,8 @@ async fn every_agent_revision_meets_every_server_revision_in_one_gateway() {
         ("n25", "n25: 2025-11-25"),
         ("n06", "n06: 2025-06-18"),
     ];
+    let data = ["rounds://n26/data", "rounds://n25/data", "rounds://n06/data"];
+    let accept = |name: &str| json!({"action": "accept", "content": {"name": name}});
 
     // 2026-07-28, declaring tasks.
     let session = gateway.session();
@@ -1647,19 +1678,62 @@ async fn every_agent_revision_meets_every_server_revision_in_one_gateway() {
         other => panic!("{other:?}"),
     };
     let mut retry = call("n26__ask", json!({}));
-    retry.input_responses = Some(
-        [(
-            "name".to_owned(),
-            json!({"action": "accept", "content": {"name": "Ada"}}),
-        )]
-        .into(),
-    );
+    retry.input_responses = Some([("name".to_owned(), accept("Ada"))].into());
     retry.request_state = asked.request_state;
     match agent.call_tool_once(retry).await {
         Ok(CallToolResponse::Complete(result)) => {
             assert_eq!(text(&result), "n26: hello Ada (n26:round-1)")
         }
         other => panic!("{other:?}"),
+    }
+    // An older server's own elicitation/create, as a request for input: the
+    // call waits at the server, round after round, and is run once.
+    for (server, names) in [("n25", vec!["Ada", "Lin"]), ("n06", vec!["Ada"])] {
+        let arguments = json!({"times": names.len()});
+        let mut retry = call(&format!("{server}__ask"), arguments.clone());
+        for (round, name) in names.iter().enumerate() {
+            let asked = match agent.call_tool_once(retry).await {
+                Ok(CallToolResponse::InputRequired(asked)) => asked,
+                other => panic!("{server}, round {round}: {other:?}"),
+            };
+            let requests = asked.input_requests.unwrap();
+            let key = format!("moat-{}", round + 1);
+            let Some(InputRequest::Elicitation(elicit)) = requests.get(&key) else {
+                panic!("{server}: {requests:?}")
+            };
+            let wording = serde_json::to_value(elicit).unwrap();
+            assert_eq!(
+                wording["params"]["message"],
+                format!("Name {}?", round + 1),
+                "as the server worded it"
+            );
+            let state = asked.request_state.unwrap();
+            if round == 0 {
+                // Longer than the server's deadline: it is not the server
+                // that is slow.
+                tokio::time::sleep(std::time::Duration::from_millis(1_500)).await;
+                // Not another tool's, nor a made-up one.
+                let mut wrong = call(&format!("{server}__revision"), json!({}));
+                wrong.request_state = Some(state.clone());
+                let refused = agent.call_tool_once(wrong).await.unwrap_err();
+                assert!(
+                    refused.to_string().contains(&format!(
+                        "requestState {state:?} names no call of this tool waiting for input in this session"
+                    )),
+                    "{refused}"
+                );
+            }
+            retry = call(&format!("{server}__ask"), arguments.clone());
+            retry.input_responses = Some([(key, accept(name))].into());
+            retry.request_state = Some(state);
+        }
+        match agent.call_tool_once(retry).await {
+            Ok(CallToolResponse::Complete(result)) => assert_eq!(
+                text(&result),
+                format!("{server}: hello {} (elicited)", names.join(" and "))
+            ),
+            other => panic!("{server}: {other:?}"),
+        }
     }
     let id = match agent
         .call_tool_once(call("n26__job", json!({"ms": 5})))
@@ -1674,33 +1748,51 @@ async fn every_agent_revision_meets_every_server_revision_in_one_gateway() {
     };
     assert_eq!(result["content"][0]["text"], "n26: job done");
     assert!(agent.get_task(GetTaskParams::new(id)).await.is_ok());
-    let mut subscription = agent
-        .peer()
-        .listen(
-            SubscriptionFilter::builder()
-                .resources_list_changed()
-                .build(),
-        )
-        .await
-        .unwrap();
-    assert!(subscription.next().await.unwrap().is_some(), "caught up");
-    for (server, reached) in [("n26", 1), ("n25", 0), ("n06", 0)] {
+    // A subscription to every server's resource: a stream at the
+    // 2026-07-28 server, resources/subscribe at the older ones.
+    agent.list_resources(None).await.unwrap();
+    let mut filter = SubscriptionFilter::builder().resources_list_changed();
+    for uri in data {
+        filter = filter.resource_subscription(uri.to_owned());
+    }
+    let mut subscription = agent.peer().listen(filter.build()).await.unwrap();
+    for (server, uri) in ["n26", "n25", "n06"].into_iter().zip(data) {
         let touched = agent
             .call_tool(call(&format!("{server}__touch"), json!({})))
             .await
             .unwrap();
-        assert_eq!(text(&touched), format!("{server}: touched {reached}"));
+        assert_eq!(text(&touched), format!("{server}: touched 1"));
+        loop {
+            match subscription.next().await.unwrap() {
+                Some(ServerNotification::ResourceUpdatedNotification(updated))
+                    if updated.params.uri == uri =>
+                {
+                    break;
+                }
+                Some(ServerNotification::ResourceUpdatedNotification(updated)) => {
+                    // The catch-up names every resource once.
+                    assert!(data.contains(&updated.params.uri.as_str()), "{updated:?}")
+                }
+                Some(_) => {}
+                None => panic!("the stream ended before {uri}'s update"),
+            }
+        }
     }
     subscription.cancel().await.unwrap();
     agent.cancel().await.unwrap();
-    assert!(session.close().await.is_empty());
+    let closed = session.close().await;
+    assert!(closed.is_empty(), "{closed:?}");
 
     // 2025-11-25 and 2025-06-18: the same servers; the request for input
-    // bridged, the task's result.
+    // bridged or passed on, the task's result, resources/subscribe.
     for revision in [ProtocolVersion::V_2025_11_25, ProtocolVersion::V_2025_06_18] {
         let session = gateway.session();
-        let (agent, _serving) =
-            agent_on(&session, Legacy(Some("Bob"), Some(revision.clone()))).await;
+        let (heard, mut hearing) = tokio::sync::mpsc::unbounded_channel();
+        let (agent, _serving) = agent_on(
+            &session,
+            Legacy(Some("Bob"), Some(revision.clone()), Some(heard)),
+        )
+        .await;
         let negotiated = agent.peer_info().unwrap().protocol_version.to_string();
         assert_eq!(negotiated, revision.to_string());
         for (server, expected) in in_own_revision {
@@ -1716,27 +1808,86 @@ async fn every_agent_revision_meets_every_server_revision_in_one_gateway() {
             "n26: hello Bob (n26:round-1)",
             "{negotiated}"
         );
+        for server in ["n25", "n06"] {
+            let answer = agent
+                .call_tool(call(&format!("{server}__ask"), json!({"times": 2})))
+                .await
+                .unwrap();
+            assert_eq!(
+                text(&answer),
+                format!("{server}: hello Bob and Bob (elicited)"),
+                "{negotiated}"
+            );
+        }
         let answer = agent
             .call_tool(call("n26__job", json!({"ms": 5})))
             .await
             .unwrap();
         assert_eq!(text(&answer), "n26: job done", "{negotiated}");
-        // Resource subscriptions are carried on 2026-07-28 only; an older
-        // agent that asks is told so.
+        agent.list_resources(None).await.unwrap();
+        #[allow(deprecated, reason = "the legacy request is what is tested")]
+        for uri in data {
+            agent
+                .subscribe(moat_host::rmcp::model::SubscribeRequestParams::new(uri))
+                .await
+                .unwrap();
+        }
+        for (server, uri) in ["n26", "n25", "n06"].into_iter().zip(data) {
+            let touched = agent
+                .call_tool(call(&format!("{server}__touch"), json!({})))
+                .await
+                .unwrap();
+            assert_eq!(text(&touched), format!("{server}: touched 1"));
+            loop {
+                let heard = hearing.recv().await.unwrap();
+                if heard == uri {
+                    break;
+                }
+                // An older server's list change comes through as well.
+                assert_eq!(heard, "list_changed", "{negotiated}: waiting for {uri}");
+            }
+        }
+        #[allow(deprecated, reason = "the legacy request is what is tested")]
+        for uri in data {
+            agent
+                .unsubscribe(moat_host::rmcp::model::UnsubscribeRequestParams::new(uri))
+                .await
+                .unwrap();
+        }
+        for server in ["n26", "n25", "n06"] {
+            let touched = agent
+                .call_tool(call(&format!("{server}__touch"), json!({})))
+                .await
+                .unwrap();
+            assert_eq!(text(&touched), format!("{server}: touched 0"), "{negotiated}");
+        }
         #[allow(deprecated, reason = "the legacy request is what is tested")]
         let refused = agent
-            .subscribe(moat_host::rmcp::model::SubscribeRequestParams::new(
-                "rounds://n26/data",
-            ))
+            .unsubscribe(moat_host::rmcp::model::UnsubscribeRequestParams::new(data[0]))
             .await
             .unwrap_err();
         assert!(
-            refused.to_string().contains(
-                "resources/subscribe rounds://n26/data is not carried by Moat: subscribe with subscriptions/listen (protocol 2026-07-28)"
-            ),
+            refused
+                .to_string()
+                .contains("resource rounds://n26/data is not subscribed in this session"),
             "{refused}"
         );
         agent.cancel().await.unwrap();
-        assert!(session.close().await.is_empty());
+        let closed = session.close().await;
+        assert!(closed.is_empty(), "{negotiated}: {closed:?}");
     }
+
+    // A caller that cannot be asked (in-process): the older server's own
+    // request is refused, and the server says so in its answer.
+    let session = gateway.session();
+    let answer = session.call("n25__ask", None).await.unwrap();
+    assert!(
+        text(&answer).contains(
+            "tool `ask` on server `n25` asked for input that its caller cannot give"
+        ),
+        "{}",
+        text(&answer)
+    );
+    let closed = session.close().await;
+    assert!(closed.is_empty(), "{closed:?}");
 }

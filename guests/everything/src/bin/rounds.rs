@@ -17,6 +17,14 @@
 //!
 //! - `revision` says which protocol revision the request reached it in.
 //!
+//! As a server before 2026-07-28 (`ROUNDS_REVISION`), it does what that
+//! revision does instead: `ask` asks its client with `elicitation/create`
+//! while the call waits (`times` questions, default 1; it refuses a client
+//! that did not declare elicitation, as such servers do), and `touch`
+//! sends `notifications/resources/updated` for a resource its client
+//! subscribed with `resources/subscribe`, and
+//! `notifications/resources/list_changed`, to the client.
+//!
 //! Every answer names the server as `ROUNDS_NAME` says (default `rounds`),
 //! so a test with several of them behind one gateway sees which one
 //! answered. `ROUNDS_REVISION` (a revision such as `2025-06-18`) makes it a
@@ -103,6 +111,8 @@ struct Rounds {
     tasks: TaskManager,
     /// The open `subscriptions/listen` streams.
     listening: Arc<Mutex<Vec<SubscriptionSink>>>,
+    /// Resources subscribed with `resources/subscribe` (before 2026-07-28).
+    subscribed: Arc<Mutex<std::collections::BTreeSet<String>>>,
 }
 
 impl Rounds {
@@ -166,7 +176,80 @@ impl Rounds {
 }
 
 impl Rounds {
-    async fn touch(&self) -> CallToolResponse {
+    /// `ask` as a server before 2026-07-28: its own `elicitation/create`,
+    /// `times` times, while the call waits.
+    async fn ask_older(
+        &self,
+        request: &CallToolRequestParams,
+        context: &RequestContext<RoleServer>,
+    ) -> CallToolResponse {
+        let elicits = context
+            .peer
+            .peer_info()
+            .is_some_and(|info| info.capabilities.elicitation.is_some());
+        if !elicits {
+            return CallToolResult::error(vec![ContentBlock::text(
+                "the client did not declare elicitation",
+            )])
+            .into();
+        }
+        let times = request
+            .arguments
+            .as_ref()
+            .and_then(|arguments| arguments.get("times"))
+            .and_then(|times| times.as_u64())
+            .unwrap_or(1);
+        let mut names = Vec::new();
+        for round in 1..=times {
+            let InputRequest::Elicitation(asked) =
+                elicitation(&format!("Name {round}?"), "name")
+            else {
+                unreachable!("elicitation() makes an elicitation")
+            };
+            // As sent raw: rmcp's typed helper needs a feature this guest
+            // does without.
+            let sent = context
+                .peer
+                .send_request(rmcp::model::ServerRequest::ElicitRequest(asked));
+            let answer = match sent.await {
+                Ok(answer) => serde_json::to_value(answer).unwrap_or_default(),
+                Err(error) => {
+                    return CallToolResult::error(vec![ContentBlock::text(format!(
+                        "elicitation/create failed: {error}"
+                    ))])
+                    .into();
+                }
+            };
+            match answered(&answer, "name") {
+                Some(who) => names.push(who),
+                None => {
+                    return CallToolResult::error(vec![ContentBlock::text(format!(
+                        "no accepted `name` in round {round}"
+                    ))])
+                    .into();
+                }
+            }
+        }
+        text(format!("{}: hello {} (elicited)", name(), names.join(" and "))).into()
+    }
+
+    async fn touch(&self, context: &RequestContext<RoleServer>) -> CallToolResponse {
+        if revision().is_some() {
+            let subscribed = self.subscribed.lock().unwrap().clone();
+            let mut reached = 0;
+            for uri in subscribed {
+                if context
+                    .peer
+                    .notify_resource_updated(ResourceUpdatedNotificationParam::new(uri))
+                    .await
+                    .is_ok()
+                {
+                    reached += 1;
+                }
+            }
+            let _ = context.peer.notify_resource_list_changed().await;
+            return text(format!("{}: touched {reached}", name())).into();
+        }
         let sinks = self.listening.lock().unwrap().clone();
         let mut reached = 0;
         for sink in sinks {
@@ -252,6 +335,30 @@ impl ServerHandler for Rounds {
         Ok(())
     }
 
+    async fn subscribe(
+        &self,
+        request: rmcp::model::SubscribeRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        if request.uri != data_uri() {
+            return Err(ErrorData::resource_not_found(
+                format!("no resource {}", request.uri),
+                None,
+            ));
+        }
+        self.subscribed.lock().unwrap().insert(request.uri);
+        Ok(())
+    }
+
+    async fn unsubscribe(
+        &self,
+        request: rmcp::model::UnsubscribeRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        self.subscribed.lock().unwrap().remove(&request.uri);
+        Ok(())
+    }
+
     async fn list_resources(
         &self,
         _request: Option<PaginatedRequestParams>,
@@ -272,7 +379,10 @@ impl ServerHandler for Rounds {
             Tool::new(
                 "ask",
                 "Asks the caller for a name (a multi round-trip request), then greets it",
-                schema(serde_json::json!({"type": "object", "properties": {}})),
+                schema(serde_json::json!({
+                    "type": "object",
+                    "properties": {"times": {"type": "integer", "minimum": 1, "maximum": 10}}
+                })),
             ),
             Tool::new(
                 "revision",
@@ -304,9 +414,10 @@ impl ServerHandler for Rounds {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
         match request.name.as_ref() {
+            "ask" if revision().is_some() => Ok(self.ask_older(&request, &context).await),
             "ask" => Ok(self.ask(&request)),
             "job" => Ok(self.job(&request, &context)),
-            "touch" => Ok(self.touch().await),
+            "touch" => Ok(self.touch(&context).await),
             "revision" => {
                 let revision = context
                     .protocol_version()
