@@ -414,10 +414,14 @@ fn rounds_config(dir: &Path) -> std::path::PathBuf {
     std::fs::write(
         &config,
         format!(
-            "[servers.a]\nwasm = {:?}\nallow_unmeasured = true\nenv = {{ ROUNDS_NAME = \"a\" }}\n\
-             [servers.b]\ncommand = {:?}\nallow_unmeasured = true\nenv = {{ ROUNDS_NAME = \"b\" }}\n",
-            guests::ROUNDS_WASM,
-            guests::ROUNDS_NATIVE
+            "[servers.a]\nwasm = {wasm:?}\nallow_unmeasured = true\nenv = {{ ROUNDS_NAME = \"a\" }}\n\
+             [servers.b]\ncommand = {native:?}\nallow_unmeasured = true\nenv = {{ ROUNDS_NAME = \"b\" }}\n\
+             [servers.c]\nwasm = {wasm:?}\nallow_unmeasured = true\n\
+             env = {{ ROUNDS_NAME = \"c\", ROUNDS_REVISION = \"2025-06-18\" }}\n\
+             [servers.d]\ncommand = {native:?}\nallow_unmeasured = true\n\
+             env = {{ ROUNDS_NAME = \"d\", ROUNDS_REVISION = \"2025-11-25\" }}\n",
+            wasm = guests::ROUNDS_WASM,
+            native = guests::ROUNDS_NATIVE
         ),
     )
     .unwrap();
@@ -439,7 +443,10 @@ fn agent_report(output: &std::process::Output, agent: &str) -> serde_json::Value
 /// 2026-07-28 servers: a server's request for input reaches it as its own
 /// `elicitation/create` (Moat asks on the server's behalf and calls the
 /// server again with the answer), and a call the server makes a task of
-/// comes back as the task's result.
+/// comes back as the task's result. In front of older servers (`c` on
+/// 2025-06-18, `d` on 2025-11-25): the server's own `elicitation/create`
+/// is passed on, and `resources/subscribe` reaches the server, whose
+/// update comes back.
 #[test]
 fn the_typescript_sdk_on_2025_11_25_is_asked_for_a_2026_servers_input() {
     let dir = tempfile::tempdir().unwrap();
@@ -454,7 +461,10 @@ fn the_typescript_sdk_on_2025_11_25_is_asked_for_a_2026_servers_input() {
             "revision": "2025-11-25",
             "a_ask": "a: hello Ts (a:round-1)",
             "b_job": "b: job done",
-            "asked": ["Your name?"],
+            "c_ask": "c: hello Ts and Ts (elicited)",
+            "d_touch": "d: touched 1",
+            "updated": ["rounds://d/data"],
+            "asked": ["Your name?", "Name 1?", "Name 2?"],
         })
     );
 }
@@ -464,7 +474,12 @@ fn the_typescript_sdk_on_2025_11_25_is_asked_for_a_2026_servers_input() {
 /// (`b`): a request for input answered by the SDK's own driver, or by Moat
 /// asking the older agent with `elicitation/create`; a subscription that
 /// opens a stream at each server and hears each resource from its own; a
-/// task followed to its end for an agent that does not take tasks.
+/// task followed to its end for an agent that does not take tasks. Older
+/// servers (`c` on 2025-06-18, `d` on 2025-11-25) too: their own
+/// `elicitation/create` reaches the 2026-07-28 agent as a request for input
+/// (the SDK's driver answers two rounds while the call waits at the
+/// server) and the older agent as it was sent, and the subscription
+/// reaches `d` as `resources/subscribe`.
 #[test]
 fn the_python_sdk_carries_2026_07_28_requests_for_input_and_subscriptions() {
     let dir = tempfile::tempdir().unwrap();
@@ -479,10 +494,25 @@ fn the_python_sdk_carries_2026_07_28_requests_for_input_and_subscriptions() {
             "revision": "2026-07-28",
             "a_ask": "a: hello Py (a:round-1)",
             "b_ask": "b: hello Py (b:round-1)",
-            "resources": ["rounds://a/data", "rounds://b/data"],
-            "caught_up": [["listed"], ["updated", "rounds://b/data"]],
-            "touched": ["a: touched 1", "b: touched 1"],
-            "events": [["listed"], ["updated", "rounds://b/data"]],
+            "c_ask": "c: hello Py and Py (elicited)",
+            "d_ask": "d: hello Py (elicited)",
+            "resources": [
+                "rounds://a/data",
+                "rounds://b/data",
+                "rounds://c/data",
+                "rounds://d/data"
+            ],
+            "caught_up": [
+                ["listed"],
+                ["updated", "rounds://b/data"],
+                ["updated", "rounds://d/data"]
+            ],
+            "touched": ["a: touched 1", "b: touched 1", "d: touched 1"],
+            "events": [
+                ["listed"],
+                ["updated", "rounds://b/data"],
+                ["updated", "rounds://d/data"]
+            ],
         })
     );
     assert_eq!(
@@ -490,6 +520,7 @@ fn the_python_sdk_carries_2026_07_28_requests_for_input_and_subscriptions() {
         serde_json::json!({
             "revision": "2025-11-25",
             "b_ask": "b: hello Py (b:round-1)",
+            "d_ask": "d: hello Py (elicited)",
             "a_job": "a: job done",
         })
     );

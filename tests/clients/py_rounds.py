@@ -1,5 +1,6 @@
 """An agent on the official Python SDK (`mcp` from PyPI) driving `moat serve`
-over stdio in front of two `rounds` servers (`a` and `b`), once on
+over stdio in front of four `rounds` servers (`a` and `b` on 2026-07-28,
+`c` on 2025-06-18 and `d` on 2025-11-25), once on
 2026-07-28 (`server/discover`) and once on the initialize handshake. It
 answers every elicitation with the name Py. Prints one JSON report on stdout
 for tests/real_clients.rs to check.
@@ -51,21 +52,27 @@ async def modern(command, config):
         report["revision"] = client.protocol_version
         for server in ["a", "b"]:
             report[f"{server}_ask"] = text(await client.call_tool(f"{server}__ask", {}))
+        # Older servers ask with their own elicitation/create: two rounds,
+        # then one.
+        report["c_ask"] = text(await client.call_tool("c__ask", {"times": 2}))
+        report["d_ask"] = text(await client.call_tool("d__ask", {}))
         resources = await client.list_resources()
         report["resources"] = sorted(str(r.uri) for r in resources.resources)
         async with client.listen(
-            resources_list_changed=True, resource_subscriptions=["rounds://b/data"]
+            resources_list_changed=True,
+            resource_subscriptions=["rounds://b/data", "rounds://d/data"],
         ) as subscription:
             # Moat opens the servers' streams once it has acknowledged this
             # one, then says that what it listens to may have changed.
-            report["caught_up"] = sorted([describe(await anext(subscription)) for _ in range(2)])
+            report["caught_up"] = sorted([describe(await anext(subscription)) for _ in range(3)])
             report["touched"] = [
-                text(await client.call_tool(f"{server}__touch", {})) for server in ["a", "b"]
+                text(await client.call_tool(f"{server}__touch", {})) for server in ["a", "b", "d"]
             ]
             # The SDK folds an event into one still waiting in its backlog,
             # so list changes are counted once.
+            wanted = [["listed"], ["updated", "rounds://b/data"], ["updated", "rounds://d/data"]]
             events = []
-            while ["updated", "rounds://b/data"] not in events or ["listed"] not in events:
+            while any(event not in events for event in wanted):
                 event = describe(await anext(subscription))
                 if event not in events:
                     events.append(event)
@@ -80,6 +87,7 @@ async def legacy(command, config):
         return {
             "revision": client.protocol_version,
             "b_ask": text(await client.call_tool("b__ask", {})),
+            "d_ask": text(await client.call_tool("d__ask", {})),
             "a_job": text(await client.call_tool("a__job", {"ms": 20})),
         }
 

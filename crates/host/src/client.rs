@@ -1965,10 +1965,7 @@ mod tests {
         let askers = Askers::default();
         let (progress, _) = mpsc::unbounded_channel();
         let (notices, _) = tokio::sync::broadcast::channel(1);
-        let shared = Arc::new(Shared::new(
-            "s".into(),
-            &crate::limits::Limits::default(),
-        ));
+        let shared = Arc::new(Shared::new("s".into(), &crate::limits::Limits::default()));
         let side = ClientSide {
             progress,
             askers: askers.clone(),
@@ -1999,12 +1996,21 @@ mod tests {
         askers.lock().unwrap().extend([ended, taking]);
         let answering = tokio::spawn(async move {
             let ask: ServerAsk = taken.recv().await.unwrap();
-            assert!(matches!(ask.request, rmcp::model::InputRequest::ListRoots(_)));
-            ask.answer.send(Ok(serde_json::json!({"roots": []}))).unwrap();
+            assert!(matches!(
+                ask.request,
+                rmcp::model::InputRequest::ListRoots(_)
+            ));
+            ask.answer
+                .send(Ok(serde_json::json!({"roots": []})))
+                .unwrap();
         });
         let answer = side.ask(roots(), "roots/list").await.unwrap();
         assert_eq!(answer, serde_json::json!({"roots": []}));
         answering.await.unwrap();
-        assert_eq!(askers.lock().unwrap().len(), 1, "the ended call is forgotten");
+        assert_eq!(
+            askers.lock().unwrap().len(),
+            1,
+            "the ended call is forgotten"
+        );
     }
 }

@@ -813,6 +813,13 @@ struct Target<'a> {
     child: &'a Arc<Session>,
 }
 
+/// Marks a server's result as complete when it does not say: a server
+/// before 2026-07-28 never does, and an agent on 2026-07-28 is always told
+/// (rmcp takes the mark off again for an older agent).
+fn complete(result_type: &mut Option<rmcp::model::ResultType>) {
+    result_type.get_or_insert(rmcp::model::ResultType::COMPLETE);
+}
+
 /// What a server before 2026-07-28 gets when it asks for input that the
 /// caller of its tool cannot give.
 fn cannot_ask(server: &str, tool: &str) -> ErrorData {
@@ -2638,7 +2645,10 @@ impl ServerHandler for AgentSession {
         child
             .get_prompt(prompt, request.arguments)
             .await
-            .map(Into::into)
+            .map(|mut prompt| {
+                complete(&mut prompt.result_type);
+                prompt.into()
+            })
             .map_err(to_error)
     }
 
@@ -2665,7 +2675,10 @@ impl ServerHandler for AgentSession {
         child
             .read_resource(&request.uri)
             .await
-            .map(Into::into)
+            .map(|mut read| {
+                complete(&mut read.result_type);
+                read.into()
+            })
             .map_err(to_error)
     }
 
@@ -2750,7 +2763,12 @@ impl ServerHandler for AgentSession {
             // The sender is gone with the call: the forwarder drains and ends.
             let _ = task.await;
         }
-        result
+        result.map(|mut answer| {
+            if let CallToolResponse::Complete(result) = &mut answer {
+                complete(&mut result.result_type);
+            }
+            answer
+        })
     }
 }
 

@@ -1660,7 +1660,11 @@ async fn every_agent_revision_meets_every_server_revision_in_one_gateway() {
         ("n25", "n25: 2025-11-25"),
         ("n06", "n06: 2025-06-18"),
     ];
-    let data = ["rounds://n26/data", "rounds://n25/data", "rounds://n06/data"];
+    let data = [
+        "rounds://n26/data",
+        "rounds://n25/data",
+        "rounds://n06/data",
+    ];
     let accept = |name: &str| json!({"action": "accept", "content": {"name": name}});
 
     // 2026-07-28, declaring tasks.
@@ -1672,6 +1676,8 @@ async fn every_agent_revision_meets_every_server_revision_in_one_gateway() {
             .await
             .unwrap();
         assert_eq!(text(&answer), expected, "an agent on 2026-07-28");
+        let shape = serde_json::to_value(&answer).unwrap();
+        assert_eq!(shape["resultType"], "complete", "{server}: {shape}");
     }
     let asked = match agent.call_tool_once(call("n26__ask", json!({}))).await {
         Ok(CallToolResponse::InputRequired(asked)) => asked,
@@ -1859,11 +1865,17 @@ async fn every_agent_revision_meets_every_server_revision_in_one_gateway() {
                 .call_tool(call(&format!("{server}__touch"), json!({})))
                 .await
                 .unwrap();
-            assert_eq!(text(&touched), format!("{server}: touched 0"), "{negotiated}");
+            assert_eq!(
+                text(&touched),
+                format!("{server}: touched 0"),
+                "{negotiated}"
+            );
         }
         #[allow(deprecated, reason = "the legacy request is what is tested")]
         let refused = agent
-            .unsubscribe(moat_host::rmcp::model::UnsubscribeRequestParams::new(data[0]))
+            .unsubscribe(moat_host::rmcp::model::UnsubscribeRequestParams::new(
+                data[0],
+            ))
             .await
             .unwrap_err();
         assert!(
@@ -1882,9 +1894,8 @@ async fn every_agent_revision_meets_every_server_revision_in_one_gateway() {
     let session = gateway.session();
     let answer = session.call("n25__ask", None).await.unwrap();
     assert!(
-        text(&answer).contains(
-            "tool `ask` on server `n25` asked for input that its caller cannot give"
-        ),
+        text(&answer)
+            .contains("tool `ask` on server `n25` asked for input that its caller cannot give"),
         "{}",
         text(&answer)
     );
