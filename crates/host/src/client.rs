@@ -978,7 +978,7 @@ impl ClientHandler for ClientSide {
 /// One subscription at one server: see [`Session::listen`].
 pub enum Listening {
     /// A `subscriptions/listen` stream (2026-07-28).
-    Stream(rmcp::service::Subscription),
+    Stream(Box<rmcp::service::Subscription>),
     /// `resources/subscribe` at an older server, and what it sends on its own.
     Notices {
         /// Weak: a subscription never keeps a closing session in use.
@@ -1679,7 +1679,7 @@ impl Session {
                 .listen(filter)
                 .await
                 .map_err(|e| self.error("subscriptions/listen", e))?;
-            return Ok(Listening::Stream(stream));
+            return Ok(Listening::Stream(Box::new(stream)));
         }
         let notices = self.notices();
         let uris = filter.resource_subscriptions.clone().unwrap_or_default();

@@ -1835,7 +1835,15 @@ impl AgentSession {
             .as_deref()
             .filter(|state| state.starts_with(PARKED_STATE))
         {
-            Some(state) => self.unpark(server, tool, state, retry.input_responses)?,
+            Some(state) => self
+                .unpark(server, tool, state, retry.input_responses)
+                .ok_or_else(|| ClientError::Protocol {
+                    server: server.to_owned(),
+                    operation: format!("tools/call `{tool}`"),
+                    detail: format!(
+                        "requestState {state:?} names no call of this tool waiting for input in this session (it may have waited longer than {INPUT_WAIT:?})"
+                    ),
+                })?,
             None => {
                 let asks = child.asks();
                 let (relay, relayed) = tokio::sync::mpsc::unbounded_channel();
@@ -1943,35 +1951,29 @@ impl AgentSession {
     }
 
     /// Takes up the parked call `state` names, for a retry of `server`'s
-    /// `tool`, and gives the server the agent's answers.
+    /// `tool`, and gives the server the agent's answers; `None` if this
+    /// session has no such call.
     fn unpark(
         &self,
         server: &str,
         tool: &str,
         state: &str,
         answers: Option<rmcp::model::InputResponses>,
-    ) -> Result<Parked, ClientError> {
-        let mut all = self.parked.lock().unwrap_or_else(|e| e.into_inner());
-        let found = all
-            .get(state)
-            .is_some_and(|parked| parked.server == server && parked.tool == tool);
-        let Some(mut parked) = found.then(|| all.remove(state)).flatten() else {
-            return Err(ClientError::Protocol {
-                server: server.to_owned(),
-                operation: format!("tools/call `{tool}`"),
-                detail: format!(
-                    "requestState {state:?} names no call of this tool waiting for input in this session (it may have waited longer than {INPUT_WAIT:?})"
-                ),
-            });
+    ) -> Option<Parked> {
+        let mut parked = {
+            let mut all = self.parked.lock().unwrap_or_else(|e| e.into_inner());
+            let found = all
+                .get(state)
+                .is_some_and(|parked| parked.server == server && parked.tool == tool);
+            found.then(|| all.remove(state)).flatten()?
         };
-        drop(all);
         let mut answers = answers.unwrap_or_default();
         for (key, answer) in parked.waiting.drain(..) {
             let _ = answer.send(answers.remove(&key).ok_or_else(|| {
                 ErrorData::invalid_params(format!("the agent gave no answer to `{key}`"), None)
             }));
         }
-        Ok(parked)
+        Some(parked)
     }
 
     /// Every server's prompts, as `server__prompt`.

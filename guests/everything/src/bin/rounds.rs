@@ -201,8 +201,7 @@ impl Rounds {
             .unwrap_or(1);
         let mut names = Vec::new();
         for round in 1..=times {
-            let InputRequest::Elicitation(asked) =
-                elicitation(&format!("Name {round}?"), "name")
+            let InputRequest::Elicitation(asked) = elicitation(&format!("Name {round}?"), "name")
             else {
                 unreachable!("elicitation() makes an elicitation")
             };
@@ -230,7 +229,12 @@ impl Rounds {
                 }
             }
         }
-        text(format!("{}: hello {} (elicited)", name(), names.join(" and "))).into()
+        text(format!(
+            "{}: hello {} (elicited)",
+            name(),
+            names.join(" and ")
+        ))
+        .into()
     }
 
     async fn touch(&self, context: &RequestContext<RoleServer>) -> CallToolResponse {
