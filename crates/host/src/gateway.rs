@@ -823,10 +823,54 @@ fn complete(result_type: &mut Option<rmcp::model::ResultType>) {
 /// What a server before 2026-07-28 gets when it asks for input that the
 /// caller of its tool cannot give.
 fn cannot_ask(server: &str, tool: &str) -> ErrorData {
+    cannot_answer(server, &format!("tool `{tool}`"))
+}
+
+/// What a server before 2026-07-28 gets when it asks, while serving
+/// `subject` (`tool `x``, `prompt `x``, `resource x`), for input that the
+/// caller cannot give.
+fn cannot_answer(server: &str, subject: &str) -> ErrorData {
     ErrorData::invalid_request(
-        format!("tool `{tool}` on server `{server}` asked for input that its caller cannot give"),
+        format!("{subject} on server `{server}` asked for input that its caller cannot give"),
         None,
     )
+}
+
+/// Passes a server's own request for input (`ask`, made while serving
+/// `subject`) to `agent` when it declared what the request needs, and the
+/// agent's answer back; refuses it otherwise.
+async fn answer_ask(agent: Option<&Peer<RoleServer>>, server: &str, subject: &str, ask: ServerAsk) {
+    let mut asked = rmcp::model::InputRequests::new();
+    asked.insert("ask".to_owned(), ask.request);
+    let Some(agent) = agent.filter(|agent| can_ask(agent, Some(&asked))) else {
+        let _ = ask.answer.send(Err(cannot_answer(server, subject)));
+        return;
+    };
+    let answer = match ask_agent(agent, server, subject, &asked).await {
+        Ok(mut answers) => answers
+            .remove("ask")
+            .ok_or_else(|| cannot_answer(server, subject)),
+        Err(error) => Err(ErrorData::internal_error(error.to_string(), None)),
+    };
+    let _ = ask.answer.send(answer);
+}
+
+/// Runs `work` (serving `subject` at `child`) while passing the server's
+/// own requests for input to `agent` (see [`answer_ask`]).
+async fn answering<T>(
+    child: &Session,
+    agent: Option<&Peer<RoleServer>>,
+    subject: &str,
+    work: impl Future<Output = T>,
+) -> T {
+    let mut asks = child.asks();
+    let mut work = std::pin::pin!(work);
+    loop {
+        tokio::select! {
+            done = &mut work => return done,
+            Some(ask) = asks.recv() => answer_ask(agent, child.server(), subject, ask).await,
+        }
+    }
 }
 
 /// A call's parts besides its target and arguments.
@@ -911,13 +955,13 @@ fn can_ask(agent: &Peer<RoleServer>, asked: Option<&rmcp::model::InputRequests>)
 async fn ask_agent(
     agent: &Peer<RoleServer>,
     server: &str,
-    tool: &str,
+    subject: &str,
     asked: &rmcp::model::InputRequests,
 ) -> Result<rmcp::model::InputResponses, ClientError> {
     use rmcp::model::InputRequest;
     let failed = |detail: String| ClientError::Protocol {
         server: server.to_owned(),
-        operation: format!("asking the agent for input to tools/call `{tool}`"),
+        operation: format!("asking the agent for input to {subject}"),
         detail,
     };
     let mut answers = rmcp::model::InputResponses::new();
@@ -1711,7 +1755,9 @@ impl AgentSession {
                 }
                 rounds += 1;
                 let retry = Retry {
-                    input_responses: Some(ask_agent(agent, server, tool, &requests).await?),
+                    input_responses: Some(
+                        ask_agent(agent, server, &format!("tool `{tool}`"), &requests).await?,
+                    ),
                     request_state: asked.request_state.clone(),
                 };
                 answer = child
@@ -1886,17 +1932,8 @@ impl AgentSession {
                 () = cancel_call.cancelled(), if !parked.cancel.is_cancelled() => parked.cancel.cancel(),
                 Some(ask) = parked.asks.recv() => {
                     let mut asked = rmcp::model::InputRequests::new();
-                    if let Some(agent) = asker {
-                        asked.insert("ask".to_owned(), ask.request);
-                        if !can_ask(agent, Some(&asked)) {
-                            let _ = ask.answer.send(Err(cannot_ask(server, tool)));
-                            continue;
-                        }
-                        let answer = match ask_agent(agent, server, tool, &asked).await {
-                            Ok(mut answers) => answers.remove("ask").ok_or_else(|| cannot_ask(server, tool)),
-                            Err(error) => Err(ErrorData::internal_error(error.to_string(), None)),
-                        };
-                        let _ = ask.answer.send(answer);
+                    if asker.is_some() {
+                        answer_ask(asker, server, &format!("tool `{tool}`"), ask).await;
                     } else if park && parked.rounds < INPUT_ROUNDS {
                         parked.rounds += 1;
                         let key = format!("moat-{}", parked.rounds);
@@ -2639,19 +2676,25 @@ impl ServerHandler for AgentSession {
     async fn get_prompt(
         &self,
         request: rmcp::model::GetPromptRequestParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::GetPromptResponse, ErrorData> {
         let _in_flight = self.admit(None)?;
         let (server, prompt) = self.route(&request.name)?;
         let child = self.child(server).await.map_err(to_error)?;
-        child
-            .get_prompt(prompt, request.arguments)
-            .await
-            .map(|mut prompt| {
-                complete(&mut prompt.result_type);
-                prompt.into()
-            })
-            .map_err(to_error)
+        let subject = format!("prompt `{prompt}`");
+        let agent = Some(&context.peer).filter(|agent| can_ask(agent, None));
+        answering(
+            &child,
+            agent,
+            &subject,
+            child.get_prompt(prompt, request.arguments),
+        )
+        .await
+        .map(|mut prompt| {
+            complete(&mut prompt.result_type);
+            prompt.into()
+        })
+        .map_err(to_error)
     }
 
     async fn list_resources(
@@ -2669,13 +2712,14 @@ impl ServerHandler for AgentSession {
     async fn read_resource(
         &self,
         request: rmcp::model::ReadResourceRequestParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::ReadResourceResponse, ErrorData> {
         let _in_flight = self.admit(None)?;
         let server = self.owner_of(&request.uri).await?;
         let child = self.child(&server).await.map_err(to_error)?;
-        child
-            .read_resource(&request.uri)
+        let subject = format!("resource {}", request.uri);
+        let agent = Some(&context.peer).filter(|agent| can_ask(agent, None));
+        answering(&child, agent, &subject, child.read_resource(&request.uri))
             .await
             .map(|mut read| {
                 complete(&mut read.result_type);

@@ -1619,6 +1619,19 @@ async fn a_subscription_is_merged_across_servers_and_ends_at_each() {
     assert!(session.close().await.is_empty());
 }
 
+/// What `server__touch` says, called by `agent`.
+async fn touch(
+    agent: &moat_host::rmcp::service::Peer<moat_host::rmcp::RoleClient>,
+    server: &str,
+) -> String {
+    text(
+        &agent
+            .call_tool(call(&format!("{server}__touch"), json!({})))
+            .await
+            .unwrap(),
+    )
+}
+
 /// The protocol matrix: agents on 2025-06-18, 2025-11-25 and 2026-07-28
 /// against servers on each of them, all in one gateway (wasm and native
 /// mixed). Every agent reaches every server in the server's own revision;
@@ -1741,6 +1754,20 @@ async fn every_agent_revision_meets_every_server_revision_in_one_gateway() {
             other => panic!("{server}: {other:?}"),
         }
     }
+    // A prompt of an older server that asks: not carried to an agent on
+    // 2026-07-28 (README, "Not built yet"); the server is told so.
+    let refused = agent
+        .get_prompt(moat_host::rmcp::model::GetPromptRequestParams::new(
+            "n25__greet",
+        ))
+        .await
+        .unwrap_err();
+    assert!(
+        refused
+            .to_string()
+            .contains("prompt `greet` on server `n25` asked for input that its caller cannot give"),
+        "{refused}"
+    );
     let id = match agent
         .call_tool_once(call("n26__job", json!({"ms": 5})))
         .await
@@ -1763,11 +1790,10 @@ async fn every_agent_revision_meets_every_server_revision_in_one_gateway() {
     }
     let mut subscription = agent.peer().listen(filter.build()).await.unwrap();
     for (server, uri) in ["n26", "n25", "n06"].into_iter().zip(data) {
-        let touched = agent
-            .call_tool(call(&format!("{server}__touch"), json!({})))
-            .await
-            .unwrap();
-        assert_eq!(text(&touched), format!("{server}: touched 1"));
+        assert_eq!(
+            touch(agent.peer(), server).await,
+            format!("{server}: touched 1")
+        );
         loop {
             match subscription.next().await.unwrap() {
                 Some(ServerNotification::ResourceUpdatedNotification(updated))
@@ -1830,6 +1856,18 @@ async fn every_agent_revision_meets_every_server_revision_in_one_gateway() {
             .await
             .unwrap();
         assert_eq!(text(&answer), "n26: job done", "{negotiated}");
+        // A prompt that asks: bridged from the 2026-07-28 server's request
+        // for input, passed on from the older servers' elicitation/create.
+        for server in ["n26", "n25", "n06"] {
+            let prompt = agent
+                .get_prompt(moat_host::rmcp::model::GetPromptRequestParams::new(
+                    format!("{server}__greet"),
+                ))
+                .await
+                .unwrap();
+            let said = serde_json::to_value(&prompt.messages[0].content).unwrap();
+            assert_eq!(said["text"], format!("{server}: hello Bob"), "{negotiated}");
+        }
         agent.list_resources(None).await.unwrap();
         #[allow(deprecated, reason = "the legacy request is what is tested")]
         for uri in data {
@@ -1839,11 +1877,10 @@ async fn every_agent_revision_meets_every_server_revision_in_one_gateway() {
                 .unwrap();
         }
         for (server, uri) in ["n26", "n25", "n06"].into_iter().zip(data) {
-            let touched = agent
-                .call_tool(call(&format!("{server}__touch"), json!({})))
-                .await
-                .unwrap();
-            assert_eq!(text(&touched), format!("{server}: touched 1"));
+            assert_eq!(
+                touch(agent.peer(), server).await,
+                format!("{server}: touched 1")
+            );
             loop {
                 let heard = hearing.recv().await.unwrap();
                 if heard == uri {

@@ -17,6 +17,8 @@
 //!
 //! - `revision` says which protocol revision the request reached it in.
 //!
+//! - The prompt `greet` asks for a name as `ask` does, then greets it.
+//!
 //! As a server before 2026-07-28 (`ROUNDS_REVISION`), it does what that
 //! revision does instead: `ask` asks its client with `elicitation/create`
 //! while the call waits (`times` questions, default 1; it refuses a client
@@ -301,6 +303,7 @@ impl ServerHandler for Rounds {
         let mut info = ServerConfig::new(
             ServerCapabilities::builder()
                 .enable_tools()
+                .enable_prompts()
                 .enable_resources()
                 .enable_resources_list_changed()
                 .enable_resources_subscribe()
@@ -337,6 +340,67 @@ impl ServerHandler for Rounds {
             .unwrap()
             .retain(|sink| *sink.id() != id);
         Ok(())
+    }
+
+    async fn list_prompts(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::ListPromptsResult, ErrorData> {
+        Ok(rmcp::model::ListPromptsResult::with_all_items(vec![
+            rmcp::model::Prompt::new(
+                "greet",
+                Some("Asks the caller's name, then greets it"),
+                None,
+            ),
+        ]))
+    }
+
+    /// `greet` asks for a name as `ask` does: a request for input on
+    /// 2026-07-28, its own `elicitation/create` before.
+    async fn get_prompt(
+        &self,
+        request: rmcp::model::GetPromptRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::GetPromptResponse, ErrorData> {
+        if request.name != "greet" {
+            return Err(ErrorData::invalid_params(
+                format!("no prompt {}", request.name),
+                None,
+            ));
+        }
+        let who = if revision().is_some() {
+            let InputRequest::Elicitation(asked) = elicitation("Prompt name?", "name") else {
+                unreachable!("elicitation() makes an elicitation")
+            };
+            let answer = context
+                .peer
+                .send_request(rmcp::model::ServerRequest::ElicitRequest(asked))
+                .await
+                .map_err(|e| {
+                    ErrorData::internal_error(format!("elicitation/create failed: {e}"), None)
+                })?;
+            answered(&serde_json::to_value(answer).unwrap_or_default(), "name")
+        } else {
+            let Some(responses) = &request.input_responses else {
+                let mut requests = BTreeMap::new();
+                requests.insert("name".to_owned(), elicitation("Prompt name?", "name"));
+                return Ok(InputRequiredResult::new(
+                    Some(requests),
+                    Some(format!("{}:prompt", name())),
+                )
+                .into());
+            };
+            responses.get("name").and_then(|r| answered(r, "name"))
+        };
+        let who = who.ok_or_else(|| ErrorData::invalid_params("no accepted `name`", None))?;
+        Ok(
+            rmcp::model::GetPromptResult::new(vec![rmcp::model::PromptMessage::new_text(
+                rmcp::model::Role::User,
+                format!("{}: hello {who}", name()),
+            )])
+            .into(),
+        )
     }
 
     async fn subscribe(
