@@ -1869,6 +1869,19 @@ async fn every_agent_revision_meets_every_server_revision_in_one_gateway() {
             assert_eq!(said["text"], format!("{server}: hello Bob"), "{negotiated}");
         }
         agent.list_resources(None).await.unwrap();
+        // A resource that asks who reads it, the same way.
+        for (server, uri) in ["n26", "n25", "n06"].into_iter().zip(data) {
+            let read = agent
+                .read_resource(moat_host::rmcp::model::ReadResourceRequestParams::new(uri))
+                .await
+                .unwrap();
+            let said = serde_json::to_value(&read.contents[0]).unwrap();
+            assert_eq!(
+                said["text"],
+                format!("{server}: data for Bob"),
+                "{negotiated}"
+            );
+        }
         #[allow(deprecated, reason = "the legacy request is what is tested")]
         for uri in data {
             agent

@@ -17,7 +17,8 @@
 //!
 //! - `revision` says which protocol revision the request reached it in.
 //!
-//! - The prompt `greet` asks for a name as `ask` does, then greets it.
+//! - The prompt `greet` asks for a name as `ask` does, then greets it;
+//!   reading the resource does the same, and the text names the reader.
 //!
 //! As a server before 2026-07-28 (`ROUNDS_REVISION`), it does what that
 //! revision does instead: `ask` asks its client with `elicitation/create`
@@ -102,6 +103,47 @@ fn answered(response: &serde_json::Value, field: &str) -> Option<String> {
                 .map(str::to_owned)
         })
         .flatten()
+}
+
+/// A name the caller gave, or the request for input that asks for it.
+enum Named {
+    Who(String),
+    Ask(InputRequiredResult),
+}
+
+/// Asks the caller for a name, saying `message`: on 2026-07-28 with a
+/// request for input (answered by `responses` on the retry), before it
+/// with the server's own `elicitation/create` while the request waits.
+async fn named(
+    message: &str,
+    responses: Option<&rmcp::model::InputResponses>,
+    context: &RequestContext<RoleServer>,
+) -> Result<Named, ErrorData> {
+    let who = if revision().is_some() {
+        let InputRequest::Elicitation(asked) = elicitation(message, "name") else {
+            unreachable!("elicitation() makes an elicitation")
+        };
+        let answer = context
+            .peer
+            .send_request(rmcp::model::ServerRequest::ElicitRequest(asked))
+            .await
+            .map_err(|e| {
+                ErrorData::internal_error(format!("elicitation/create failed: {e}"), None)
+            })?;
+        answered(&serde_json::to_value(answer).unwrap_or_default(), "name")
+    } else {
+        let Some(responses) = responses else {
+            let mut requests = BTreeMap::new();
+            requests.insert("name".to_owned(), elicitation(message, "name"));
+            return Ok(Named::Ask(InputRequiredResult::new(
+                Some(requests),
+                Some(format!("{}:named", name())),
+            )));
+        };
+        responses.get("name").and_then(|r| answered(r, "name"))
+    };
+    who.map(Named::Who)
+        .ok_or_else(|| ErrorData::invalid_params("no accepted `name`", None))
 }
 
 fn data_uri() -> String {
@@ -369,35 +411,39 @@ impl ServerHandler for Rounds {
                 None,
             ));
         }
-        let who = if revision().is_some() {
-            let InputRequest::Elicitation(asked) = elicitation("Prompt name?", "name") else {
-                unreachable!("elicitation() makes an elicitation")
-            };
-            let answer = context
-                .peer
-                .send_request(rmcp::model::ServerRequest::ElicitRequest(asked))
-                .await
-                .map_err(|e| {
-                    ErrorData::internal_error(format!("elicitation/create failed: {e}"), None)
-                })?;
-            answered(&serde_json::to_value(answer).unwrap_or_default(), "name")
-        } else {
-            let Some(responses) = &request.input_responses else {
-                let mut requests = BTreeMap::new();
-                requests.insert("name".to_owned(), elicitation("Prompt name?", "name"));
-                return Ok(InputRequiredResult::new(
-                    Some(requests),
-                    Some(format!("{}:prompt", name())),
-                )
-                .into());
-            };
-            responses.get("name").and_then(|r| answered(r, "name"))
+        let who = match named("Prompt name?", request.input_responses.as_ref(), &context).await? {
+            Named::Who(who) => who,
+            Named::Ask(asked) => return Ok(asked.into()),
         };
-        let who = who.ok_or_else(|| ErrorData::invalid_params("no accepted `name`", None))?;
         Ok(
             rmcp::model::GetPromptResult::new(vec![rmcp::model::PromptMessage::new_text(
                 rmcp::model::Role::User,
                 format!("{}: hello {who}", name()),
+            )])
+            .into(),
+        )
+    }
+
+    /// The resource's text names the reader, asked for as `greet` asks.
+    async fn read_resource(
+        &self,
+        request: rmcp::model::ReadResourceRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::ReadResourceResponse, ErrorData> {
+        if request.uri != data_uri() {
+            return Err(ErrorData::resource_not_found(
+                format!("no resource {}", request.uri),
+                None,
+            ));
+        }
+        let who = match named("Reader name?", request.input_responses.as_ref(), &context).await? {
+            Named::Who(who) => who,
+            Named::Ask(asked) => return Ok(asked.into()),
+        };
+        Ok(
+            rmcp::model::ReadResourceResult::new(vec![rmcp::model::ResourceContents::text(
+                format!("{}: data for {who}", name()),
+                data_uri(),
             )])
             .into(),
         )
