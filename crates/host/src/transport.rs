@@ -703,14 +703,31 @@ impl rmcp::transport::Transport<RoleClient> for Connected {
         match &item {
             ClientJsonRpcMessage::Request(request) => {
                 let method = request.request.method().to_owned();
-                shared
-                    .pending
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .insert(
-                        request.id.clone(),
-                        (method, Some(Instant::now() + self.request_timeout)),
-                    );
+                let mut pending = shared.pending.lock().unwrap_or_else(|e| e.into_inner());
+                if method
+                    == <rmcp::model::InitializeResultMethod as rmcp::model::ConstString>::VALUE
+                {
+                    // rmcp falls back to `initialize` when `server/discover`
+                    // goes unanswered too long: a late answer to discover is
+                    // then an answer to nothing, and must not be read as
+                    // initialize's.
+                    let given_up: Vec<RequestId> = pending
+                        .iter()
+                        .filter(|(_, (method, _))| {
+                            method
+                                == <rmcp::model::DiscoverRequestMethod as rmcp::model::ConstString>::VALUE
+                        })
+                        .map(|(id, _)| id.clone())
+                        .collect();
+                    for id in given_up {
+                        forget_pending(&shared, &mut pending, &id);
+                    }
+                }
+                pending.insert(
+                    request.id.clone(),
+                    (method, Some(Instant::now() + self.request_timeout)),
+                );
+                drop(pending);
                 shared.requests_sent.fetch_add(1, Ordering::SeqCst);
                 shared.pending_changed.notify_one();
                 (self.on_request)();
@@ -724,13 +741,7 @@ impl rmcp::transport::Transport<RoleClient> for Connected {
                     // cancelled: the stdout reader, which checks both under
                     // the same lock, never sees it in neither.
                     let mut pending = shared.pending.lock().unwrap_or_else(|e| e.into_inner());
-                    if pending.remove(id).is_some() {
-                        let mut recent = shared.cancelled.lock().unwrap_or_else(|e| e.into_inner());
-                        if recent.len() == CANCELLED_REMEMBERED {
-                            recent.pop_front();
-                        }
-                        recent.push_back(id.clone());
-                    }
+                    forget_pending(&shared, &mut pending, id);
                     drop(pending);
                 }
             }
@@ -1029,6 +1040,24 @@ fn call_answer(shared: &Shared, line: &[u8]) -> Option<ServerJsonRpcMessage> {
             result: rmcp::model::ServerResult::CallToolResult(answer.result),
         })
     })
+}
+
+/// Moves request `id` from `pending` to the recently cancelled, whose late
+/// answers are dropped. The caller holds the pending lock throughout, so
+/// the stdout reader, which checks both under it, never sees the id in
+/// neither.
+fn forget_pending(
+    shared: &Shared,
+    pending: &mut HashMap<RequestId, (String, Option<Instant>)>,
+    id: &RequestId,
+) {
+    if pending.remove(id).is_some() {
+        let mut recent = shared.cancelled.lock().unwrap_or_else(|e| e.into_inner());
+        if recent.len() == CANCELLED_REMEMBERED {
+            recent.pop_front();
+        }
+        recent.push_back(id.clone());
+    }
 }
 
 /// One of the server's requests waiting for the agent; see

@@ -65,6 +65,16 @@ async fn handshake_on_initialize_and_on_server_discover(launcher: Launcher) {
     let tools = old_server.list_tools().await.unwrap();
     assert_eq!(tools[0].name, "attack");
     old_server.close().await.unwrap();
+
+    // One too slow to refuse it: rmcp gives up on discover (after its 10 s)
+    // and sends initialize; the refusal that comes after is an answer to
+    // nothing and is dropped, not taken for initialize's.
+    let mut slow = spec(launcher, guests::NON_JSON);
+    slow.env.insert("HOSTILE_LATE_DISCOVER".into(), "1".into());
+    let slow = connect(&slow).await;
+    assert_eq!(slow.protocol_version().as_deref(), Some("2025-11-25"));
+    assert_eq!(slow.list_tools().await.unwrap()[0].name, "attack");
+    slow.close().await.unwrap();
 }
 
 async fn tools_list_and_calls_go_through(launcher: Launcher) {

@@ -2,7 +2,8 @@
 //!
 //! It speaks just enough of the protocol to get a client through the legacy
 //! `initialize` handshake (it answers `server/discover` with method-not-found,
-//! as a pre-2026 server does) and to list one tool, `attack`. Each binary then
+//! as a pre-2026 server does; late, with `HOSTILE_LATE_DISCOVER`) and to
+//! list one tool, `attack`. Each binary then
 //! misbehaves when `attack` is called. Blocking std I/O is deliberate: it works
 //! unchanged on wasm32-wasip2 and natively.
 
@@ -82,6 +83,11 @@ pub fn serve_with_arguments(
     // The tool's name: `attack`, unless HOSTILE_TOOL_NAME says otherwise
     // (names that cannot be exposed are part of the attack surface too).
     let tool_name = std::env::var("HOSTILE_TOOL_NAME").unwrap_or_else(|_| "attack".to_owned());
+    // With HOSTILE_LATE_DISCOVER, `server/discover` is refused only once
+    // the next request has come: after the client gave up waiting and went
+    // on to `initialize`, as a server too slow to start does.
+    let late_discover = std::env::var_os("HOSTILE_LATE_DISCOVER").is_some();
+    let mut held_discover: Option<Value> = None;
     let stdin = std::io::stdin();
     for line in stdin.lock().lines() {
         let Ok(line) = line else { return };
@@ -94,6 +100,15 @@ pub fn serve_with_arguments(
         let Some(id) = message.get("id") else {
             continue; // a notification
         };
+        if late_discover && method == "server/discover" && held_discover.is_none() {
+            held_discover = Some(id.clone());
+            continue;
+        }
+        if let Some(held) = held_discover.take() {
+            send(&json!({"jsonrpc": "2.0", "id": held, "error": {
+                "code": -32601, "message": "method not found: server/discover"
+            }}));
+        }
         match method {
             "initialize" => {
                 let version = message
