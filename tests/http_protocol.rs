@@ -221,12 +221,14 @@ fn a_stateless_request_after_a_reload_reaches_the_new_configuration() {
 /// Stateless requests and the answers 2026-07-28 adds: a request for input
 /// comes back to the agent and its retry (another request, so another
 /// session and another instance) reaches the server with the agent's
-/// answers and the server's `requestState`; a call that the server makes a
-/// task of is answered with the task's result, since the next request could
-/// not find the task (its session, and the instance running it, end with
-/// the request).
+/// answers and the server's `requestState`. A call that the server makes a
+/// task of hands an agent that takes tasks an id that is a capability
+/// (`server__` and 128 random bits), and the instance running the task
+/// outlives the request: a later request names the id and follows the task
+/// to its result, an id made up is refused before any server sees it, and
+/// an agent that does not take tasks gets the task's result.
 #[test]
-fn stateless_requests_carry_a_request_for_input_and_get_a_tasks_result() {
+fn stateless_requests_carry_a_request_for_input_and_a_task_past_the_request() {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("moat.toml");
     let audit = dir.path().join("audit.jsonl");
@@ -269,13 +271,63 @@ fn stateless_requests_carry_a_request_for_input_and_get_a_tasks_result() {
     );
 
     let tasks = serde_json::json!({"extensions": {"io.modelcontextprotocol/tasks": {}}});
-    let (status, answer) = server.request(
+    let (status, created) = server.request(
         "tools/call",
         serde_json::json!({
             "name": "r__job",
             "arguments": {"ms": 20},
             "_meta": {"io.modelcontextprotocol/clientCapabilities": tasks},
         }),
+        &routed("r__job"),
+    );
+    assert_eq!(status, 200, "{created}");
+    assert_eq!(created["result"]["resultType"], "task", "{created}");
+    let id = created["result"]["taskId"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{created}"))
+        .to_owned();
+    let random = id.strip_prefix("r__").unwrap_or_else(|| panic!("{id}"));
+    assert!(
+        random.len() == 32 && random.chars().all(|c| c.is_ascii_hexdigit()),
+        "{id}"
+    );
+    // Each tasks/get is a request (a session) of its own.
+    let get = |id: &str| {
+        server.request(
+            "tasks/get",
+            serde_json::json!({
+                "taskId": id,
+                "_meta": {"io.modelcontextprotocol/clientCapabilities": tasks},
+            }),
+            &[("Mcp-Method", "tasks/get"), ("Mcp-Name", id)],
+        )
+    };
+    let done = loop {
+        let (status, found) = get(&id);
+        assert_eq!(status, 200, "{found}");
+        match found["result"]["status"].as_str() {
+            Some("completed") => break found,
+            Some("working") => std::thread::sleep(Duration::from_millis(10)),
+            _ => panic!("{found}"),
+        }
+    };
+    assert_eq!(done["result"]["taskId"], id.as_str(), "{done}");
+    assert_eq!(
+        done["result"]["result"]["content"][0]["text"], "r: job done",
+        "{done}"
+    );
+    let guessed = format!("r__{}", "0".repeat(32));
+    let (_, refused) = get(&guessed);
+    assert_eq!(refused["error"]["code"], -32602, "{refused}");
+    assert_eq!(
+        refused["error"]["message"],
+        format!("no task {guessed:?} in this session"),
+        "{refused}"
+    );
+
+    let (status, answer) = server.request(
+        "tools/call",
+        serde_json::json!({"name": "r__job", "arguments": {"ms": 20}}),
         &routed("r__job"),
     );
     assert_eq!(status, 200, "{answer}");

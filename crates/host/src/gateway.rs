@@ -47,6 +47,9 @@ pub struct Gateway {
     metrics: Arc<crate::metrics::Metrics>,
     sessions: Arc<AtomicU64>,
     live: Arc<std::sync::Mutex<Vec<std::sync::Weak<SessionState>>>>,
+    /// Sessions kept past the stateless request that began them, by the id
+    /// of the task they run (see [`Gateway::hold`]).
+    held: Arc<std::sync::Mutex<BTreeMap<String, AgentSession>>>,
 }
 
 /// One configuration that a gateway serves: the config and lock read at
@@ -368,7 +371,44 @@ impl Gateway {
             metrics: Arc::default(),
             sessions: Arc::default(),
             live: Arc::default(),
+            held: Arc::default(),
         }
+    }
+
+    /// Keeps `session` (and the children it started) alive under `key`, a
+    /// capability its agent was handed, past the stateless request that
+    /// began it: over HTTP on 2026-07-28 every request is a session of its
+    /// own, and a task must outlive the request that made it. Released by
+    /// [`Gateway::release`], or after `ttl`. A held session counts against
+    /// `max_sessions` as any other.
+    fn hold(&self, key: String, session: AgentSession, ttl: Duration) {
+        self.held
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key.clone(), session);
+        self.release_after(key, ttl);
+    }
+
+    /// The session held under `key`, if any.
+    fn held(&self, key: &str) -> Option<AgentSession> {
+        self.held
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(key)
+            .cloned()
+    }
+
+    /// Lets go of the session held under `key` after `delay` (it closes once
+    /// no request of its own is left).
+    fn release_after(&self, key: String, delay: Duration) {
+        let held = Arc::downgrade(&self.held);
+        tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            if let Some(held) = held.upgrade() {
+                let released = held.lock().unwrap_or_else(|e| e.into_inner()).remove(&key);
+                drop(released);
+            }
+        });
     }
 
     /// The generation new sessions get.
@@ -918,6 +958,30 @@ const INPUT_WAIT: Duration = Duration::from_secs(600);
 
 /// What marks a `requestState` as Moat's own, naming a parked call.
 const PARKED_STATE: &str = "moat-parked:";
+
+/// How long a task handed out by a stateless request is kept at most (the
+/// server's `ttlMs`, when it says, if shorter).
+const HELD_TASK_TTL: Duration = Duration::from_secs(3600);
+
+/// How long a held task stays once its agent has seen it end (to read its
+/// result again).
+const HELD_AFTER_END: Duration = Duration::from_secs(60);
+
+/// 128 random bits, in hex: a name nobody else can guess.
+fn unguessable() -> String {
+    let mut nonce = [0u8; 16];
+    if let Err(error) = getrandom::fill(&mut nonce) {
+        // Never seen on Linux (getrandom(2) blocks until seeded); the name
+        // then stays unique, though no longer secret.
+        tracing::warn!(%error, "no randomness for a capability: using the clock");
+        nonce = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos()
+            .to_le_bytes();
+    }
+    nonce.iter().map(|b| format!("{b:02x}")).collect()
+}
 
 /// Whether an agent on a revision before 2026-07-28 can be asked, through
 /// its own requests (`elicitation/create`, `sampling/createMessage`,
@@ -1773,7 +1837,7 @@ impl AgentSession {
             }
             match answer {
                 CallAnswer::Task(created) if takes.tasks => Ok(CallToolResponse::Task(
-                    self.issue_task(server, tool, created),
+                    self.issue_task(server, tool, created, takes.held),
                 )),
                 CallAnswer::Task(created) => child
                     .finish_task(tool, &created.task, &cancel_call)
@@ -1955,19 +2019,7 @@ impl AgentSession {
     /// Keeps `parked` for the agent's retry, under a fresh `requestState`
     /// of this session; after [`INPUT_WAIT`] without one it is cancelled.
     fn park(&self, parked: Parked) -> String {
-        let mut nonce = [0u8; 16];
-        if let Err(error) = getrandom::fill(&mut nonce) {
-            tracing::warn!(%error, "no randomness for a parked call's name: using the clock");
-            nonce = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap_or_default()
-                .as_nanos()
-                .to_le_bytes();
-        }
-        let state = format!(
-            "{PARKED_STATE}{}",
-            nonce.iter().map(|b| format!("{b:02x}")).collect::<String>()
-        );
+        let state = format!("{PARKED_STATE}{}", unguessable());
         self.parked
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -2340,13 +2392,30 @@ impl AgentSession {
 
     /// Hands a task that `server` made of a call to `tool` on to the agent,
     /// under the id the agent will know it by.
+    ///
+    /// On a connection that ends with the request (`held` false: stateless
+    /// HTTP), the task's id is a capability, `server__` and 128 random
+    /// bits, and the session is kept for it (see [`Gateway::hold`]): a
+    /// later request that names the id finds the task wherever it comes
+    /// from, and nobody finds it without.
     fn issue_task(
         &self,
         server: &str,
         tool: &str,
         mut created: rmcp::model::CreateTaskResult,
+        held: bool,
     ) -> rmcp::model::CreateTaskResult {
-        let exposed = format!("{server}{SEPARATOR}{}", created.task.task_id);
+        let exposed = if held {
+            format!("{server}{SEPARATOR}{}", created.task.task_id)
+        } else {
+            let kept = created
+                .task
+                .ttl_ms
+                .map_or(HELD_TASK_TTL, |ms| Duration::from_millis(ms).min(HELD_TASK_TTL));
+            let exposed = format!("{server}{SEPARATOR}{}", unguessable());
+            self.gateway.hold(exposed.clone(), self.clone(), kept);
+            exposed
+        };
         let task_id = std::mem::replace(&mut created.task.task_id, exposed.clone());
         self.tasks.lock().unwrap_or_else(|e| e.into_inner()).insert(
             exposed,
@@ -2363,15 +2432,21 @@ impl AgentSession {
     /// `exposed`, if a call of this session made it; and the server's child,
     /// unless what the lock or a revocation refuses.
     async fn task_child(&self, exposed: &str) -> Result<(Arc<Session>, String, String), ErrorData> {
-        let (server, tool, task_id) = {
+        let own = {
             let tasks = self.tasks.lock().unwrap_or_else(|e| e.into_inner());
-            let Some(task) = tasks.get(exposed) else {
-                return Err(ErrorData::invalid_params(
-                    format!("no task {exposed:?} in this session"),
-                    None,
-                ));
-            };
-            (task.server.clone(), task.tool.clone(), task.task_id.clone())
+            tasks
+                .get(exposed)
+                .map(|task| (task.server.clone(), task.tool.clone(), task.task_id.clone()))
+        };
+        let Some((server, tool, task_id)) = own else {
+            // A task handed out by a stateless request: its id is the key.
+            if let Some(holder) = self.gateway.held(exposed) {
+                return Box::pin(holder.task_child(exposed)).await;
+            }
+            return Err(ErrorData::invalid_params(
+                format!("no task {exposed:?} in this session"),
+                None,
+            ));
         };
         if let Some(error) = self.generation.refusal(&server, Some(&tool), None) {
             return Err(to_error(error));
@@ -2629,6 +2704,10 @@ impl ServerHandler for AgentSession {
         let _in_flight = self.admit(None)?;
         let (child, tool, task_id) = self.task_child(&request.task_id).await?;
         let mut found = child.get_task(&tool, &task_id).await.map_err(to_error)?;
+        if found.task.task.status.is_terminal() && self.gateway.held(&request.task_id).is_some() {
+            self.gateway
+                .release_after(request.task_id.clone(), HELD_AFTER_END);
+        }
         // The agent's id for it, whatever the server put there.
         found.task.task.task_id = request.task_id;
         Ok(found)
@@ -2654,7 +2733,12 @@ impl ServerHandler for AgentSession {
     ) -> Result<(), ErrorData> {
         let _in_flight = self.admit(None)?;
         let (child, _, task_id) = self.task_child(&request.task_id).await?;
-        child.cancel_task(&task_id).await.map_err(to_error)
+        child.cancel_task(&task_id).await.map_err(to_error)?;
+        if self.gateway.held(&request.task_id).is_some() {
+            self.gateway
+                .release_after(request.task_id.clone(), HELD_AFTER_END);
+        }
+        Ok(())
     }
 
     async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
@@ -2777,14 +2861,13 @@ impl ServerHandler for AgentSession {
             .protocol_version()
             .is_some_and(|version| version >= rmcp::model::ProtocolVersion::V_2026_07_28);
         // Over HTTP, 2026-07-28 has no sessions: each request is a session
-        // of its own here, whose children end with it, so a task handed out
-        // could never be found again. Moat follows it to its end instead.
+        // of its own here, whose children end with it, unless a task it
+        // hands out keeps it (`Gateway::hold`).
         let stateless = current && context.extensions.get::<http::request::Parts>().is_some();
         let takes = Takes {
-            tasks: !stateless
-                && context
-                    .client_capabilities()
-                    .is_some_and(|capabilities| capabilities.supports_tasks()),
+            tasks: context
+                .client_capabilities()
+                .is_some_and(|capabilities| capabilities.supports_tasks()),
             input: current,
             held: !stateless,
         };
