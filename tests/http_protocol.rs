@@ -221,22 +221,27 @@ fn a_stateless_request_after_a_reload_reaches_the_new_configuration() {
 /// Stateless requests and the answers 2026-07-28 adds: a request for input
 /// comes back to the agent and its retry (another request, so another
 /// session and another instance) reaches the server with the agent's
-/// answers and the server's `requestState`. A call that the server makes a
+/// answers and the server's `requestState`; an older server's own
+/// `elicitation/create` comes back as a request for input while the call
+/// waits at the server, held past the request. A call that the server makes a
 /// task of hands an agent that takes tasks an id that is a capability
 /// (`server__` and 128 random bits), and the instance running the task
 /// outlives the request: a later request names the id and follows the task
 /// to its result, an id made up is refused before any server sees it, and
 /// an agent that does not take tasks gets the task's result.
 #[test]
-fn stateless_requests_carry_a_request_for_input_and_a_task_past_the_request() {
+fn stateless_requests_carry_requests_for_input_and_a_task_past_the_request() {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("moat.toml");
     let audit = dir.path().join("audit.jsonl");
     std::fs::write(
         &config,
         format!(
-            "[servers.r]\nwasm = {:?}\nallow_unmeasured = true\n[servers.r.env]\nROUNDS_NAME = \"r\"\n",
-            guests::ROUNDS_WASM
+            "[servers.r]\nwasm = {wasm:?}\nallow_unmeasured = true\n[servers.r.env]\nROUNDS_NAME = \"r\"\n\
+             [servers.o]\ncommand = {native:?}\nallow_unmeasured = true\n\
+             [servers.o.env]\nROUNDS_NAME = \"o\"\nROUNDS_REVISION = \"2025-06-18\"\n",
+            wasm = guests::ROUNDS_WASM,
+            native = guests::ROUNDS_NATIVE,
         ),
     )
     .unwrap();
@@ -267,6 +272,31 @@ fn stateless_requests_carry_a_request_for_input_and_a_task_past_the_request() {
     assert_eq!(status, 200, "{answer}");
     assert_eq!(
         answer["result"]["content"][0]["text"], "r: hello Ada (r:round-1)",
+        "{answer}"
+    );
+
+    // An older server's own elicitation/create, over two rounds: each
+    // request is a session of its own, and the call waits at the server
+    // in between, held under the requestState.
+    let mut retry = serde_json::json!({"name": "o__ask", "arguments": {"times": 2}});
+    for (round, name) in ["Ada", "Lin"].into_iter().enumerate() {
+        let (status, asked) = server.request("tools/call", retry.clone(), &routed("o__ask"));
+        assert_eq!(status, 200, "{asked}");
+        assert_eq!(asked["result"]["resultType"], "input_required", "{asked}");
+        let key = format!("moat-{}", round + 1);
+        assert_eq!(
+            asked["result"]["inputRequests"][&key]["params"]["message"],
+            format!("Name {}?", round + 1),
+            "{asked}"
+        );
+        retry["inputResponses"] =
+            serde_json::json!({key: {"action": "accept", "content": {"name": name}}});
+        retry["requestState"] = asked["result"]["requestState"].clone();
+    }
+    let (status, answer) = server.request("tools/call", retry, &routed("o__ask"));
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(
+        answer["result"]["content"][0]["text"], "o: hello Ada and Lin (elicited)",
         "{answer}"
     );
 

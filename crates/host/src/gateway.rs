@@ -389,6 +389,14 @@ impl Gateway {
         self.release_after(key, ttl);
     }
 
+    /// Takes the session held under `key` out of the gateway's keeping.
+    fn release(&self, key: &str) -> Option<AgentSession> {
+        self.held
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(key)
+    }
+
     /// The session held under `key`, if any.
     fn held(&self, key: &str) -> Option<AgentSession> {
         self.held
@@ -939,6 +947,9 @@ const INPUT_ROUNDS: usize = rmcp::model::DEFAULT_MRTR_MAX_ROUNDS;
 struct Parked {
     server: String,
     tool: String,
+    /// The session whose child runs the call, when that is not the session
+    /// holding it (a stateless request's, taken up by the next request).
+    keep: Option<AgentSession>,
     call: std::pin::Pin<Box<dyn Future<Output = Result<CallAnswer, ClientError>> + Send>>,
     asks: tokio::sync::mpsc::UnboundedReceiver<ServerAsk>,
     /// The call's progress, passed to whichever agent request holds it.
@@ -1807,7 +1818,7 @@ impl AgentSession {
                     traceparent.clone(),
                     retry,
                     agent.as_ref(),
-                    takes.input && takes.held,
+                    takes,
                 )
                 .await?
             };
@@ -1933,8 +1944,13 @@ impl AgentSession {
         traceparent: Option<String>,
         retry: Retry,
         asker: Option<&Peer<RoleServer>>,
-        park: bool,
+        takes: Takes,
     ) -> Result<CallAnswer, ClientError> {
+        let Takes {
+            input: takes_input,
+            held,
+            ..
+        } = takes;
         let Target {
             server,
             tool,
@@ -1945,9 +1961,26 @@ impl AgentSession {
             .as_deref()
             .filter(|state| state.starts_with(PARKED_STATE))
         {
-            Some(state) => self
-                .unpark(server, tool, state, retry.input_responses)
-                .ok_or_else(|| ClientError::Protocol {
+            Some(state) => {
+                // Parked by an earlier stateless request: its session is
+                // held under the state, and comes along until the call ends.
+                let holder = self.gateway.release(state);
+                let found = match &holder {
+                    Some(holder) => holder.unpark(server, tool, state, retry.input_responses),
+                    None => self.unpark(server, tool, state, retry.input_responses),
+                };
+                if let (None, Some(holder)) = (&found, &holder) {
+                    // Named for another tool: it waits on for its own retry.
+                    self.gateway.hold(state.to_owned(), holder.clone(), INPUT_WAIT);
+                }
+                found.map(|mut parked| {
+                    if parked.keep.is_none() {
+                        parked.keep = holder;
+                    }
+                    parked
+                })
+            }
+            .ok_or_else(|| ClientError::Protocol {
                     server: server.to_owned(),
                     operation: format!("tools/call `{tool}`"),
                     detail: format!(
@@ -1976,6 +2009,7 @@ impl AgentSession {
                 Parked {
                     server: server.to_owned(),
                     tool: tool.to_owned(),
+                    keep: None,
                     call,
                     asks,
                     progress: relayed,
@@ -1998,12 +2032,12 @@ impl AgentSession {
                     let mut asked = rmcp::model::InputRequests::new();
                     if asker.is_some() {
                         answer_ask(asker, server, &format!("tool `{tool}`"), ask).await;
-                    } else if park && parked.rounds < INPUT_ROUNDS {
+                    } else if takes_input && parked.rounds < INPUT_ROUNDS {
                         parked.rounds += 1;
                         let key = format!("moat-{}", parked.rounds);
                         asked.insert(key.clone(), ask.request);
                         parked.waiting.push((key, ask.answer));
-                        let state = self.park(parked);
+                        let state = self.park(parked, held);
                         return Ok(CallAnswer::InputRequired(rmcp::model::InputRequiredResult::new(
                             Some(asked),
                             Some(state),
@@ -2018,12 +2052,16 @@ impl AgentSession {
 
     /// Keeps `parked` for the agent's retry, under a fresh `requestState`
     /// of this session; after [`INPUT_WAIT`] without one it is cancelled.
-    fn park(&self, parked: Parked) -> String {
+    fn park(&self, parked: Parked, held: bool) -> String {
         let state = format!("{PARKED_STATE}{}", unguessable());
         self.parked
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(state.clone(), parked);
+        if !held {
+            // A stateless request's session ends with it: held for the retry.
+            self.gateway.hold(state.clone(), self.clone(), INPUT_WAIT);
+        }
         let (all, key) = (Arc::downgrade(&self.parked), state.clone());
         tokio::spawn(async move {
             tokio::time::sleep(INPUT_WAIT).await;
@@ -2408,10 +2446,9 @@ impl AgentSession {
         let exposed = if held {
             format!("{server}{SEPARATOR}{}", created.task.task_id)
         } else {
-            let kept = created
-                .task
-                .ttl_ms
-                .map_or(HELD_TASK_TTL, |ms| Duration::from_millis(ms).min(HELD_TASK_TTL));
+            let kept = created.task.ttl_ms.map_or(HELD_TASK_TTL, |ms| {
+                Duration::from_millis(ms).min(HELD_TASK_TTL)
+            });
             let exposed = format!("{server}{SEPARATOR}{}", unguessable());
             self.gateway.hold(exposed.clone(), self.clone(), kept);
             exposed
