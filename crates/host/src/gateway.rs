@@ -1429,6 +1429,8 @@ impl AgentSession {
             },
         );
         children.by_server.insert(server.to_owned(), key);
+        drop(children);
+        self.pass_on_list_changes(server, &session).await;
         Ok(session)
     }
 
@@ -1501,7 +1503,6 @@ impl AgentSession {
     /// the pins and then tells the agent, which lists them again. Ends with
     /// the child's transport.
     fn pass_on_tool_changes(&self, server: &str, child: &Arc<Session>) {
-        self.pass_on_list_changes(server, child);
         let mut events = child.shared().tools_changed_events();
         let weak = Arc::downgrade(child);
         let agent = self.agent.clone();
@@ -1534,32 +1535,42 @@ impl AgentSession {
         });
     }
 
-    /// When a server before 2026-07-28 announces that its prompts or
-    /// resources changed, tells an agent before 2026-07-28 (one on
-    /// 2026-07-28 hears it on its `subscriptions/listen` stream). Ends with
-    /// the child's transport.
-    fn pass_on_list_changes(&self, server: &str, child: &Arc<Session>) {
+    /// For an agent before 2026-07-28, which hears of changes outside any
+    /// stream: listens to `child`'s prompt and resource list changes and
+    /// passes them on (a 2026-07-28 server sends them only on a
+    /// `subscriptions/listen` stream, which this opens; an older one on its
+    /// own). An agent on 2026-07-28 hears them on its own stream. Returns
+    /// once the stream is open (a change after the child's first use is
+    /// never missed); the forwarding ends with the child's transport.
+    async fn pass_on_list_changes(&self, server: &str, child: &Arc<Session>) {
         use rmcp::model::ServerNotification as N;
-        if child.is_current() {
+        // Children start on first use, after the agent's handshake.
+        let Some(agent) = self
+            .agent
+            .get()
+            .filter(|agent| {
+                agent.peer_info().is_some_and(|info| {
+                    info.protocol_version < rmcp::model::ProtocolVersion::V_2026_07_28
+                })
+            })
+            .cloned()
+        else {
             return;
-        }
-        let mut notices = child.notices();
-        let agent = self.agent.clone();
+        };
+        let filter = rmcp::model::SubscriptionFilter::builder()
+            .prompts_list_changed()
+            .resources_list_changed()
+            .build();
+        let mut listening = match child.listen(filter).await {
+            Ok(listening) => listening,
+            Err(error) => {
+                tracing::debug!(%server, %error, "list changes not taken for an older agent");
+                return;
+            }
+        };
         let server = server.to_owned();
         tokio::spawn(async move {
-            loop {
-                let notice = match notices.recv().await {
-                    Ok(notice) => notice,
-                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
-                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
-                };
-                let Some(agent) = agent.get().filter(|agent| {
-                    agent.peer_info().is_some_and(|info| {
-                        info.protocol_version < rmcp::model::ProtocolVersion::V_2026_07_28
-                    })
-                }) else {
-                    continue;
-                };
+            while let Some(notice) = listening.next().await {
                 let passed = match notice {
                     N::PromptListChangedNotification(_) => agent.notify_prompt_list_changed().await,
                     N::ResourceListChangedNotification(_) => {
