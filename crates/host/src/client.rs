@@ -1932,6 +1932,47 @@ impl Session {
             .map_err(|e| self.error(&format!("prompts/get `{name}`"), e))
     }
 
+    /// Gets prompt `name` once (2026-07-28): a request for input comes
+    /// back as the server worded it, for the caller to answer and get the
+    /// prompt again with `retry`.
+    pub async fn get_prompt_once(
+        &self,
+        name: &str,
+        arguments: Option<JsonObject>,
+        retry: Retry,
+    ) -> Result<rmcp::model::GetPromptResponse, ClientError> {
+        if let Some(refused) = self.unpinned(self.prompt_pins.as_ref(), name) {
+            return Err(refused);
+        }
+        let mut params = GetPromptRequestParams::new(name);
+        params.arguments = arguments;
+        params.input_responses = retry.input_responses;
+        params.request_state = retry.request_state;
+        self.service
+            .get_prompt_once(params)
+            .await
+            .map_err(|e| self.error(&format!("prompts/get `{name}`"), e))
+    }
+
+    /// Reads resource `uri` once (2026-07-28): a request for input comes
+    /// back as it is, as for [`Session::get_prompt_once`].
+    pub async fn read_resource_once(
+        &self,
+        uri: &str,
+        retry: Retry,
+    ) -> Result<rmcp::model::ReadResourceResponse, ClientError> {
+        if let Some(refused) = self.unpinned(self.resource_pins.as_ref(), uri) {
+            return Err(refused);
+        }
+        let mut params = ReadResourceRequestParams::new(uri);
+        params.input_responses = retry.input_responses;
+        params.request_state = retry.request_state;
+        self.service
+            .read_resource_once(params)
+            .await
+            .map_err(|e| self.error(&format!("resources/read `{uri}`"), e))
+    }
+
     /// Stops the server from a shared handle: the service ends, which
     /// closes the transport and stops the instance or process group in the
     /// background. [`Session::close`] does the same and awaits it.

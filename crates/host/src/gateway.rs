@@ -861,6 +861,13 @@ struct Target<'a> {
     child: &'a Arc<Session>,
 }
 
+/// Whether the agent of a request takes requests for input (2026-07-28).
+fn takes_input(context: &RequestContext<RoleServer>) -> bool {
+    context
+        .protocol_version()
+        .is_some_and(|version| version >= rmcp::model::ProtocolVersion::V_2026_07_28)
+}
+
 /// Marks a server's result as complete when it does not say: a server
 /// before 2026-07-28 never does, and an agent on 2026-07-28 is always told
 /// (rmcp takes the mark off again for an older agent).
@@ -2813,6 +2820,24 @@ impl ServerHandler for AgentSession {
         let _in_flight = self.admit(None)?;
         let (server, prompt) = self.route(&request.name)?;
         let child = self.child(server).await.map_err(to_error)?;
+        if takes_input(&context) && child.is_current() {
+            // The server's request for input goes to the agent as it is,
+            // and the agent's retry back to the server.
+            let retry = Retry {
+                input_responses: request.input_responses,
+                request_state: request.request_state,
+            };
+            return match child
+                .get_prompt_once(prompt, request.arguments, retry)
+                .await
+            {
+                Ok(rmcp::model::GetPromptResponse::Complete(mut prompt)) => {
+                    complete(&mut prompt.result_type);
+                    Ok(prompt.into())
+                }
+                other => other.map_err(to_error),
+            };
+        }
         let subject = format!("prompt `{prompt}`");
         let agent = Some(&context.peer).filter(|agent| can_ask(agent, None));
         answering(
@@ -2849,6 +2874,19 @@ impl ServerHandler for AgentSession {
         let _in_flight = self.admit(None)?;
         let server = self.owner_of(&request.uri).await?;
         let child = self.child(&server).await.map_err(to_error)?;
+        if takes_input(&context) && child.is_current() {
+            let retry = Retry {
+                input_responses: request.input_responses,
+                request_state: request.request_state,
+            };
+            return match child.read_resource_once(&request.uri, retry).await {
+                Ok(rmcp::model::ReadResourceResponse::Complete(mut read)) => {
+                    complete(&mut read.result_type);
+                    Ok(read.into())
+                }
+                other => other.map_err(to_error),
+            };
+        }
         let subject = format!("resource {}", request.uri);
         let agent = Some(&context.peer).filter(|agent| can_ask(agent, None));
         answering(&child, agent, &subject, child.read_resource(&request.uri))

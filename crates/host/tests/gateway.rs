@@ -1754,6 +1754,46 @@ async fn every_agent_revision_meets_every_server_revision_in_one_gateway() {
             other => panic!("{server}: {other:?}"),
         }
     }
+    // A prompt and a resource that ask: the 2026-07-28 server's request
+    // for input comes to the agent as it is, and its retry goes back.
+    use moat_host::rmcp::model::{
+        GetPromptRequestParams, GetPromptResponse, ReadResourceRequestParams, ReadResourceResponse,
+    };
+    let asked = match agent
+        .get_prompt_once(GetPromptRequestParams::new("n26__greet"))
+        .await
+    {
+        Ok(GetPromptResponse::InputRequired(asked)) => asked,
+        other => panic!("{other:?}"),
+    };
+    let mut retry = GetPromptRequestParams::new("n26__greet");
+    retry.input_responses = Some([("name".to_owned(), accept("Ada"))].into());
+    retry.request_state = asked.request_state;
+    match agent.get_prompt_once(retry).await {
+        Ok(GetPromptResponse::Complete(prompt)) => {
+            let said = serde_json::to_value(&prompt.messages[0].content).unwrap();
+            assert_eq!(said["text"], "n26: hello Ada");
+        }
+        other => panic!("{other:?}"),
+    }
+    agent.list_resources(None).await.unwrap();
+    let asked = match agent
+        .read_resource_once(ReadResourceRequestParams::new(data[0]))
+        .await
+    {
+        Ok(ReadResourceResponse::InputRequired(asked)) => asked,
+        other => panic!("{other:?}"),
+    };
+    let mut retry = ReadResourceRequestParams::new(data[0]);
+    retry.input_responses = Some([("name".to_owned(), accept("Ada"))].into());
+    retry.request_state = asked.request_state;
+    match agent.read_resource_once(retry).await {
+        Ok(ReadResourceResponse::Complete(read)) => {
+            let said = serde_json::to_value(&read.contents[0]).unwrap();
+            assert_eq!(said["text"], "n26: data for Ada");
+        }
+        other => panic!("{other:?}"),
+    }
     // A prompt of an older server that asks: not carried to an agent on
     // 2026-07-28 (README, "Not built yet"); the server is told so.
     let refused = agent
