@@ -875,12 +875,6 @@ fn complete(result_type: &mut Option<rmcp::model::ResultType>) {
     result_type.get_or_insert(rmcp::model::ResultType::COMPLETE);
 }
 
-/// What a server before 2026-07-28 gets when it asks for input that the
-/// caller of its tool cannot give.
-fn cannot_ask(server: &str, tool: &str) -> ErrorData {
-    cannot_answer(server, &format!("tool `{tool}`"))
-}
-
 /// What a server before 2026-07-28 gets when it asks, while serving
 /// `subject` (`tool `x``, `prompt `x``, `resource x`), for input that the
 /// caller cannot give.
@@ -2047,21 +2041,19 @@ impl AgentSession {
                 }
                 () = cancel_call.cancelled(), if !parked.cancel.is_cancelled() => parked.cancel.cancel(),
                 Some(ask) = parked.asks.recv() => {
-                    let mut asked = rmcp::model::InputRequests::new();
-                    if asker.is_some() {
+                    if asker.is_some() || !takes_input || parked.rounds == INPUT_ROUNDS {
+                        // Asked of an older agent, or refused.
                         answer_ask(asker, server, &format!("tool `{tool}`"), ask).await;
-                    } else if takes_input && parked.rounds < INPUT_ROUNDS {
+                    } else {
                         parked.rounds += 1;
                         let key = format!("moat-{}", parked.rounds);
-                        asked.insert(key.clone(), ask.request);
+                        let asked = rmcp::model::InputRequests::from([(key.clone(), ask.request)]);
                         parked.waiting.push((key, ask.answer));
                         let state = self.park(parked, held);
                         return Ok(CallAnswer::InputRequired(rmcp::model::InputRequiredResult::new(
                             Some(asked),
                             Some(state),
                         )));
-                    } else {
-                        let _ = ask.answer.send(Err(cannot_ask(server, tool)));
                     }
                 }
             }
@@ -2943,9 +2935,7 @@ impl ServerHandler for AgentSession {
             Some((sender, task)) => (Some(sender), Some(task)),
             None => (None, None),
         };
-        let current = context
-            .protocol_version()
-            .is_some_and(|version| version >= rmcp::model::ProtocolVersion::V_2026_07_28);
+        let current = takes_input(&context);
         // Over HTTP, 2026-07-28 has no sessions: each request is a session
         // of its own here, whose children end with it, unless a task it
         // hands out keeps it (`Gateway::hold`).
