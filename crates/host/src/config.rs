@@ -106,6 +106,13 @@ pub struct ServeSettings {
     /// MCP requests are small JSON; this bounds what one request can make
     /// Moat buffer.
     pub max_body_bytes: NonZeroUsize,
+    /// A tool call of an agent that declared the tasks extension
+    /// (2026-07-28) that is still running after this long is made a task of
+    /// Moat's: the agent gets the task at once and follows it with
+    /// `tasks/get`, whatever the server's revision. Unset (the default),
+    /// a call is answered when its server answers, or with a task the
+    /// server itself made.
+    pub task_after_ms: Option<NonZeroU64>,
 }
 
 impl Default for ServeSettings {
@@ -119,6 +126,7 @@ impl Default for ServeSettings {
             max_connections: usize_(1024),
             header_timeout_ms: u64_(10_000),
             max_body_bytes: usize_(4 * 1024 * 1024),
+            task_after_ms: None,
         }
     }
 }
@@ -1246,6 +1254,14 @@ request_timeout_ms = 100
         assert!(message.contains("nonzero"), "{message}");
         let settings = parse("[serve]\nmax_sessions = 2\n").unwrap().serve;
         assert_eq!(settings.max_sessions.get(), 2);
+        assert_eq!(
+            settings.task_after_ms, None,
+            "no task of Moat's unless asked"
+        );
+        let settings = parse("[serve]\ntask_after_ms = 250\n").unwrap().serve;
+        assert_eq!(settings.task_after_ms.map(NonZeroU64::get), Some(250));
+        let (line, _, message) = invalid_at("[serve]\ntask_after_ms = 0\n");
+        assert_eq!(line, 2, "{message}");
         assert_eq!(
             settings.header_timeout_ms.get(),
             10_000,

@@ -27,6 +27,9 @@ use crate::revoke::Revoked;
 
 pub use crate::config::SEPARATOR;
 
+mod own_task;
+use own_task::OwnTask;
+
 /// Whether `name` is a valid exposed tool name: `^[a-zA-Z0-9_-]{1,64}$`.
 pub fn valid_exposed_name(name: &str) -> bool {
     (1..=64).contains(&name.len())
@@ -710,6 +713,7 @@ impl Gateway {
             slots: Arc::default(),
             resource_owners: Arc::default(),
             tasks: std::sync::Mutex::default(),
+            own_tasks: std::sync::Mutex::default(),
             parked: Arc::default(),
             subscriptions: std::sync::Mutex::default(),
             closing: CancellationToken::new(),
@@ -789,6 +793,9 @@ pub struct SessionState {
     /// Tasks servers made of this session's calls, by the id the agent
     /// knows them by.
     tasks: std::sync::Mutex<BTreeMap<String, IssuedTask>>,
+    /// Tasks Moat made of this session's calls (`[serve] task_after_ms`),
+    /// by the id the agent knows them by.
+    own_tasks: std::sync::Mutex<BTreeMap<String, Arc<OwnTask>>>,
     /// Calls to servers before 2026-07-28 waiting for the agent's input,
     /// by the `requestState` the agent got.
     parked: Arc<std::sync::Mutex<BTreeMap<String, Parked>>>,
@@ -922,6 +929,19 @@ async fn answering<T>(
     }
 }
 
+/// A round's answer, once its task has joined: a panic in it is the
+/// gateway's own error, never the end of the session.
+fn joined(
+    done: Result<Result<CallToolResponse, ErrorData>, tokio::task::JoinError>,
+) -> Result<CallToolResponse, ErrorData> {
+    done.unwrap_or_else(|error| {
+        Err(ErrorData::internal_error(
+            format!("a call run apart from its request ended abnormally: {error}"),
+            None,
+        ))
+    })
+}
+
 /// A call's parts besides its target and arguments.
 struct CallParts {
     /// The agent that called, when it came through a connection (not an
@@ -962,6 +982,16 @@ struct Parked {
         tokio::sync::oneshot::Sender<Result<serde_json::Value, ErrorData>>,
     )>,
     rounds: usize,
+}
+
+impl Parked {
+    /// Ends the call: the server's requests are answered with an error (no
+    /// answer came), and the call is cancelled.
+    async fn abandon(mut self) {
+        self.waiting.clear();
+        self.cancel.cancel();
+        let _ = self.call.await;
+    }
 }
 
 /// How long a parked call waits for the agent's retry before it is
@@ -2077,14 +2107,26 @@ impl AgentSession {
             tokio::time::sleep(INPUT_WAIT).await;
             let Some(all) = all.upgrade() else { return };
             let expired = all.lock().unwrap_or_else(|e| e.into_inner()).remove(&key);
-            if let Some(mut parked) = expired {
+            if let Some(parked) = expired {
                 tracing::warn!(server = %parked.server, tool = %parked.tool, "no retry came for a request for input: the call is cancelled");
-                parked.waiting.clear();
-                parked.cancel.cancel();
-                let _ = parked.call.await;
+                parked.abandon().await;
             }
         });
         state
+    }
+
+    /// Lets go of the parked call `state` names, if it is still parked: its
+    /// server is told that no answer came, and the call is cancelled.
+    fn abandon_parked(&self, state: &str) {
+        let parked = self
+            .parked
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(state);
+        drop(self.gateway.release(state));
+        if let Some(parked) = parked {
+            tokio::spawn(parked.abandon());
+        }
     }
 
     /// Takes up the parked call `state` names, for a retry of `server`'s
@@ -2438,6 +2480,155 @@ impl AgentSession {
         })
     }
 
+    /// Calls `tool` on `server` as [`AgentSession::call_rounds`] does, for
+    /// an agent that takes tasks, and makes a task of Moat's of the call if
+    /// it is still running `after` it began (`[serve] task_after_ms`): the
+    /// agent gets the task at once and the call runs on. A task its server
+    /// makes is followed to its end inside Moat's; a request for input
+    /// leaves Moat's task `input_required` until `tasks/update` brings the
+    /// answers (see [`OwnTask`]).
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "one call's parts, as the agent sent them"
+    )]
+    async fn call_or_own_task(
+        &self,
+        server: &str,
+        tool: &str,
+        arguments: Option<rmcp::model::JsonObject>,
+        progress: Option<ProgressSender>,
+        cancel: CancellationToken,
+        traceparent: Option<&str>,
+        retry: Retry,
+        takes: Takes,
+        after: Duration,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let round_cancel = CancellationToken::new();
+        let mut round = self.spawn_round(
+            server,
+            tool,
+            arguments.clone(),
+            progress,
+            round_cancel.clone(),
+            traceparent.map(str::to_owned),
+            retry,
+            takes,
+        );
+        tokio::select! {
+            done = &mut round => return joined(done),
+            () = cancel.cancelled() => {
+                round_cancel.cancel();
+                return joined(round.await);
+            }
+            () = tokio::time::sleep(after) => {}
+        }
+        let own = Arc::new(OwnTask::new(server, tool, arguments, round_cancel));
+        // Unguessable in every session: over stateless HTTP the id is the
+        // capability that finds the task, and a server's own task ids
+        // (`server__id`) never meet it.
+        let id = format!("{server}{SEPARATOR}{}", unguessable());
+        {
+            let mut tasks = self.own_tasks.lock().unwrap_or_else(|e| e.into_inner());
+            tasks.retain(|_, task| !task.expired());
+            tasks.insert(id.clone(), own.clone());
+        }
+        if !takes.held {
+            self.gateway.hold(id.clone(), self.clone(), own_task::KEPT);
+        }
+        let created = rmcp::model::CreateTaskResult::new(own.task(&id));
+        self.settle_round(own, round);
+        Ok(CallToolResponse::Task(created))
+    }
+
+    /// One round of a call, run apart from the request that began it: the
+    /// call itself, or a retry with the agent's answers. A task a server
+    /// makes of it is followed to its end.
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "one call's parts, as the agent sent them"
+    )]
+    fn spawn_round(
+        &self,
+        server: &str,
+        tool: &str,
+        arguments: Option<rmcp::model::JsonObject>,
+        progress: Option<ProgressSender>,
+        cancel: CancellationToken,
+        traceparent: Option<String>,
+        retry: Retry,
+        takes: Takes,
+    ) -> tokio::task::JoinHandle<Result<CallToolResponse, ErrorData>> {
+        let (session, server, tool) = (self.clone(), server.to_owned(), tool.to_owned());
+        let takes = Takes {
+            tasks: false,
+            ..takes
+        };
+        tokio::spawn(async move {
+            session
+                .call_rounds(
+                    &server,
+                    &tool,
+                    arguments,
+                    progress,
+                    cancel,
+                    traceparent.as_deref(),
+                    retry,
+                    takes,
+                    None,
+                )
+                .await
+        })
+    }
+
+    /// Records in `own` how `round` ends, when it does.
+    fn settle_round(
+        &self,
+        own: Arc<OwnTask>,
+        round: tokio::task::JoinHandle<Result<CallToolResponse, ErrorData>>,
+    ) {
+        // The parked calls, not the session: a round's end keeps nothing
+        // alive.
+        let parked = Arc::downgrade(&self.parked);
+        let gateway = self.gateway.clone();
+        tokio::spawn(async move {
+            let Some(state) = own.settle(joined(round.await)) else {
+                return;
+            };
+            // Cancelled while it was asking: nobody takes it up.
+            drop(gateway.release(&state));
+            let parked = parked
+                .upgrade()
+                .and_then(|all| all.lock().unwrap_or_else(|e| e.into_inner()).remove(&state));
+            if let Some(parked) = parked {
+                parked.abandon().await;
+            }
+        });
+    }
+
+    /// The task of Moat's the agent calls `id`, and the session it runs in
+    /// (this one, or the one a stateless request left held under `id`).
+    fn own_task(&self, id: &str) -> Option<(AgentSession, Arc<OwnTask>)> {
+        let own = self
+            .own_tasks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(id)
+            .cloned();
+        match own {
+            Some(own) => Some((self.clone(), own)),
+            None => {
+                let holder = self.gateway.held(id)?;
+                let own = holder
+                    .own_tasks
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get(id)
+                    .cloned()?;
+                Some((holder, own))
+            }
+        }
+    }
+
     /// Hands a task that `server` made of a call to `tool` on to the agent,
     /// under the id the agent will know it by.
     ///
@@ -2749,6 +2940,13 @@ impl ServerHandler for AgentSession {
         _context: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::GetTaskResult, ErrorData> {
         let _in_flight = self.admit(None)?;
+        if let Some((_, own)) = self.own_task(&request.task_id) {
+            if own.ended() && self.gateway.held(&request.task_id).is_some() {
+                self.gateway
+                    .release_after(request.task_id.clone(), HELD_AFTER_END);
+            }
+            return Ok(own.get(&request.task_id));
+        }
         let (child, tool, task_id) = self.task_child(&request.task_id).await?;
         let mut found = child.get_task(&tool, &task_id).await.map_err(to_error)?;
         if found.task.task.status.is_terminal() && self.gateway.held(&request.task_id).is_some() {
@@ -2766,6 +2964,28 @@ impl ServerHandler for AgentSession {
         _context: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
         let _in_flight = self.admit(None)?;
+        if let Some((holder, own)) = self.own_task(&request.task_id) {
+            let resume = own.resume(&request.task_id, request.input_responses)?;
+            let round = holder.spawn_round(
+                &own.server,
+                &own.tool,
+                own.arguments.clone(),
+                None,
+                resume.cancel,
+                None,
+                Retry {
+                    input_responses: Some(resume.input_responses),
+                    request_state: resume.request_state,
+                },
+                Takes {
+                    tasks: false,
+                    input: true,
+                    held: true,
+                },
+            );
+            holder.settle_round(own, round);
+            return Ok(());
+        }
         let (child, _, task_id) = self.task_child(&request.task_id).await?;
         child
             .update_task(&task_id, request.input_responses)
@@ -2779,6 +2999,16 @@ impl ServerHandler for AgentSession {
         _context: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
         let _in_flight = self.admit(None)?;
+        if let Some((holder, own)) = self.own_task(&request.task_id) {
+            if let Some(state) = own.cancel() {
+                holder.abandon_parked(&state);
+            }
+            if self.gateway.held(&request.task_id).is_some() {
+                self.gateway
+                    .release_after(request.task_id.clone(), HELD_AFTER_END);
+            }
+            return Ok(());
+        }
         let (child, _, task_id) = self.task_child(&request.task_id).await?;
         child.cancel_task(&task_id).await.map_err(to_error)?;
         if self.gateway.held(&request.task_id).is_some() {
@@ -2948,25 +3178,47 @@ impl ServerHandler for AgentSession {
             held: !stateless,
         };
         let (server, tool) = self.route_tool(&request.name)?;
-        let result = self
-            .call_rounds(
-                server,
-                tool,
-                request.arguments,
-                sender,
-                context.ct.clone(),
-                context.meta.get_traceparent(),
-                Retry {
-                    input_responses: request.input_responses,
-                    request_state: request.request_state,
-                },
-                takes,
-                Some(context.peer.clone()),
-            )
-            .await;
+        let retry = Retry {
+            input_responses: request.input_responses,
+            request_state: request.request_state,
+        };
+        let after = self.generation.config.serve.task_after_ms;
+        let result = match after.filter(|_| takes.tasks) {
+            Some(after) => {
+                self.call_or_own_task(
+                    server,
+                    tool,
+                    request.arguments,
+                    sender,
+                    context.ct.clone(),
+                    context.meta.get_traceparent(),
+                    retry,
+                    takes,
+                    Duration::from_millis(after.get()),
+                )
+                .await
+            }
+            None => {
+                self.call_rounds(
+                    server,
+                    tool,
+                    request.arguments,
+                    sender,
+                    context.ct.clone(),
+                    context.meta.get_traceparent(),
+                    retry,
+                    takes,
+                    Some(context.peer.clone()),
+                )
+                .await
+            }
+        };
         if let Some(task) = task {
-            // The sender is gone with the call: the forwarder drains and ends.
-            let _ = task.await;
+            // The sender is gone with the call (or with its task, which
+            // runs on): the forwarder drains and ends.
+            if !matches!(result, Ok(CallToolResponse::Task(_))) {
+                let _ = task.await;
+            }
         }
         result.map(|mut answer| {
             if let CallToolResponse::Complete(result) = &mut answer {

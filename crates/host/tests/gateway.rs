@@ -1397,8 +1397,9 @@ async fn task_until(
         }
         assert!(
             !found.task.task.status.is_terminal(),
-            "task {id} ended as {:?}, not {until:?}",
-            found.task.task.status
+            "task {id} ended as {:?}, not {until:?}: {:?}",
+            found.task.task.status,
+            found.task.payload
         );
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
@@ -1986,4 +1987,199 @@ async fn every_agent_revision_meets_every_server_revision_in_one_gateway() {
     );
     let closed = session.close().await;
     assert!(closed.is_empty(), "{closed:?}");
+}
+
+/// `[serve] task_after_ms`: a call of an agent that declared the tasks
+/// extension which is still running after that long becomes a task of
+/// Moat's, at a server of any revision (here the two before tasks, wasm and
+/// native): the agent gets the task at once and its result through
+/// `tasks/get`; an older server's own elicitation/create leaves the task
+/// `input_required` until `tasks/update` brings the answer (the call waits
+/// at the server meanwhile and runs once); `tasks/cancel` stops the call
+/// at the server; another session cannot name the task; a call that ends
+/// sooner, or an agent without tasks, gets its answer in place.
+#[tokio::test]
+async fn a_call_still_running_after_task_after_ms_becomes_a_task_of_moats_at_any_server() {
+    use moat_host::rmcp::model::{
+        CallToolResponse, CancelTaskParams, GetTaskParams, InputRequest, TaskPayload, TaskStatus,
+        UpdateTaskParams,
+    };
+    let servers: Vec<_> = [
+        ("n25", Launcher::Native, "2025-11-25"),
+        ("n06", Launcher::Wasm, "2025-06-18"),
+    ]
+    .into_iter()
+    .map(|(name, launcher, revision)| {
+        let mut server = spec(launcher, guests::ROUNDS);
+        server.name = name.into();
+        server.env.insert("ROUNDS_NAME".into(), name.into());
+        server.env.insert("ROUNDS_REVISION".into(), revision.into());
+        server
+    })
+    .collect();
+    let config = Config {
+        path: "moat.toml".into(),
+        servers: servers
+            .iter()
+            .map(|s| (s.name.clone(), s.clone()))
+            .collect(),
+        serve: moat_host::config::ServeSettings {
+            task_after_ms: std::num::NonZeroU64::new(100),
+            ..Default::default()
+        },
+        wasm: Default::default(),
+    };
+    let gateway = Gateway::new(host(), config, None);
+    let session = gateway.session();
+    let (agent, _serving) = rounds_agent(&session, true).await;
+    let task_of = |answer| match answer {
+        Ok(CallToolResponse::Task(created)) => created.task,
+        other => panic!("{other:?}"),
+    };
+    for server in ["n25", "n06"] {
+        // Running for 800 ms: a task after 100.
+        let task = task_of(
+            agent
+                .call_tool_once(call(&format!("{server}__job"), json!({"ms": 800})))
+                .await,
+        );
+        assert!(task.task_id.starts_with(&format!("{server}__")), "{task:?}");
+        assert_eq!(task.status, TaskStatus::Working);
+        assert_eq!(task.ttl_ms, Some(3_600_000));
+        let done = task_until(&agent, &task.task_id, TaskStatus::Completed).await;
+        let TaskPayload::Completed { result } = done.task.payload else {
+            panic!("{done:?}")
+        };
+        assert_eq!(
+            result["content"][0]["text"],
+            format!("{server}: job done inline")
+        );
+        assert_eq!(result["resultType"], "complete");
+
+        // Asking on the way: the task waits for tasks/update.
+        let task = task_of(
+            agent
+                .call_tool_once(call(
+                    &format!("{server}__job"),
+                    json!({"ms": 300, "confirm": true}),
+                ))
+                .await,
+        );
+        let waiting = task_until(&agent, &task.task_id, TaskStatus::InputRequired).await;
+        let TaskPayload::InputRequired { input_requests } = &waiting.task.payload else {
+            panic!("{waiting:?}")
+        };
+        let Some(InputRequest::Elicitation(elicit)) = input_requests.get("moat-1") else {
+            panic!("{input_requests:?}")
+        };
+        assert_eq!(
+            serde_json::to_value(elicit).unwrap()["params"]["message"],
+            "Go on?",
+            "as the server worded it"
+        );
+        agent
+            .update_task(UpdateTaskParams::new(
+                task.task_id.clone(),
+                [(
+                    "moat-1".to_owned(),
+                    json!({"action": "accept", "content": {"go": "yes"}}),
+                )]
+                .into(),
+            ))
+            .await
+            .unwrap();
+        let done = task_until(&agent, &task.task_id, TaskStatus::Completed).await;
+        let TaskPayload::Completed { result } = done.task.payload else {
+            panic!("{done:?}")
+        };
+        assert_eq!(
+            result["content"][0]["text"],
+            format!("{server}: job done after yes"),
+            "the server ran once and got the answer"
+        );
+        let again = agent
+            .update_task(UpdateTaskParams::new(
+                task.task_id.clone(),
+                Default::default(),
+            ))
+            .await
+            .unwrap_err();
+        assert!(
+            again.to_string().contains(&format!(
+                "task {:?} is not waiting for input (it is completed)",
+                task.task_id
+            )),
+            "{again}"
+        );
+
+        // Cancelled: the call stops at the server, which goes on serving.
+        let task = task_of(
+            agent
+                .call_tool_once(call(&format!("{server}__job"), json!({"ms": 600_000})))
+                .await,
+        );
+        agent
+            .cancel_task(CancelTaskParams::new(task.task_id.clone()))
+            .await
+            .unwrap();
+        task_until(&agent, &task.task_id, TaskStatus::Cancelled).await;
+        // Cancelled while asking: the parked call is let go.
+        let task = task_of(
+            agent
+                .call_tool_once(call(
+                    &format!("{server}__job"),
+                    json!({"ms": 300, "confirm": true}),
+                ))
+                .await,
+        );
+        task_until(&agent, &task.task_id, TaskStatus::InputRequired).await;
+        agent
+            .cancel_task(CancelTaskParams::new(task.task_id.clone()))
+            .await
+            .unwrap();
+        task_until(&agent, &task.task_id, TaskStatus::Cancelled).await;
+        let answer = agent
+            .call_tool(call(&format!("{server}__revision"), json!({})))
+            .await
+            .unwrap();
+        assert!(
+            text(&answer).starts_with(&format!("{server}: 2025-")),
+            "{answer:?}"
+        );
+
+        // Not another session's to name.
+        let other = gateway.session();
+        let (stranger, _other_serving) = rounds_agent(&other, true).await;
+        let unknown = stranger
+            .get_task(GetTaskParams::new(task.task_id.clone()))
+            .await
+            .unwrap_err();
+        assert!(
+            unknown.to_string().contains(&format!(
+                "-32602: no task {:?} in this session",
+                task.task_id
+            )),
+            "{unknown}"
+        );
+        stranger.cancel().await.unwrap();
+        other.close().await;
+
+        // An agent without tasks waits for the answer.
+        let plain = gateway.session();
+        let (without, _plain_serving) = rounds_agent(&plain, false).await;
+        match without
+            .call_tool_once(call(&format!("{server}__job"), json!({"ms": 300})))
+            .await
+        {
+            Ok(CallToolResponse::Complete(result)) => {
+                assert_eq!(text(&result), format!("{server}: job done inline"))
+            }
+            other => panic!("{other:?}"),
+        }
+        without.cancel().await.unwrap();
+        plain.close().await;
+    }
+    agent.cancel().await.unwrap();
+    let failures = session.close().await;
+    assert!(failures.is_empty(), "{failures:?}");
 }

@@ -9,6 +9,8 @@
 //! - `job` becomes a task (the tasks extension) when the caller declared
 //!   tasks, else runs inline. With `confirm`, the task asks for input
 //!   (`input_required`, answered by `tasks/update`) before it completes.
+//!   As an older server it runs in the call for `ms` milliseconds, and
+//!   with `confirm` asks with `elicitation/create` after that.
 //!
 //! - `touch` sends `notifications/resources/updated` for the server's one
 //!   resource (`rounds://NAME/data`) and `notifications/resources/list_changed`
@@ -105,6 +107,28 @@ fn answered(response: &serde_json::Value, field: &str) -> Option<String> {
         .flatten()
 }
 
+/// Asks the client for `field` with its own `elicitation/create`, as a
+/// server before 2026-07-28 does while a call waits.
+async fn elicit_older(
+    context: &RequestContext<RoleServer>,
+    message: &str,
+    field: &str,
+) -> Result<String, String> {
+    let InputRequest::Elicitation(asked) = elicitation(message, field) else {
+        unreachable!("elicitation() makes an elicitation")
+    };
+    // As sent raw: rmcp's typed helper needs a feature this guest does
+    // without.
+    let sent = context
+        .peer
+        .send_request(rmcp::model::ServerRequest::ElicitRequest(asked));
+    let answer = match sent.await {
+        Ok(answer) => serde_json::to_value(answer).unwrap_or_default(),
+        Err(error) => return Err(format!("elicitation/create failed: {error}")),
+    };
+    answered(&answer, field).ok_or_else(|| format!("no accepted `{field}`"))
+}
+
 /// A name the caller gave, or the request for input that asks for it.
 enum Named {
     Who(String),
@@ -179,7 +203,7 @@ impl Rounds {
         }
     }
 
-    fn job(
+    async fn job(
         &self,
         request: &CallToolRequestParams,
         context: &RequestContext<RoleServer>,
@@ -194,6 +218,18 @@ impl Rounds {
         let tasks = context
             .client_capabilities()
             .is_some_and(|caps| caps.supports_tasks());
+        if revision().is_some() {
+            // An older server has no tasks: the job runs in the call, and
+            // asks with its own elicitation/create.
+            moat_wit::time::sleep(Duration::from_millis(ms)).await;
+            if !confirm {
+                return text(format!("{server}: job done inline")).into();
+            }
+            return match elicit_older(context, "Go on?", "go").await {
+                Ok(said) => text(format!("{server}: job done after {said}")).into(),
+                Err(error) => CallToolResult::error(vec![ContentBlock::text(error)]).into(),
+            };
+        }
         if !tasks {
             return text(format!("{server}: job done inline")).into();
         }
@@ -201,7 +237,7 @@ impl Rounds {
             .tasks
             .spawn(TaskOptions::new().with_poll_interval_ms(10), move |task| {
                 Box::pin(async move {
-                    tokio::time::sleep(Duration::from_millis(ms)).await;
+                    moat_wit::time::sleep(Duration::from_millis(ms)).await;
                     let mut said = String::new();
                     if confirm {
                         let answer = task
@@ -245,29 +281,11 @@ impl Rounds {
             .unwrap_or(1);
         let mut names = Vec::new();
         for round in 1..=times {
-            let InputRequest::Elicitation(asked) = elicitation(&format!("Name {round}?"), "name")
-            else {
-                unreachable!("elicitation() makes an elicitation")
-            };
-            // As sent raw: rmcp's typed helper needs a feature this guest
-            // does without.
-            let sent = context
-                .peer
-                .send_request(rmcp::model::ServerRequest::ElicitRequest(asked));
-            let answer = match sent.await {
-                Ok(answer) => serde_json::to_value(answer).unwrap_or_default(),
+            match elicit_older(context, &format!("Name {round}?"), "name").await {
+                Ok(who) => names.push(who),
                 Err(error) => {
                     return CallToolResult::error(vec![ContentBlock::text(format!(
-                        "elicitation/create failed: {error}"
-                    ))])
-                    .into();
-                }
-            };
-            match answered(&answer, "name") {
-                Some(who) => names.push(who),
-                None => {
-                    return CallToolResult::error(vec![ContentBlock::text(format!(
-                        "no accepted `name` in round {round}"
+                        "{error} in round {round}"
                     ))])
                     .into();
                 }
@@ -530,7 +548,7 @@ impl ServerHandler for Rounds {
         match request.name.as_ref() {
             "ask" if revision().is_some() => Ok(self.ask_older(&request, &context).await),
             "ask" => Ok(self.ask(&request)),
-            "job" => Ok(self.job(&request, &context)),
+            "job" => Ok(self.job(&request, &context).await),
             "touch" => Ok(self.touch(&context).await),
             "revision" => {
                 let revision = context
