@@ -237,7 +237,8 @@ fn stateless_requests_carry_requests_for_input_and_a_task_past_the_request() {
     std::fs::write(
         &config,
         format!(
-            "[servers.r]\nwasm = {wasm:?}\nallow_unmeasured = true\n[servers.r.env]\nROUNDS_NAME = \"r\"\n\
+            "[serve]\ntask_after_ms = 100\n\
+             [servers.r]\nwasm = {wasm:?}\nallow_unmeasured = true\n[servers.r.env]\nROUNDS_NAME = \"r\"\n\
              [servers.o]\ncommand = {native:?}\nallow_unmeasured = true\n\
              [servers.o.env]\nROUNDS_NAME = \"o\"\nROUNDS_REVISION = \"2025-06-18\"\n",
             wasm = guests::ROUNDS_WASM,
@@ -353,6 +354,56 @@ fn stateless_requests_carry_requests_for_input_and_a_task_past_the_request() {
         refused["error"]["message"],
         format!("no task {guessed:?} in this session"),
         "{refused}"
+    );
+
+    // A task of Moat's (`task_after_ms`) at the 2025-06-18 server, which
+    // asks on the way: each tasks/get and the tasks/update are requests of
+    // their own, and the call waits at the server in between.
+    let (status, created) = server.request(
+        "tools/call",
+        serde_json::json!({
+            "name": "o__job",
+            "arguments": {"ms": 800, "confirm": true},
+            "_meta": {"io.modelcontextprotocol/clientCapabilities": tasks},
+        }),
+        &routed("o__job"),
+    );
+    assert_eq!(status, 200, "{created}");
+    assert_eq!(created["result"]["resultType"], "task", "{created}");
+    let id = created["result"]["taskId"].as_str().unwrap().to_owned();
+    let random = id.strip_prefix("o__").unwrap_or_else(|| panic!("{id}"));
+    assert!(
+        random.len() == 32 && random.chars().all(|c| c.is_ascii_hexdigit()),
+        "{id}"
+    );
+    let until = |status: &str| loop {
+        let (code, found) = get(&id);
+        assert_eq!(code, 200, "{found}");
+        match found["result"]["status"].as_str() {
+            Some(now) if now == status => break found,
+            Some("working") => std::thread::sleep(Duration::from_millis(10)),
+            _ => panic!("waiting for {status}: {found}"),
+        }
+    };
+    let waiting = until("input_required");
+    assert_eq!(
+        waiting["result"]["inputRequests"]["moat-1"]["params"]["message"], "Go on?",
+        "{waiting}"
+    );
+    let (status, updated) = server.request(
+        "tasks/update",
+        serde_json::json!({
+            "taskId": id,
+            "inputResponses": {"moat-1": {"action": "accept", "content": {"go": "yes"}}},
+            "_meta": {"io.modelcontextprotocol/clientCapabilities": tasks},
+        }),
+        &[("Mcp-Method", "tasks/update"), ("Mcp-Name", id.as_str())],
+    );
+    assert_eq!(status, 200, "{updated}");
+    let done = until("completed");
+    assert_eq!(
+        done["result"]["result"]["content"][0]["text"], "o: job done after yes",
+        "{done}"
     );
 
     let (status, answer) = server.request(

@@ -2484,7 +2484,8 @@ impl AgentSession {
     /// an agent that takes tasks, and makes a task of Moat's of the call if
     /// it is still running `after` it began (`[serve] task_after_ms`): the
     /// agent gets the task at once and the call runs on. A task its server
-    /// makes is followed to its end inside Moat's; a request for input
+    /// makes is handed on as ever, or, made later, reached under Moat's id;
+    /// a request for input
     /// leaves Moat's task `input_required` until `tasks/update` brings the
     /// answers (see [`OwnTask`]).
     #[allow(
@@ -2541,8 +2542,7 @@ impl AgentSession {
     }
 
     /// One round of a call, run apart from the request that began it: the
-    /// call itself, or a retry with the agent's answers. A task a server
-    /// makes of it is followed to its end.
+    /// call itself, or a retry with the agent's answers.
     #[allow(
         clippy::too_many_arguments,
         reason = "one call's parts, as the agent sent them"
@@ -2559,10 +2559,6 @@ impl AgentSession {
         takes: Takes,
     ) -> tokio::task::JoinHandle<Result<CallToolResponse, ErrorData>> {
         let (session, server, tool) = (self.clone(), server.to_owned(), tool.to_owned());
-        let takes = Takes {
-            tasks: false,
-            ..takes
-        };
         tokio::spawn(async move {
             session
                 .call_rounds(
@@ -2940,14 +2936,20 @@ impl ServerHandler for AgentSession {
         _context: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::GetTaskResult, ErrorData> {
         let _in_flight = self.admit(None)?;
-        if let Some((_, own)) = self.own_task(&request.task_id) {
-            if own.ended() && self.gateway.held(&request.task_id).is_some() {
-                self.gateway
-                    .release_after(request.task_id.clone(), HELD_AFTER_END);
-            }
-            return Ok(own.get(&request.task_id));
-        }
-        let (child, tool, task_id) = self.task_child(&request.task_id).await?;
+        let (holder, id) = match self.own_task(&request.task_id) {
+            Some((holder, own)) => match own.delegate() {
+                Some(delegate) => (holder, delegate),
+                None => {
+                    if own.ended() && self.gateway.held(&request.task_id).is_some() {
+                        self.gateway
+                            .release_after(request.task_id.clone(), HELD_AFTER_END);
+                    }
+                    return Ok(own.get(&request.task_id));
+                }
+            },
+            None => (self.clone(), request.task_id.clone()),
+        };
+        let (child, tool, task_id) = holder.task_child(&id).await?;
         let mut found = child.get_task(&tool, &task_id).await.map_err(to_error)?;
         if found.task.task.status.is_terminal() && self.gateway.held(&request.task_id).is_some() {
             self.gateway
@@ -2964,7 +2966,8 @@ impl ServerHandler for AgentSession {
         _context: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
         let _in_flight = self.admit(None)?;
-        if let Some((holder, own)) = self.own_task(&request.task_id) {
+        let own = self.own_task(&request.task_id);
+        if let Some((holder, own)) = own.as_ref().filter(|(_, own)| own.delegate().is_none()) {
             let resume = own.resume(&request.task_id, request.input_responses)?;
             let round = holder.spawn_round(
                 &own.server,
@@ -2978,15 +2981,19 @@ impl ServerHandler for AgentSession {
                     request_state: resume.request_state,
                 },
                 Takes {
-                    tasks: false,
+                    tasks: true,
                     input: true,
                     held: true,
                 },
             );
-            holder.settle_round(own, round);
+            holder.settle_round(own.clone(), round);
             return Ok(());
         }
-        let (child, _, task_id) = self.task_child(&request.task_id).await?;
+        let (holder, id) = match own {
+            Some((holder, own)) => (holder, own.delegate().unwrap_or_default()),
+            None => (self.clone(), request.task_id.clone()),
+        };
+        let (child, _, task_id) = holder.task_child(&id).await?;
         child
             .update_task(&task_id, request.input_responses)
             .await
@@ -2999,17 +3006,23 @@ impl ServerHandler for AgentSession {
         _context: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
         let _in_flight = self.admit(None)?;
-        if let Some((holder, own)) = self.own_task(&request.task_id) {
-            if let Some(state) = own.cancel() {
-                holder.abandon_parked(&state);
-            }
-            if self.gateway.held(&request.task_id).is_some() {
-                self.gateway
-                    .release_after(request.task_id.clone(), HELD_AFTER_END);
-            }
-            return Ok(());
-        }
-        let (child, _, task_id) = self.task_child(&request.task_id).await?;
+        let (holder, id) = match self.own_task(&request.task_id) {
+            Some((holder, own)) => match own.delegate() {
+                Some(delegate) => (holder, delegate),
+                None => {
+                    if let Some(state) = own.cancel() {
+                        holder.abandon_parked(&state);
+                    }
+                    if self.gateway.held(&request.task_id).is_some() {
+                        self.gateway
+                            .release_after(request.task_id.clone(), HELD_AFTER_END);
+                    }
+                    return Ok(());
+                }
+            },
+            None => (self.clone(), request.task_id.clone()),
+        };
+        let (child, _, task_id) = holder.task_child(&id).await?;
         child.cancel_task(&task_id).await.map_err(to_error)?;
         if self.gateway.held(&request.task_id).is_some() {
             self.gateway

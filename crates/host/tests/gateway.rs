@@ -2005,15 +2005,18 @@ async fn a_call_still_running_after_task_after_ms_becomes_a_task_of_moats_at_any
         UpdateTaskParams,
     };
     let servers: Vec<_> = [
-        ("n25", Launcher::Native, "2025-11-25"),
-        ("n06", Launcher::Wasm, "2025-06-18"),
+        ("n26", Launcher::Wasm, None),
+        ("n25", Launcher::Native, Some("2025-11-25")),
+        ("n06", Launcher::Wasm, Some("2025-06-18")),
     ]
     .into_iter()
     .map(|(name, launcher, revision)| {
         let mut server = spec(launcher, guests::ROUNDS);
         server.name = name.into();
         server.env.insert("ROUNDS_NAME".into(), name.into());
-        server.env.insert("ROUNDS_REVISION".into(), revision.into());
+        if let Some(revision) = revision {
+            server.env.insert("ROUNDS_REVISION".into(), revision.into());
+        }
         server
     })
     .collect();
@@ -2179,6 +2182,41 @@ async fn a_call_still_running_after_task_after_ms_becomes_a_task_of_moats_at_any
         without.cancel().await.unwrap();
         plain.close().await;
     }
+    // A 2026-07-28 server that makes its own task, but only after Moat
+    // made one: the agent follows the server's under Moat's id, input and
+    // all.
+    let task = task_of(
+        agent
+            .call_tool_once(call(
+                "n26__job",
+                json!({"before_ms": 400, "ms": 5, "confirm": true}),
+            ))
+            .await,
+    );
+    let waiting = task_until(&agent, &task.task_id, TaskStatus::InputRequired).await;
+    let TaskPayload::InputRequired { input_requests } = &waiting.task.payload else {
+        panic!("{waiting:?}")
+    };
+    assert!(
+        input_requests.contains_key("go"),
+        "the server's own key: {input_requests:?}"
+    );
+    agent
+        .update_task(UpdateTaskParams::new(
+            task.task_id.clone(),
+            [(
+                "go".to_owned(),
+                json!({"action": "accept", "content": {"go": "yes"}}),
+            )]
+            .into(),
+        ))
+        .await
+        .unwrap();
+    let done = task_until(&agent, &task.task_id, TaskStatus::Completed).await;
+    let TaskPayload::Completed { result } = done.task.payload else {
+        panic!("{done:?}")
+    };
+    assert_eq!(result["content"][0]["text"], "n26: job done after yes");
     agent.cancel().await.unwrap();
     let failures = session.close().await;
     assert!(failures.is_empty(), "{failures:?}");

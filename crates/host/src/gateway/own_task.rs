@@ -46,6 +46,9 @@ struct State {
     cancel: CancellationToken,
     cancel_requested: bool,
     ended: Option<Instant>,
+    /// The id of the task the server itself made of a round, once it did:
+    /// from then on the task is the server's, reached under Moat's id.
+    delegate: Option<String>,
 }
 
 /// What `tasks/update` starts: the next round, with the agent's answers.
@@ -92,6 +95,7 @@ impl OwnTask {
                 cancel,
                 cancel_requested: false,
                 ended: None,
+                delegate: None,
             }),
             created_at,
         }
@@ -119,6 +123,12 @@ impl OwnTask {
     pub(super) fn get(&self, id: &str) -> GetTaskResult {
         let task = self.task(id);
         GetTaskResult::new(DetailedTask::new(task, self.state().payload.clone()))
+    }
+
+    /// The id (as the session knows it) of the server's own task this one
+    /// became, if it did.
+    pub(super) fn delegate(&self) -> Option<String> {
+        self.state().delegate.clone()
     }
 
     /// Whether the task has ended.
@@ -158,15 +168,19 @@ impl OwnTask {
                     result: object(result),
                 }
             }
+            // The server made a task of its own after all: the agent
+            // follows that one under Moat's id.
+            Ok(CallToolResponse::Task(created)) => {
+                state.delegate = Some(created.task.task_id);
+                TaskPayload::Working
+            }
             Err(_) if state.cancel_requested => TaskPayload::Cancelled,
             Err(error) => TaskPayload::Failed {
                 error: object(error),
             },
-            // A round runs with tasks followed to their end: it never
-            // answers with one.
             Ok(_) => TaskPayload::Failed {
                 error: object(ErrorData::internal_error(
-                    "a round of a task of Moat's answered with a task",
+                    "a round of a task of Moat's answered in a shape Moat does not know",
                     None,
                 )),
             },

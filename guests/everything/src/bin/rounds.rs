@@ -8,7 +8,8 @@
 //!   state back, and the answer names both.
 //! - `job` becomes a task (the tasks extension) when the caller declared
 //!   tasks, else runs inline. With `confirm`, the task asks for input
-//!   (`input_required`, answered by `tasks/update`) before it completes.
+//!   (`input_required`, answered by `tasks/update`) before it completes;
+//!   with `before_ms`, it answers with the task only after that long.
 //!   As an older server it runs in the call for `ms` milliseconds, and
 //!   with `confirm` asks with `elicitation/create` after that.
 //!
@@ -233,6 +234,12 @@ impl Rounds {
         if !tasks {
             return text(format!("{server}: job done inline")).into();
         }
+        // A server that takes its time to decide on a task.
+        let before = arguments
+            .get("before_ms")
+            .and_then(|v| v.as_u64())
+            .unwrap_or(0);
+        moat_wit::time::sleep(Duration::from_millis(before)).await;
         let task = self
             .tasks
             .spawn(TaskOptions::new().with_poll_interval_ms(10), move |task| {
