@@ -1261,9 +1261,16 @@ async fn serve(
     }
     let _stop_probes = stop_probes.drop_guard();
     let session = gateway.session();
+    // 2025-11-25's task requests and declarations, which rmcp does not
+    // carry, rewritten at the wire for an agent on that revision.
+    let (input, output) = stdio::agent();
+    let wire = std::sync::Arc::new(moat_host::tasks_2025::Wire::new(false));
     let service = session
         .clone()
-        .serve(stdio::agent())
+        .serve((
+            moat_host::tasks_2025::Reader::new(input, wire.clone()),
+            moat_host::tasks_2025::Writer::new(output, wire),
+        ))
         .await
         .context("starting the MCP session on stdio")?;
     let cancel = service.cancellation_token();

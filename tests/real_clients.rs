@@ -464,7 +464,14 @@ fn the_typescript_sdk_on_2025_11_25_is_asked_for_a_2026_servers_input() {
             "c_ask": "c: hello Ts and Ts (elicited)",
             "d_touch": "d: touched 1",
             "updated": ["rounds://d/data"],
-            "asked": ["Your name?", "Name 1?", "Name 2?"],
+            "tasks_capability": {"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}},
+            "task_support": ["optional"],
+            "b__job": {"seen": ["taskCreated", "taskStatus", "result"], "id": true, "result": "b: job done"},
+            "c__job": {"seen": ["taskCreated", "taskStatus", "result"], "id": true, "result": "c: job done after Ts"},
+            "d__job": {"seen": ["taskCreated", "taskStatus", "result"], "id": true, "result": "d: job done inline"},
+            "cancelled": "cancelled",
+            "listed": ["cancelled", "completed", "completed", "completed"],
+            "asked": ["Your name?", "Name 1?", "Name 2?", "Go on?"],
         })
     );
 }

@@ -2514,6 +2514,7 @@ impl AgentSession {
             traceparent.map(str::to_owned),
             retry,
             takes,
+            None,
         );
         tokio::select! {
             done = &mut round => return joined(done),
@@ -2523,7 +2524,26 @@ impl AgentSession {
             }
             () = tokio::time::sleep(after) => {}
         }
-        let own = Arc::new(OwnTask::new(server, tool, arguments, round_cancel));
+        let (id, own) = self.adopt_round(server, tool, arguments, round, round_cancel, takes.held);
+        Ok(CallToolResponse::Task(rmcp::model::CreateTaskResult::new(
+            own.task(&id),
+        )))
+    }
+
+    /// Makes a task of Moat's of `round` (a call to `server`'s `tool`
+    /// under `cancel`), and returns the id the agent knows it by. On a
+    /// connection that ends with the request (`held` false), the session is
+    /// held for it.
+    fn adopt_round(
+        &self,
+        server: &str,
+        tool: &str,
+        arguments: Option<rmcp::model::JsonObject>,
+        round: tokio::task::JoinHandle<Result<CallToolResponse, ErrorData>>,
+        cancel: CancellationToken,
+        held: bool,
+    ) -> (String, Arc<OwnTask>) {
+        let own = Arc::new(OwnTask::new(server, tool, arguments, cancel));
         // Unguessable in every session: over stateless HTTP the id is the
         // capability that finds the task, and a server's own task ids
         // (`server__id`) never meet it.
@@ -2533,16 +2553,17 @@ impl AgentSession {
             tasks.retain(|_, task| !task.expired());
             tasks.insert(id.clone(), own.clone());
         }
-        if !takes.held {
+        if !held {
             self.gateway.hold(id.clone(), self.clone(), own_task::KEPT);
         }
-        let created = rmcp::model::CreateTaskResult::new(own.task(&id));
-        self.settle_round(own, round);
-        Ok(CallToolResponse::Task(created))
+        self.settle_round(own.clone(), round);
+        (id, own)
     }
 
     /// One round of a call, run apart from the request that began it: the
-    /// call itself, or a retry with the agent's answers.
+    /// call itself, or a retry with the agent's answers. `agent` is asked
+    /// for input on the server's behalf when it is on a revision that is
+    /// asked with requests of its own.
     #[allow(
         clippy::too_many_arguments,
         reason = "one call's parts, as the agent sent them"
@@ -2557,6 +2578,7 @@ impl AgentSession {
         traceparent: Option<String>,
         retry: Retry,
         takes: Takes,
+        agent: Option<Peer<RoleServer>>,
     ) -> tokio::task::JoinHandle<Result<CallToolResponse, ErrorData>> {
         let (session, server, tool) = (self.clone(), server.to_owned(), tool.to_owned());
         tokio::spawn(async move {
@@ -2570,7 +2592,7 @@ impl AgentSession {
                     traceparent.as_deref(),
                     retry,
                     takes,
-                    None,
+                    agent,
                 )
                 .await
         })
@@ -2985,6 +3007,7 @@ impl ServerHandler for AgentSession {
                     input: true,
                     held: true,
                 },
+                None,
             );
             holder.settle_round(own.clone(), round);
             return Ok(());
@@ -3029,6 +3052,133 @@ impl ServerHandler for AgentSession {
                 .release_after(request.task_id.clone(), HELD_AFTER_END);
         }
         Ok(())
+    }
+
+    /// 2025-11-25's task requests, renamed on the way in
+    /// ([`crate::tasks_2025`]): a `tools/call` that asks for a task gets a
+    /// task of Moat's at once, whatever the server's revision, and
+    /// `tasks/get`, `tasks/result`, `tasks/list` and `tasks/cancel` find this
+    /// session's tasks.
+    async fn on_custom_request(
+        &self,
+        request: rmcp::model::CustomRequest,
+        context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::CustomResult, ErrorData> {
+        let Some(method) = request
+            .method
+            .strip_prefix(crate::tasks_2025::METHOD_PREFIX)
+        else {
+            return Err(ErrorData::new(
+                rmcp::model::ErrorCode::METHOD_NOT_FOUND,
+                request.method,
+                None,
+            ));
+        };
+        let _in_flight = self.admit(None)?;
+        let params = request.params.unwrap_or_default();
+        let found = |params: &serde_json::Value| {
+            let id = params
+                .get("taskId")
+                .and_then(serde_json::Value::as_str)
+                .ok_or_else(|| {
+                    ErrorData::invalid_params(format!("{method}: `taskId` is required"), None)
+                })?;
+            self.own_task(id)
+                .map(|(holder, own)| (id.to_owned(), holder, own))
+                .ok_or_else(|| {
+                    ErrorData::invalid_params(format!("no task {id:?} in this session"), None)
+                })
+        };
+        let worded = |id: &str, own: &OwnTask| crate::tasks_2025::task(&own.task(id));
+        let answer = match method {
+            "tools/call" => {
+                let call: CallToolRequestParams =
+                    serde_json::from_value(params).map_err(|error| {
+                        ErrorData::invalid_params(format!("tools/call: {error}"), None)
+                    })?;
+                let (server, tool) = self.route_tool(&call.name)?;
+                let cancel = CancellationToken::new();
+                let round = self.spawn_round(
+                    server,
+                    tool,
+                    call.arguments.clone(),
+                    None,
+                    cancel.clone(),
+                    context.meta.get_traceparent().map(str::to_owned),
+                    Retry::default(),
+                    Takes::default(),
+                    Some(context.peer.clone()),
+                );
+                let (id, own) = self.adopt_round(server, tool, call.arguments, round, cancel, true);
+                serde_json::json!({"task": worded(&id, &own)})
+            }
+            "tasks/get" => {
+                let (id, _, own) = found(&params)?;
+                worded(&id, &own)
+            }
+            "tasks/result" => {
+                let (id, _, own) = found(&params)?;
+                tokio::select! {
+                    () = own.until_ended() => {}
+                    () = context.ct.cancelled() => {
+                        return Err(ErrorData::internal_error(format!("tasks/result for {id:?} was cancelled"), None));
+                    }
+                }
+                match own.payload() {
+                    rmcp::model::TaskPayload::Completed { mut result } => {
+                        let related = serde_json::json!({"io.modelcontextprotocol/related-task": {"taskId": id}});
+                        result.insert("_meta".to_owned(), related);
+                        serde_json::Value::Object(result)
+                    }
+                    rmcp::model::TaskPayload::Failed { error } => {
+                        return Err(serde_json::from_value(serde_json::Value::Object(error))
+                            .unwrap_or_else(|_| {
+                                ErrorData::internal_error(format!("task {id:?} failed"), None)
+                            }));
+                    }
+                    _ => {
+                        return Err(ErrorData::invalid_params(
+                            format!("task {id:?} was cancelled: it has no result"),
+                            None,
+                        ));
+                    }
+                }
+            }
+            "tasks/list" => {
+                let tasks: Vec<_> = self
+                    .own_tasks
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .iter()
+                    .filter(|(_, own)| !own.expired())
+                    .map(|(id, own)| worded(id, own))
+                    .collect();
+                serde_json::json!({"tasks": tasks})
+            }
+            "tasks/cancel" => {
+                let (id, holder, own) = found(&params)?;
+                if own.ended() {
+                    return Err(ErrorData::invalid_params(
+                        format!("task {id:?} has already ended: it cannot be cancelled"),
+                        None,
+                    ));
+                }
+                if let Some(state) = own.cancel() {
+                    holder.abandon_parked(&state);
+                }
+                // Answered as it ended, when that is prompt.
+                let _ = tokio::time::timeout(CANCEL_GRACE, own.until_ended()).await;
+                worded(&id, &own)
+            }
+            other => {
+                return Err(ErrorData::new(
+                    rmcp::model::ErrorCode::METHOD_NOT_FOUND,
+                    format!("{other}: not a request of 2025-11-25's tasks"),
+                    None,
+                ));
+            }
+        };
+        Ok(rmcp::model::CustomResult::new(answer))
     }
 
     async fn on_initialized(&self, context: NotificationContext<RoleServer>) {

@@ -20,8 +20,9 @@
 //!    errors.
 //! 6. [`client`] (a connected session with a server, lock enforcement,
 //!    typed errors), then [`gateway`] (`moat serve`'s agent sessions, with
-//!    the [`metrics`] it counts), [`http`] (its streamable HTTP front) and
-//!    [`fuzz`].
+//!    the [`metrics`] it counts), [`http`] (its streamable HTTP front),
+//!    [`tasks_2025`] (2025-11-25's task requests at the wire, which rmcp
+//!    does not carry) and [`fuzz`].
 //! 7. Bringing configs in: [`importer`] (client configs), [`packages`]
 //!    (package launchers) and [`wassette`] (Wassette policies).
 
@@ -55,6 +56,7 @@ pub mod revoke;
 #[cfg(target_os = "linux")]
 pub mod sandbox;
 pub mod seal;
+pub mod tasks_2025;
 pub mod text;
 pub mod trace;
 pub mod transport;

@@ -34,6 +34,8 @@ pub(super) struct OwnTask {
     pub(super) arguments: Option<JsonObject>,
     created_at: String,
     state: Mutex<State>,
+    /// Woken at every change of state (`tasks/result` waits for the end).
+    changed: tokio::sync::Notify,
 }
 
 struct State {
@@ -98,6 +100,7 @@ impl OwnTask {
                 delegate: None,
             }),
             created_at,
+            changed: tokio::sync::Notify::new(),
         }
     }
 
@@ -131,6 +134,24 @@ impl OwnTask {
         self.state().delegate.clone()
     }
 
+    /// Where the task stands: its result, error or request for input.
+    pub(super) fn payload(&self) -> TaskPayload {
+        self.state().payload.clone()
+    }
+
+    /// Returns once the task has ended.
+    pub(super) async fn until_ended(&self) {
+        loop {
+            let notified = self.changed.notified();
+            let mut notified = std::pin::pin!(notified);
+            notified.as_mut().enable();
+            if self.ended() {
+                return;
+            }
+            notified.await;
+        }
+    }
+
     /// Whether the task has ended.
     pub(super) fn ended(&self) -> bool {
         self.state().payload.status().is_terminal()
@@ -149,6 +170,12 @@ impl OwnTask {
     /// call nobody will take up any more (a cancel came while it was
     /// asking), for the caller to let go of.
     pub(super) fn settle(&self, done: Result<CallToolResponse, ErrorData>) -> Option<String> {
+        let abandoned = self.settle_state(done);
+        self.changed.notify_waiters();
+        abandoned
+    }
+
+    fn settle_state(&self, done: Result<CallToolResponse, ErrorData>) -> Option<String> {
         let mut state = self.state();
         let mut abandoned = None;
         state.payload = match done {
@@ -220,6 +247,12 @@ impl OwnTask {
     /// input ends at once, and the `requestState` of its parked call is
     /// returned for the caller to let go of.
     pub(super) fn cancel(&self) -> Option<String> {
+        let parked = self.cancel_state();
+        self.changed.notify_waiters();
+        parked
+    }
+
+    fn cancel_state(&self) -> Option<String> {
         let mut state = self.state();
         if state.payload.status().is_terminal() {
             return None;
