@@ -466,14 +466,63 @@ fn the_typescript_sdk_on_2025_11_25_is_asked_for_a_2026_servers_input() {
             "updated": ["rounds://d/data"],
             "tasks_capability": {"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}},
             "task_support": ["optional"],
-            "b__job": {"seen": ["taskCreated", "taskStatus", "result"], "id": true, "result": "b: job done"},
-            "c__job": {"seen": ["taskCreated", "taskStatus", "result"], "id": true, "result": "c: job done after Ts"},
-            "d__job": {"seen": ["taskCreated", "taskStatus", "result"], "id": true, "result": "d: job done inline"},
-            "cancelled": "cancelled",
-            "listed": ["cancelled", "completed", "completed", "completed"],
             "asked": ["Your name?", "Name 1?", "Name 2?", "Go on?"],
         })
+        .as_object()
+        .unwrap()
+        .clone()
+        .into_iter()
+        .chain(tasks_2025_report())
+        .collect::<serde_json::Value>()
     );
+}
+
+/// What ts_tasks.mjs reports of 2025-11-25's experimental tasks through
+/// Moat: declared; a task of Moat's at a 2026-07-28 server (`b`, whose own
+/// task Moat follows), a 2025-06-18 one that asks on the way (`c`, its
+/// elicitation passed on to the agent) and a 2025-11-25 one (`d`), each
+/// under an id naming its server; one cancelled; all four listed.
+fn tasks_2025_report() -> serde_json::Map<String, serde_json::Value> {
+    let seen = serde_json::json!(["taskCreated", "taskStatus", "result"]);
+    serde_json::json!({
+        "tasks_capability": {"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}},
+        "task_support": ["optional"],
+        "b__job": {"seen": seen, "id": true, "result": "b: job done"},
+        "c__job": {"seen": seen, "id": true, "result": "c: job done after Ts"},
+        "d__job": {"seen": seen, "id": true, "result": "d: job done inline"},
+        "cancelled": "cancelled",
+        "listed": ["cancelled", "completed", "completed", "completed"],
+    })
+    .as_object()
+    .unwrap()
+    .clone()
+}
+
+/// The TypeScript SDK on 2025-11-25 over streamable HTTP: the same tasks as
+/// over stdio, the task requests renamed and the declarations added in
+/// HTTP bodies (JSON or server-sent events), and the 2025-06-18 server's
+/// elicitation reaching the agent on its stream while the task runs.
+#[test]
+fn the_typescript_sdk_follows_2025_11_25_tasks_over_streamable_http() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let sdk = root.join("target/npm/node_modules/@modelcontextprotocol/sdk");
+    let dir = tempfile::tempdir().unwrap();
+    let config = rounds_config(dir.path());
+    let audit = dir.path().join("audit.jsonl");
+    let (mut server, url) = serve_http(&config, "s3cret", &audit);
+    let output = Command::new("node")
+        .arg(root.join("tests/clients/ts_http_tasks.mjs"))
+        .arg(&sdk)
+        .arg(&url)
+        .arg("s3cret")
+        .output()
+        .expect("running node");
+    let _ = server.kill();
+    let _ = server.wait();
+    let report = agent_report(&output, "TypeScript");
+    let mut expected = tasks_2025_report();
+    expected.insert("asked".into(), serde_json::json!(["Go on?"]));
+    assert_eq!(report, serde_json::Value::Object(expected));
 }
 
 /// The Python SDK on 2026-07-28 (`server/discover`) and on the initialize

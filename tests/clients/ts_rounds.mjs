@@ -9,6 +9,7 @@
 // usage: node ts_rounds.mjs SDK_DIR MOAT CONFIG
 import { pathToFileURL } from "node:url";
 import path from "node:path";
+import { tasks2025 } from "./ts_tasks.mjs";
 
 const [sdk, moat, config] = process.argv.slice(2);
 const load = (p) => import(pathToFileURL(path.join(sdk, "dist/esm", p)).href);
@@ -60,43 +61,7 @@ report.d_touch = text(await client.callTool({ name: "d__touch", arguments: {} })
 await hearing;
 report.updated = updated;
 
-// 2025-11-25's tasks: declared by Moat, and a task of Moat's at the
-// agent's request at a server of each revision; `c`'s asks on the way
-// (passed on to this agent as it was sent).
-report.tasks_capability = client.getServerCapabilities()?.tasks ?? null;
-const tools = (await client.listTools()).tools;
-report.task_support = [...new Set(tools.map((tool) => tool.execution?.taskSupport ?? "none"))];
-for (const [name, args] of [
-  ["b__job", { ms: 20 }],
-  ["c__job", { ms: 300, confirm: true }],
-  ["d__job", { ms: 300 }],
-]) {
-  const seen = [];
-  let outcome;
-  const stream = client.experimental.tasks.callToolStream(
-    { name, arguments: args },
-    undefined,
-    { task: { ttl: 60000 } },
-  );
-  for await (const message of stream) {
-    seen.push(message.type);
-    if (message.type === "taskCreated") outcome = { id: message.task.taskId };
-    if (message.type === "result") outcome.result = text(message.result);
-    if (message.type === "error") outcome.error = message.error.message;
-  }
-  outcome.id = outcome.id.startsWith(name.split("__")[0] + "__");
-  report[name] = { seen: [...new Set(seen)], ...outcome };
-}
-// One to cancel: the call stops at the server.
-const long = client.experimental.tasks.callToolStream(
-  { name: "d__job", arguments: { ms: 600000 } },
-  undefined,
-  { task: { ttl: 60000 } },
-);
-const created = (await long.next()).value;
-const cancelled = await client.experimental.tasks.cancelTask(created.task.taskId);
-report.cancelled = cancelled.status;
-report.listed = (await client.experimental.tasks.listTasks()).tasks.map((task) => task.status).sort();
+Object.assign(report, await tasks2025(client));
 report.asked = asked;
 await client.close();
 console.log(JSON.stringify(report));

@@ -556,12 +556,69 @@ impl Connection {
             }
             Err(_) => return status(StatusCode::BAD_REQUEST),
         };
+        // 2025-11-25's task requests and declarations, which rmcp does not
+        // carry, rewritten for an agent on that revision.
+        let mut parts = parts;
+        let revision = parts
+            .headers
+            .get("mcp-protocol-version")
+            .and_then(|v| v.to_str().ok());
+        let wire = Arc::new(crate::tasks_2025::Wire::new(
+            revision == Some(crate::tasks_2025::REVISION),
+        ));
+        let body = match wire.inbound(&body) {
+            Some(renamed) => {
+                parts.headers.remove(hyper::header::CONTENT_LENGTH);
+                Bytes::from(renamed)
+            }
+            None => body,
+        };
         let request = Request::from_parts(parts, Full::new(body));
-        match tower_service::Service::call(&mut self.service.clone(), request).await {
+        let response = match tower_service::Service::call(&mut self.service.clone(), request).await
+        {
             Ok(response) => response,
             Err(never) => match never {},
+        };
+        if !wire.outbound_pending() {
+            return response;
+        }
+        let (mut parts, body) = response.into_parts();
+        parts.headers.remove(hyper::header::CONTENT_LENGTH);
+        let body = body
+            .map_frame(move |frame| frame.map_data(|data| with_tasks_declared(&wire, data)))
+            .boxed();
+        Response::from_parts(parts, body)
+    }
+}
+
+/// A piece of an answer's body (JSON, or server-sent events each on a
+/// `data:` line) with Moat's answers to a 2025-11-25 agent's `initialize`
+/// and `tools/list` declaring tasks ([`crate::tasks_2025`]).
+fn with_tasks_declared(wire: &crate::tasks_2025::Wire, data: Bytes) -> Bytes {
+    if let Some(rewritten) = wire.outbound(&data) {
+        return Bytes::from(rewritten);
+    }
+    if !data.starts_with(b"data:") && !data.windows(6).any(|w| w == b"\ndata:") {
+        return data;
+    }
+    let mut out = Vec::with_capacity(data.len() + 128);
+    for line in data.split_inclusive(|b| *b == b'\n') {
+        let rewritten = line.strip_prefix(b"data:").and_then(|payload| {
+            let end = payload.len() - payload.ends_with(b"\n") as usize;
+            wire.outbound(payload[..end].trim_ascii())
+        });
+        match rewritten {
+            Some(json) => {
+                out.extend_from_slice(b"data: ");
+                out.extend_from_slice(&json);
+                if line.ends_with(b"\n") {
+                    out.push(b'\n');
+                }
+            }
+            None => out.extend_from_slice(line),
         }
     }
+    Bytes::from(out)
 }
 
 #[cfg(test)]
