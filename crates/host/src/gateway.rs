@@ -2524,6 +2524,16 @@ impl AgentSession {
             }
             () = tokio::time::sleep(after) => {}
         }
+        if !own_task::make_room(&mut self.own_tasks.lock().unwrap_or_else(|e| e.into_inner())) {
+            // No room for another task: the call is answered in place.
+            tokio::select! {
+                done = &mut round => return joined(done),
+                () = cancel.cancelled() => {
+                    round_cancel.cancel();
+                    return joined(round.await);
+                }
+            }
+        }
         let (id, own) = self.adopt_round(server, tool, arguments, round, round_cancel, takes.held);
         Ok(CallToolResponse::Task(rmcp::model::CreateTaskResult::new(
             own.task(&id),
@@ -2550,7 +2560,7 @@ impl AgentSession {
         let id = format!("{server}{SEPARATOR}{}", unguessable());
         {
             let mut tasks = self.own_tasks.lock().unwrap_or_else(|e| e.into_inner());
-            tasks.retain(|_, task| !task.expired());
+            own_task::make_room(&mut tasks);
             tasks.insert(id.clone(), own.clone());
         }
         if !held {
@@ -3097,6 +3107,17 @@ impl ServerHandler for AgentSession {
                         ErrorData::invalid_params(format!("tools/call: {error}"), None)
                     })?;
                 let (server, tool) = self.route_tool(&call.name)?;
+                if !own_task::make_room(
+                    &mut self.own_tasks.lock().unwrap_or_else(|e| e.into_inner()),
+                ) {
+                    return Err(ErrorData::invalid_request(
+                        format!(
+                            "this session has {} tasks running: no room for another until one ends",
+                            own_task::MAX_KEPT
+                        ),
+                        None,
+                    ));
+                }
                 let cancel = CancellationToken::new();
                 let round = self.spawn_round(
                     server,

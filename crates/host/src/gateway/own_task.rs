@@ -164,6 +164,11 @@ impl OwnTask {
             .is_some_and(|ended| ended.elapsed() > KEPT)
     }
 
+    /// When it ended, if it has.
+    fn ended_at(&self) -> Option<Instant> {
+        self.state().ended
+    }
+
     /// Records how a round ended. A round that asked for input leaves the
     /// task waiting for `tasks/update`; one that failed after a cancel
     /// request leaves it cancelled. Returns the `requestState` of a parked
@@ -269,6 +274,34 @@ impl OwnTask {
     }
 }
 
+/// Tasks of Moat's one session keeps at most, running or ended: each holds
+/// its result, so an agent that makes task after task and never reads
+/// them cannot grow Moat without bound.
+pub(super) const MAX_KEPT: usize = 256;
+
+/// Makes room in a session's tasks for one more: the expired ones go, and
+/// at [`MAX_KEPT`] the one that ended first; `false` when every task kept
+/// is still running.
+pub(super) fn make_room<K: Ord + Clone>(
+    tasks: &mut std::collections::BTreeMap<K, std::sync::Arc<OwnTask>>,
+) -> bool {
+    tasks.retain(|_, task| !task.expired());
+    if tasks.len() < MAX_KEPT {
+        return true;
+    }
+    let oldest = tasks
+        .iter()
+        .filter_map(|(id, task)| Some((task.ended_at()?, id.clone())))
+        .min();
+    match oldest {
+        Some((_, id)) => {
+            tasks.remove(&id);
+            true
+        }
+        None => false,
+    }
+}
+
 fn status_name(status: TaskStatus) -> &'static str {
     match status {
         TaskStatus::Working => "working",
@@ -342,5 +375,22 @@ mod tests {
         assert_eq!(got["status"], "failed", "{got}");
         assert_eq!(got["error"]["code"], -32602, "{got}");
         assert_eq!(got["ttlMs"], 3_600_000, "{got}");
+    }
+
+    #[test]
+    fn a_full_session_forgets_the_task_that_ended_first_and_refuses_when_all_run() {
+        let mut tasks = std::collections::BTreeMap::new();
+        for n in 0..MAX_KEPT {
+            tasks.insert(n, std::sync::Arc::new(task()));
+        }
+        assert!(!make_room(&mut tasks), "every one still running");
+        tasks[&7].settle(Err(ErrorData::internal_error("x", None)));
+        tasks[&3].settle(Err(ErrorData::internal_error("y", None)));
+        assert!(make_room(&mut tasks));
+        assert!(
+            !tasks.contains_key(&7) && tasks.contains_key(&3),
+            "the first to end"
+        );
+        assert_eq!(tasks.len(), MAX_KEPT - 1);
     }
 }
