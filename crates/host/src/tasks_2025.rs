@@ -344,6 +344,15 @@ impl<W: AsyncWrite + Unpin> AsyncWrite for Writer<W> {
         let this = self.get_mut();
         ready!(this.poll_drain(cx))?;
         let wire = &this.wire;
+        if this.lines.line.is_empty() && !wire.outbound_pending() {
+            // Nothing to look at (the common case): straight through,
+            // keeping count of where lines end.
+            let n = ready!(Pin::new(&mut this.inner).poll_write(cx, buf))?;
+            if n > 0 {
+                this.lines.passing = buf[n - 1] != b'\n';
+            }
+            return Poll::Ready(Ok(n));
+        }
         this.pending = this
             .lines
             .feed(buf, || wire.outbound_pending(), |line| wire.outbound(line));
@@ -438,6 +447,44 @@ mod tests {
                 "{revision}: tasks/get is 2026's own"
             );
         }
+    }
+
+    #[tokio::test]
+    async fn the_writer_declares_tasks_in_an_answer_written_in_pieces() {
+        use tokio::io::AsyncWriteExt;
+        let wire = std::sync::Arc::new(Wire::new(false));
+        let init = line(
+            serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+            "params": {"protocolVersion": "2025-11-25"}}),
+        );
+        let sent = [init.as_slice(), b"\n"].concat();
+        let mut reader = Reader::new(&sent[..], wire.clone());
+        let mut read = Vec::new();
+        tokio::io::AsyncReadExt::read_to_end(&mut reader, &mut read)
+            .await
+            .unwrap();
+        assert_eq!(read, sent, "passed as it came");
+        let mut written = Vec::new();
+        let mut writer = Writer::new(&mut written, wire.clone());
+        writer
+            .write_all(
+                b"{\"jsonrpc\":\"2.0\",\"method\":\"notifications/x\"}\n{\"jsonrpc\":\"2.0\",",
+            )
+            .await
+            .unwrap();
+        writer
+            .write_all(b"\"id\":1,\"result\":{\"capabilities\":{}}}\n")
+            .await
+            .unwrap();
+        writer.flush().await.unwrap();
+        let lines: Vec<Value> = written
+            .split(|b| *b == b'\n')
+            .filter(|l| !l.is_empty())
+            .map(|l| serde_json::from_slice(l).unwrap())
+            .collect();
+        assert_eq!(lines[0]["method"], "notifications/x");
+        assert_eq!(lines[1]["result"]["capabilities"]["tasks"], capability());
+        assert!(!wire.outbound_pending());
     }
 
     #[test]
