@@ -2485,9 +2485,8 @@ impl AgentSession {
     /// it is still running `after` it began (`[serve] task_after_ms`): the
     /// agent gets the task at once and the call runs on. A task its server
     /// makes is handed on as ever, or, made later, reached under Moat's id;
-    /// a request for input
-    /// leaves Moat's task `input_required` until `tasks/update` brings the
-    /// answers (see [`OwnTask`]).
+    /// a request for input leaves Moat's task `input_required` until
+    /// `tasks/update` brings the answers (see [`OwnTask`]).
     #[allow(
         clippy::too_many_arguments,
         reason = "one call's parts, as the agent sent them"

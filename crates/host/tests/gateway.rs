@@ -1989,6 +1989,22 @@ async fn every_agent_revision_meets_every_server_revision_in_one_gateway() {
     assert!(closed.is_empty(), "{closed:?}");
 }
 
+/// Answers `yes` to the `Go on?` that task `id` asks under `key`, and
+/// returns the task's result once it completes.
+async fn go_on(agent: &AgentClient, id: &str, key: &str) -> moat_host::rmcp::model::JsonObject {
+    use moat_host::rmcp::model::{TaskPayload, TaskStatus, UpdateTaskParams};
+    let answer = json!({"action": "accept", "content": {"go": "yes"}});
+    agent
+        .update_task(UpdateTaskParams::new(id, [(key.to_owned(), answer)].into()))
+        .await
+        .unwrap();
+    let done = task_until(agent, id, TaskStatus::Completed).await;
+    let TaskPayload::Completed { result } = done.task.payload else {
+        panic!("{done:?}")
+    };
+    result
+}
+
 /// `[serve] task_after_ms`: a call of an agent that declared the tasks
 /// extension which is still running after that long becomes a task of
 /// Moat's, at a server of any revision (here the two before tasks, wasm and
@@ -2080,21 +2096,7 @@ async fn a_call_still_running_after_task_after_ms_becomes_a_task_of_moats_at_any
             "Go on?",
             "as the server worded it"
         );
-        agent
-            .update_task(UpdateTaskParams::new(
-                task.task_id.clone(),
-                [(
-                    "moat-1".to_owned(),
-                    json!({"action": "accept", "content": {"go": "yes"}}),
-                )]
-                .into(),
-            ))
-            .await
-            .unwrap();
-        let done = task_until(&agent, &task.task_id, TaskStatus::Completed).await;
-        let TaskPayload::Completed { result } = done.task.payload else {
-            panic!("{done:?}")
-        };
+        let result = go_on(&agent, &task.task_id, "moat-1").await;
         assert_eq!(
             result["content"][0]["text"],
             format!("{server}: job done after yes"),
@@ -2201,21 +2203,7 @@ async fn a_call_still_running_after_task_after_ms_becomes_a_task_of_moats_at_any
         input_requests.contains_key("go"),
         "the server's own key: {input_requests:?}"
     );
-    agent
-        .update_task(UpdateTaskParams::new(
-            task.task_id.clone(),
-            [(
-                "go".to_owned(),
-                json!({"action": "accept", "content": {"go": "yes"}}),
-            )]
-            .into(),
-        ))
-        .await
-        .unwrap();
-    let done = task_until(&agent, &task.task_id, TaskStatus::Completed).await;
-    let TaskPayload::Completed { result } = done.task.payload else {
-        panic!("{done:?}")
-    };
+    let result = go_on(&agent, &task.task_id, "go").await;
     assert_eq!(result["content"][0]["text"], "n26: job done after yes");
     agent.cancel().await.unwrap();
     let failures = session.close().await;
