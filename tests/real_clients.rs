@@ -152,12 +152,6 @@ fn post_status(url: &str, host: &str, authorization: Option<&str>, origin: Optio
 
 #[test]
 fn the_typescript_sdk_drives_moat_serve_over_streamable_http() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let sdk = root.join("target/npm/node_modules/@modelcontextprotocol/sdk");
-    assert!(
-        sdk.join("package.json").exists(),
-        "run `bash tests/setup.sh`"
-    );
     let dir = tempfile::tempdir().unwrap();
     let config = hybrid_config(dir.path());
     let audit = dir.path().join("audit.jsonl");
@@ -180,23 +174,40 @@ fn the_typescript_sdk_drives_moat_serve_over_streamable_http() {
     );
     assert_eq!(post_status(&url, &address, token, None), 200);
 
-    let output = Command::new("node")
-        .arg(root.join("tests/clients/ts_http_agent.mjs"))
-        .arg(&sdk)
-        .arg(&url)
-        .arg("s3cret")
-        .output()
-        .expect("running node");
+    let output = ts_agent_against("ts_http_agent.mjs", &url);
     let _ = server.kill();
     let _ = server.wait();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "the TypeScript agent failed:\n{stderr}"
-    );
-    let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let report = agent_report(&output, "TypeScript");
     check_report(&report);
     check_cancel_audited(&audit);
+}
+
+/// Runs the TypeScript agent `script` against `moat serve --http` at `url`
+/// (token `s3cret`).
+fn ts_agent_against(script: &str, url: &str) -> std::process::Output {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let sdk = root.join("target/npm/node_modules/@modelcontextprotocol/sdk");
+    assert!(
+        sdk.join("package.json").exists(),
+        "run `bash tests/setup.sh`"
+    );
+    Command::new("node")
+        .arg(root.join("tests/clients").join(script))
+        .arg(&sdk)
+        .arg(url)
+        .arg("s3cret")
+        .output()
+        .expect("running node")
+}
+
+/// Runs the TypeScript agent `script` against a `moat serve --http` of
+/// its own for `config`, which it stops afterwards.
+fn ts_over_http(script: &str, config: &Path, audit: &Path) -> std::process::Output {
+    let (mut server, url) = serve_http(config, "s3cret", audit);
+    let output = ts_agent_against(script, &url);
+    let _ = server.kill();
+    let _ = server.wait();
+    output
 }
 
 #[test]
@@ -504,21 +515,10 @@ fn tasks_2025_report() -> serde_json::Map<String, serde_json::Value> {
 /// elicitation reaching the agent on its stream while the task runs.
 #[test]
 fn the_typescript_sdk_follows_2025_11_25_tasks_over_streamable_http() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let sdk = root.join("target/npm/node_modules/@modelcontextprotocol/sdk");
     let dir = tempfile::tempdir().unwrap();
     let config = rounds_config(dir.path());
     let audit = dir.path().join("audit.jsonl");
-    let (mut server, url) = serve_http(&config, "s3cret", &audit);
-    let output = Command::new("node")
-        .arg(root.join("tests/clients/ts_http_tasks.mjs"))
-        .arg(&sdk)
-        .arg(&url)
-        .arg("s3cret")
-        .output()
-        .expect("running node");
-    let _ = server.kill();
-    let _ = server.wait();
+    let output = ts_over_http("ts_http_tasks.mjs", &config, &audit);
     let report = agent_report(&output, "TypeScript");
     let mut expected = tasks_2025_report();
     expected.insert("asked".into(), serde_json::json!(["Go on?"]));

@@ -1633,6 +1633,28 @@ async fn touch(
     )
 }
 
+/// The `rounds` guest as a server of each revision, wasm and native mixed:
+/// `n26` (2026-07-28, wasm), `n25` (2025-11-25, native), `n06`
+/// (2025-06-18, wasm).
+fn rounds_of_every_revision() -> Vec<moat_host::ServerSpec> {
+    [
+        ("n26", Launcher::Wasm, None),
+        ("n25", Launcher::Native, Some("2025-11-25")),
+        ("n06", Launcher::Wasm, Some("2025-06-18")),
+    ]
+    .into_iter()
+    .map(|(name, launcher, revision)| {
+        let mut server = spec(launcher, guests::ROUNDS);
+        server.name = name.into();
+        server.env.insert("ROUNDS_NAME".into(), name.into());
+        if let Some(revision) = revision {
+            server.env.insert("ROUNDS_REVISION".into(), revision.into());
+        }
+        server
+    })
+    .collect()
+}
+
 /// The protocol matrix: agents on 2025-06-18, 2025-11-25 and 2026-07-28
 /// against servers on each of them, all in one gateway (wasm and native
 /// mixed). Every agent reaches every server in the server's own revision;
@@ -1648,25 +1670,15 @@ async fn every_agent_revision_meets_every_server_revision_in_one_gateway() {
         CallToolResponse, GetTaskParams, InputRequest, ProtocolVersion, ServerNotification,
         SubscriptionFilter, TaskPayload, TaskStatus,
     };
-    let servers: Vec<_> = [
-        ("n26", Launcher::Wasm, None),
-        ("n25", Launcher::Native, Some("2025-11-25")),
-        ("n06", Launcher::Wasm, Some("2025-06-18")),
-    ]
-    .into_iter()
-    .map(|(name, launcher, revision)| {
-        let mut server = spec(launcher, guests::ROUNDS);
-        server.name = name.into();
-        server.env.insert("ROUNDS_NAME".into(), name.into());
-        if let Some(revision) = revision {
-            server.env.insert("ROUNDS_REVISION".into(), revision.into());
-        }
-        // Shorter than the agent takes to answer below: the deadline
-        // bounds the server's work, not the agent's answer.
-        server.limits.request_timeout_ms = 1_000;
-        server
-    })
-    .collect();
+    let servers: Vec<_> = rounds_of_every_revision()
+        .into_iter()
+        .map(|mut server| {
+            // Shorter than the agent takes to answer below: the deadline
+            // bounds the server's work, not the agent's answer.
+            server.limits.request_timeout_ms = 1_000;
+            server
+        })
+        .collect();
     let gateway = gateway(&servers);
     // Each server as it answers: in its own revision, whatever the agent's.
     let in_own_revision = [
@@ -2020,22 +2032,7 @@ async fn a_call_still_running_after_task_after_ms_becomes_a_task_of_moats_at_any
         CallToolResponse, CancelTaskParams, GetTaskParams, InputRequest, TaskPayload, TaskStatus,
         UpdateTaskParams,
     };
-    let servers: Vec<_> = [
-        ("n26", Launcher::Wasm, None),
-        ("n25", Launcher::Native, Some("2025-11-25")),
-        ("n06", Launcher::Wasm, Some("2025-06-18")),
-    ]
-    .into_iter()
-    .map(|(name, launcher, revision)| {
-        let mut server = spec(launcher, guests::ROUNDS);
-        server.name = name.into();
-        server.env.insert("ROUNDS_NAME".into(), name.into());
-        if let Some(revision) = revision {
-            server.env.insert("ROUNDS_REVISION".into(), revision.into());
-        }
-        server
-    })
-    .collect();
+    let servers = rounds_of_every_revision();
     let config = Config {
         path: "moat.toml".into(),
         servers: servers
