@@ -832,6 +832,11 @@ type Askers = Arc<std::sync::Mutex<Vec<mpsc::UnboundedSender<ServerAsk>>>>;
 /// behind before it misses some (it is told how many it missed).
 const NOTICES_BUFFERED: usize = 64;
 
+/// A notification as [`Session::notices`] hands it out: shared, so that
+/// the channel's slots, allocated with every server instance, are a
+/// pointer each rather than a whole notification.
+pub type Notice = Arc<rmcp::model::ServerNotification>;
+
 /// Receives what the server sends the client on its own: progress not
 /// routed to a call, its own requests for input, and notifications not
 /// routed to a subscription. (Routed progress and word that the tool list
@@ -839,7 +844,7 @@ const NOTICES_BUFFERED: usize = 64;
 struct ClientSide {
     progress: mpsc::UnboundedSender<ProgressNotificationParam>,
     askers: Askers,
-    notices: tokio::sync::broadcast::Sender<rmcp::model::ServerNotification>,
+    notices: tokio::sync::broadcast::Sender<Notice>,
     shared: Arc<Shared>,
 }
 
@@ -955,23 +960,23 @@ impl ClientHandler for ClientSide {
         params: rmcp::model::ResourceUpdatedNotificationParam,
         _context: NotificationContext<RoleClient>,
     ) {
-        let _ = self.notices.send(
+        let _ = self.notices.send(Arc::new(
             rmcp::model::ServerNotification::ResourceUpdatedNotification(
                 rmcp::model::ResourceUpdatedNotification::new(params),
             ),
-        );
+        ));
     }
 
     async fn on_resource_list_changed(&self, _context: NotificationContext<RoleClient>) {
-        let _ = self.notices.send(
+        let _ = self.notices.send(Arc::new(
             rmcp::model::ServerNotification::ResourceListChangedNotification(Default::default()),
-        );
+        ));
     }
 
     async fn on_prompt_list_changed(&self, _context: NotificationContext<RoleClient>) {
-        let _ = self.notices.send(
+        let _ = self.notices.send(Arc::new(
             rmcp::model::ServerNotification::PromptListChangedNotification(Default::default()),
-        );
+        ));
     }
 }
 
@@ -984,7 +989,7 @@ pub enum Listening {
         /// Weak: a subscription never keeps a closing session in use.
         session: std::sync::Weak<Session>,
         filter: rmcp::model::SubscriptionFilter,
-        notices: tokio::sync::broadcast::Receiver<rmcp::model::ServerNotification>,
+        notices: tokio::sync::broadcast::Receiver<Notice>,
     },
 }
 
@@ -1009,7 +1014,7 @@ impl Listening {
                     }
                     Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
                 };
-                let wanted = match &notice {
+                let wanted = match notice.as_ref() {
                     N::PromptListChangedNotification(_) => {
                         filter.prompts_list_changed == Some(true)
                     }
@@ -1023,7 +1028,7 @@ impl Listening {
                     _ => false,
                 };
                 if wanted {
-                    return Some(notice);
+                    return Some(Arc::unwrap_or_clone(notice));
                 }
             },
         }
@@ -1055,7 +1060,7 @@ pub struct Session {
     shared: Arc<Shared>,
     progress: Option<mpsc::UnboundedReceiver<ProgressNotificationParam>>,
     askers: Askers,
-    notices: tokio::sync::broadcast::Sender<rmcp::model::ServerNotification>,
+    notices: tokio::sync::broadcast::Sender<Notice>,
     /// Resources subscribed at a server before 2026-07-28, with how many
     /// of this session's subscriptions hold each.
     subscribed: std::sync::Mutex<std::collections::BTreeMap<String, usize>>,
@@ -1260,7 +1265,7 @@ impl Session {
     /// Notifications the server sends outside any `subscriptions/listen`
     /// stream, as servers before 2026-07-28 do: a subscribed resource's
     /// updates, and changes to its prompt and resource lists.
-    pub fn notices(&self) -> tokio::sync::broadcast::Receiver<rmcp::model::ServerNotification> {
+    pub fn notices(&self) -> tokio::sync::broadcast::Receiver<Notice> {
         self.notices.subscribe()
     }
 
