@@ -300,6 +300,14 @@ fn stateless_requests_carry_requests_for_input_and_a_task_past_the_request() {
         answer["result"]["content"][0]["text"], "o: hello Ada and Lin (elicited)",
         "{answer}"
     );
+    // One instance of `o` for the three requests: the retries took the call
+    // up where it ran, and started none of their own.
+    let launches = std::fs::read_to_string(&audit)
+        .unwrap()
+        .lines()
+        .filter(|line| line.contains("\"server_launch\"") && line.contains("\"server\":\"o\""))
+        .count();
+    assert_eq!(launches, 1, "{}", std::fs::read_to_string(&audit).unwrap());
 
     let tasks = serde_json::json!({"extensions": {"io.modelcontextprotocol/tasks": {}}});
     let (status, created) = server.request(

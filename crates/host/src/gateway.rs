@@ -1823,8 +1823,17 @@ impl AgentSession {
             Vec::new()
         };
         let started = Instant::now();
+        // A retry of a call that an earlier stateless request parked: the
+        // call runs on in the session held under its state, on that
+        // session's instance, and none is started here for it.
+        let holder = retry
+            .request_state
+            .as_deref()
+            .filter(|state| state.starts_with(PARKED_STATE))
+            .and_then(|state| self.parked_runner(state));
+        let runs_in = holder.as_ref().unwrap_or(self);
         let child = tokio::select! {
-            child = self.child(server) => child.map_err(to_error)?,
+            child = runs_in.child(server) => child.map_err(to_error)?,
             () = cancel_call.cancelled() => return Err(self.cancellation(server, tool, None, &cancel)),
             () = cancel.cancelled() => return Err(cancelled(server, tool)),
         };
@@ -2113,6 +2122,20 @@ impl AgentSession {
             }
         });
         state
+    }
+
+    /// The session whose instance runs the call that an earlier stateless
+    /// request parked under `state`: the session held under it, or the
+    /// one that session keeps for the call (parked again by a later round).
+    fn parked_runner(&self, state: &str) -> Option<AgentSession> {
+        let holder = self.gateway.held(state)?;
+        let kept = holder
+            .parked
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(state)
+            .and_then(|parked| parked.keep.clone());
+        Some(kept.unwrap_or(holder))
     }
 
     /// Lets go of the parked call `state` names, if it is still parked: its
