@@ -929,6 +929,30 @@ async fn answering<T>(
     }
 }
 
+/// What a task id names (see [`AgentSession::resolve_task`]).
+enum TaskAt {
+    /// A task of Moat's, in the session that runs it.
+    Own(AgentSession, Arc<OwnTask>),
+    /// A server's task, as the given session knows it.
+    Server(AgentSession, String),
+}
+
+/// A round's answer for the request that began it, which waits for it:
+/// the request's cancellation (`cancel`) cancels the round.
+async fn in_place(
+    round: &mut tokio::task::JoinHandle<Result<CallToolResponse, ErrorData>>,
+    cancel: &CancellationToken,
+    round_cancel: &CancellationToken,
+) -> Result<CallToolResponse, ErrorData> {
+    tokio::select! {
+        done = &mut *round => joined(done),
+        () = cancel.cancelled() => {
+            round_cancel.cancel();
+            joined(round.await)
+        }
+    }
+}
+
 /// A round's answer, once its task has joined: a panic in it is the
 /// gateway's own error, never the end of the session.
 fn joined(
@@ -2539,27 +2563,23 @@ impl AgentSession {
             None,
         );
         tokio::select! {
-            done = &mut round => return joined(done),
-            () = cancel.cancelled() => {
-                round_cancel.cancel();
-                return joined(round.await);
-            }
+            done = in_place(&mut round, &cancel, &round_cancel) => return done,
             () = tokio::time::sleep(after) => {}
         }
-        if !own_task::make_room(&mut self.own_tasks.lock().unwrap_or_else(|e| e.into_inner())) {
+        if !self.room_for_a_task() {
             // No room for another task: the call is answered in place.
-            tokio::select! {
-                done = &mut round => return joined(done),
-                () = cancel.cancelled() => {
-                    round_cancel.cancel();
-                    return joined(round.await);
-                }
-            }
+            return in_place(&mut round, &cancel, &round_cancel).await;
         }
         let (id, own) = self.adopt_round(server, tool, arguments, round, round_cancel, takes.held);
         Ok(CallToolResponse::Task(rmcp::model::CreateTaskResult::new(
             own.task(&id),
         )))
+    }
+
+    /// Whether this session has room for another task of Moat's (see
+    /// [`own_task::make_room`]).
+    fn room_for_a_task(&self) -> bool {
+        own_task::make_room(&mut self.own_tasks.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
     /// Makes a task of Moat's of `round` (a call to `server`'s `tool`
@@ -2580,11 +2600,11 @@ impl AgentSession {
         // capability that finds the task, and a server's own task ids
         // (`server__id`) never meet it.
         let id = format!("{server}{SEPARATOR}{}", unguessable());
-        {
-            let mut tasks = self.own_tasks.lock().unwrap_or_else(|e| e.into_inner());
-            own_task::make_room(&mut tasks);
-            tasks.insert(id.clone(), own.clone());
-        }
+        // Room was made for it before its round began.
+        self.own_tasks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id.clone(), own.clone());
         if !held {
             self.gateway.hold(id.clone(), self.clone(), own_task::KEPT);
         }
@@ -2658,24 +2678,36 @@ impl AgentSession {
     /// The task of Moat's the agent calls `id`, and the session it runs in
     /// (this one, or the one a stateless request left held under `id`).
     fn own_task(&self, id: &str) -> Option<(AgentSession, Arc<OwnTask>)> {
-        let own = self
-            .own_tasks
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(id)
-            .cloned();
-        match own {
-            Some(own) => Some((self.clone(), own)),
-            None => {
-                let holder = self.gateway.held(id)?;
-                let own = holder
-                    .own_tasks
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .get(id)
-                    .cloned()?;
-                Some((holder, own))
-            }
+        let here = |session: &AgentSession| {
+            let tasks = session.own_tasks.lock().unwrap_or_else(|e| e.into_inner());
+            tasks.get(id).cloned()
+        };
+        if let Some(own) = here(self) {
+            return Some((self.clone(), own));
+        }
+        let holder = self.gateway.held(id)?;
+        here(&holder).map(|own| (holder, own))
+    }
+
+    /// Where `tasks/get`, `tasks/update` and `tasks/cancel` for `id` go: a
+    /// task of Moat's, or a server's task in the session that knows it
+    /// (a task of Moat's that the server's own task took over is the
+    /// server's).
+    fn resolve_task(&self, id: &str) -> TaskAt {
+        match self.own_task(id) {
+            Some((holder, own)) => match own.delegate() {
+                Some(delegate) => TaskAt::Server(holder, delegate),
+                None => TaskAt::Own(holder, own),
+            },
+            None => TaskAt::Server(self.clone(), id.to_owned()),
+        }
+    }
+
+    /// Lets the session held for task `id` (over stateless HTTP) go a
+    /// while after its agent has seen it end or cancelled it.
+    fn release_task(&self, id: &str) {
+        if self.gateway.held(id).is_some() {
+            self.gateway.release_after(id.to_owned(), HELD_AFTER_END);
         }
     }
 
@@ -2990,24 +3022,19 @@ impl ServerHandler for AgentSession {
         _context: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::GetTaskResult, ErrorData> {
         let _in_flight = self.admit(None)?;
-        let (holder, id) = match self.own_task(&request.task_id) {
-            Some((holder, own)) => match own.delegate() {
-                Some(delegate) => (holder, delegate),
-                None => {
-                    if own.ended() && self.gateway.held(&request.task_id).is_some() {
-                        self.gateway
-                            .release_after(request.task_id.clone(), HELD_AFTER_END);
-                    }
-                    return Ok(own.get(&request.task_id));
+        let (holder, id) = match self.resolve_task(&request.task_id) {
+            TaskAt::Own(_, own) => {
+                if own.ended() {
+                    self.release_task(&request.task_id);
                 }
-            },
-            None => (self.clone(), request.task_id.clone()),
+                return Ok(own.get(&request.task_id));
+            }
+            TaskAt::Server(holder, id) => (holder, id),
         };
         let (child, tool, task_id) = holder.task_child(&id).await?;
         let mut found = child.get_task(&tool, &task_id).await.map_err(to_error)?;
-        if found.task.task.status.is_terminal() && self.gateway.held(&request.task_id).is_some() {
-            self.gateway
-                .release_after(request.task_id.clone(), HELD_AFTER_END);
+        if found.task.task.status.is_terminal() {
+            self.release_task(&request.task_id);
         }
         // The agent's id for it, whatever the server put there.
         found.task.task.task_id = request.task_id;
@@ -3020,33 +3047,31 @@ impl ServerHandler for AgentSession {
         _context: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
         let _in_flight = self.admit(None)?;
-        let own = self.own_task(&request.task_id);
-        if let Some((holder, own)) = own.as_ref().filter(|(_, own)| own.delegate().is_none()) {
-            let resume = own.resume(&request.task_id, request.input_responses)?;
-            let round = holder.spawn_round(
-                &own.server,
-                &own.tool,
-                own.arguments.clone(),
-                None,
-                resume.cancel,
-                None,
-                Retry {
-                    input_responses: Some(resume.input_responses),
-                    request_state: resume.request_state,
-                },
-                Takes {
-                    tasks: true,
-                    input: true,
-                    held: true,
-                },
-                None,
-            );
-            holder.settle_round(own.clone(), round);
-            return Ok(());
-        }
-        let (holder, id) = match own {
-            Some((holder, own)) => (holder, own.delegate().unwrap_or_default()),
-            None => (self.clone(), request.task_id.clone()),
+        let (holder, id) = match self.resolve_task(&request.task_id) {
+            TaskAt::Own(holder, own) => {
+                let resume = own.resume(&request.task_id, request.input_responses)?;
+                let round = holder.spawn_round(
+                    &own.server,
+                    &own.tool,
+                    own.arguments.clone(),
+                    None,
+                    resume.cancel,
+                    None,
+                    Retry {
+                        input_responses: Some(resume.input_responses),
+                        request_state: resume.request_state,
+                    },
+                    Takes {
+                        tasks: true,
+                        input: true,
+                        held: true,
+                    },
+                    None,
+                );
+                holder.settle_round(own, round);
+                return Ok(());
+            }
+            TaskAt::Server(holder, id) => (holder, id),
         };
         let (child, _, task_id) = holder.task_child(&id).await?;
         child
@@ -3061,28 +3086,18 @@ impl ServerHandler for AgentSession {
         _context: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
         let _in_flight = self.admit(None)?;
-        let (holder, id) = match self.own_task(&request.task_id) {
-            Some((holder, own)) => match own.delegate() {
-                Some(delegate) => (holder, delegate),
-                None => {
-                    if let Some(state) = own.cancel() {
-                        holder.abandon_parked(&state);
-                    }
-                    if self.gateway.held(&request.task_id).is_some() {
-                        self.gateway
-                            .release_after(request.task_id.clone(), HELD_AFTER_END);
-                    }
-                    return Ok(());
+        match self.resolve_task(&request.task_id) {
+            TaskAt::Own(holder, own) => {
+                if let Some(state) = own.cancel() {
+                    holder.abandon_parked(&state);
                 }
-            },
-            None => (self.clone(), request.task_id.clone()),
-        };
-        let (child, _, task_id) = holder.task_child(&id).await?;
-        child.cancel_task(&task_id).await.map_err(to_error)?;
-        if self.gateway.held(&request.task_id).is_some() {
-            self.gateway
-                .release_after(request.task_id.clone(), HELD_AFTER_END);
+            }
+            TaskAt::Server(holder, id) => {
+                let (child, _, task_id) = holder.task_child(&id).await?;
+                child.cancel_task(&task_id).await.map_err(to_error)?;
+            }
         }
+        self.release_task(&request.task_id);
         Ok(())
     }
 
@@ -3129,9 +3144,7 @@ impl ServerHandler for AgentSession {
                         ErrorData::invalid_params(format!("tools/call: {error}"), None)
                     })?;
                 let (server, tool) = self.route_tool(&call.name)?;
-                if !own_task::make_room(
-                    &mut self.own_tasks.lock().unwrap_or_else(|e| e.into_inner()),
-                ) {
+                if !self.room_for_a_task() {
                     return Err(ErrorData::invalid_request(
                         format!(
                             "this session has {} tasks running: no room for another until one ends",

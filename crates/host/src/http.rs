@@ -543,7 +543,7 @@ impl Connection {
             );
             return status(StatusCode::SERVICE_UNAVAILABLE);
         }
-        let (parts, body) = request.into_parts();
+        let (mut parts, body) = request.into_parts();
         let body = match Limited::new(body, self.max_body).collect().await {
             Ok(collected) => collected.to_bytes(),
             Err(error) if error.is::<http_body_util::LengthLimitError>() => {
@@ -558,14 +558,11 @@ impl Connection {
         };
         // 2025-11-25's task requests and declarations, which rmcp does not
         // carry, rewritten for an agent on that revision.
-        let mut parts = parts;
         let revision = parts
             .headers
             .get("mcp-protocol-version")
             .and_then(|v| v.to_str().ok());
-        let wire = Arc::new(crate::tasks_2025::Wire::new(
-            revision == Some(crate::tasks_2025::REVISION),
-        ));
+        let wire = crate::tasks_2025::Wire::new(revision == Some(crate::tasks_2025::REVISION));
         let body = match wire.inbound(&body) {
             Some(renamed) => {
                 parts.headers.remove(hyper::header::CONTENT_LENGTH);
@@ -582,6 +579,7 @@ impl Connection {
         if !wire.outbound_pending() {
             return response;
         }
+        let wire = Arc::new(wire);
         let (mut parts, body) = response.into_parts();
         parts.headers.remove(hyper::header::CONTENT_LENGTH);
         let body = body
