@@ -1,23 +1,80 @@
 #!/usr/bin/env bash
-# Moat's main job on the bundled example: build Moat and the `everything`
-# guest from source, then list its tools and call one through the wasm
-# sandbox. Safe to run again; later runs reuse the builds.
+# Moat's main job on the bundled example, on a fresh clone: build Moat and the
+# `everything` guest from source (nothing else: not the test guests, not the
+# JavaScript or Python toolchains that `tests/setup.sh` installs), then run
+# `moat serve --http` on loopback in front of the guest, once as a wasm
+# component and once as a native child, and call it as an agent would, with
+# Moat's own streamable-HTTP client. Safe to run again; later runs reuse the
+# builds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 step() { printf '\n==> %s\n' "$*" >&2; }
+# The command, shown as it is run.
+run() { printf '$ %s\n' "$*" >&2; "$@"; }
 
 step "toolchain: the pinned Rust with the wasm32-wasip2 target (rust-toolchain.toml)"
 rustup toolchain install
 
-step "building moat and the guests (the first build compiles wasmtime: several minutes)"
-cargo build --release --locked -p moat -p moat-test-guests
+# The release profile (Cargo.toml) is the lighter one: `--profile dist` is
+# the fat-LTO build to ship, measured against this one in README.md.
+step "building moat (release profile; the first build compiles wasmtime, about 10 minutes on 2 cores)"
+run cargo build --release --locked -p moat
 
-step "moat tools --config examples/moat.toml everything"
-./target/release/moat tools --config examples/moat.toml everything
+step "building the example guest: guests/everything, for wasm32-wasip2 and natively"
+run cargo build --manifest-path guests/Cargo.toml --release --locked -p everything \
+    --target wasm32-wasip2 --target-dir target/guests
+run cargo build --manifest-path guests/Cargo.toml --release --locked -p everything \
+    --target-dir target/guests
 
-step "moat call --config examples/moat.toml everything add '{\"a\":2,\"b\":40}'"
-./target/release/moat call --config examples/moat.toml everything add '{"a":2,"b":40}'
+moat=target/release/moat
+demo=target/demo
+mkdir -p "$demo"
 
-step "moat call --config examples/moat.toml everything-native add '{\"a\":2,\"b\":40}'  (the same guest, native)"
-./target/release/moat call --config examples/moat.toml everything-native add '{"a":2,"b":40}'
+step "what the guest exposes, and what its sandbox enforces"
+run "$moat" tools --config examples/moat.toml everything
+
+step "moat serve: one MCP server for the agent, in front of both servers, on loopback"
+rm -f "$demo/audit.jsonl" "$demo/serve.log"
+"$moat" serve --config examples/moat.toml --http 127.0.0.1:0 --audit "$demo/audit.jsonl" \
+    2>"$demo/serve.log" &
+serve=$!
+trap 'kill "$serve" 2>/dev/null || true' EXIT
+url=
+for _ in $(seq 1 300); do
+    url=$(sed -n 's|^moat: serving MCP at \(http://[^ ]*\)$|\1|p' "$demo/serve.log")
+    [ -n "$url" ] && break
+    kill -0 "$serve" 2>/dev/null || { cat "$demo/serve.log" >&2; exit 1; }
+    sleep 0.1
+done
+[ -n "$url" ] || { echo "demo: moat serve did not start; its log:" >&2; cat "$demo/serve.log" >&2; exit 1; }
+echo "moat serve is at $url (its log: $demo/serve.log)" >&2
+
+# The agent: here Moat's own client for remote MCP servers, pointed at the
+# gateway. Any MCP client (an agent app, an SDK) does the same over HTTP.
+cat >"$demo/agent.toml" <<EOF
+# An agent's view of the gateway: one remote MCP server.
+[servers.gateway]
+url = "$url"
+sandbox = "best-effort" # Moat does not run it: it is the gateway above
+EOF
+
+step "the agent lists the gateway's tools: every server's, as SERVER__TOOL"
+run "$moat" tools --config "$demo/agent.toml" gateway
+
+step "the agent calls the wasm server through the gateway"
+run "$moat" call --config "$demo/agent.toml" gateway everything__add '{"a":2,"b":40}'
+
+step "the agent calls the same guest run natively, through the same gateway"
+run "$moat" call --config "$demo/agent.toml" gateway everything-native__add '{"a":2,"b":40}'
+
+step "stopping moat serve (SIGTERM: sessions drain, children stop)"
+kill -TERM "$serve"
+wait "$serve"
+trap - EXIT
+
+step "the audit log it kept: one line per event, hash-chained"
+run cut -c1-160 "$demo/audit.jsonl"
+run "$moat" audit verify "$demo/audit.jsonl"
+
+step "done: moat is at $moat; examples/moat.toml is the config it served"
