@@ -36,7 +36,10 @@
 //!   several mappings, so the kernel's `vm.max_map_count` bounds the
 //!   sessions a process can hold.
 //!
-//! `cargo bench --bench serve`
+//! `cargo bench --bench serve`; `MOAT_BENCH_MOAT=PATH` runs the same
+//! bench against another `moat` binary (the `dist` profile's, say:
+//! `cargo build --profile dist -p moat`, then
+//! `MOAT_BENCH_MOAT=target/dist/moat cargo bench --bench serve`).
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -252,8 +255,13 @@ fn compile_cache(cache: &Path, state: &Path, digest: &dyn Fn(&str) -> String) {
     );
 }
 
+/// The `moat` under test: this build's, or `$MOAT_BENCH_MOAT`.
+fn moat_binary() -> std::ffi::OsString {
+    std::env::var_os("MOAT_BENCH_MOAT").unwrap_or_else(|| env!("CARGO_BIN_EXE_moat").into())
+}
+
 fn moat(config: &Path, cache: &Path, state: &Path) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_moat"));
+    let mut command = Command::new(moat_binary());
     command
         .args(["serve", "--config"])
         .arg(config)
@@ -457,11 +465,12 @@ fn raise_open_files() {
 
 fn main() {
     // `cargo bench` passes `--bench`; a filter argument is ignored here.
+    println!("moat under test: {}", moat_binary().to_string_lossy());
     let dir = tempfile::tempdir().unwrap();
     let cache = dir.path().join("cache");
     let state = dir.path().join("state");
     let digest = |path: &str| {
-        let output = Command::new(env!("CARGO_BIN_EXE_moat"))
+        let output = Command::new(moat_binary())
             .args(["digest", path])
             .output()
             .unwrap();
@@ -520,7 +529,7 @@ allocator = \"pooling\"\npool_instances = {instances}\n",
         ),
     );
     // Warm the component cache, and lock one copy.
-    let status = Command::new(env!("CARGO_BIN_EXE_moat"))
+    let status = Command::new(moat_binary())
         .args(["lock", "--config"])
         .arg(&locked)
         .env("MOAT_CACHE_DIR", &cache)

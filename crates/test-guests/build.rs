@@ -25,12 +25,18 @@ fn main() {
         .expect("workspace root");
     let guests = root.join("guests");
     let out_dir = PathBuf::from(std::env::var_os("OUT_DIR").unwrap());
-    // OUT_DIR is <target>/<profile>/build/<pkg>-<hash>/out.
-    let target_dir = out_dir
-        .ancestors()
-        .nth(4)
-        .map(|target| target.join("guests"))
-        .unwrap_or_else(|| root.join("target/guests"));
+    // OUT_DIR is <target>/<profile>/build/<pkg>-<hash>/out; another build
+    // of the host crates (fuzz/run.sh's) can name the guests' target dir,
+    // to share one build of the guests.
+    println!("cargo:rerun-if-env-changed=MOAT_GUESTS_TARGET_DIR");
+    let target_dir = match std::env::var_os("MOAT_GUESTS_TARGET_DIR") {
+        Some(dir) => PathBuf::from(dir),
+        None => out_dir
+            .ancestors()
+            .nth(4)
+            .map(|target| target.join("guests"))
+            .unwrap_or_else(|| root.join("target/guests")),
+    };
 
     for path in ["guests", "crates/wit-bindings"] {
         println!("cargo:rerun-if-changed={}", root.join(path).display());
