@@ -426,8 +426,9 @@ async fn a_script_runs_its_measured_bytes_through_its_measured_interpreter() {
 /// grant) after it was measured. Deterministic: the script's first act is
 /// the rewrite, then it reads the script its interpreter was given, as an
 /// interpreter reading lazily would. It reads the measured bytes (Moat's
-/// sealed copy, bound over the script's path), while the file itself has
-/// changed: the next launch of the same pin is refused.
+/// sealed copy, bound over the script's path, so a module beside it is
+/// still imported), while the file itself has changed: the next launch of
+/// the same pin is refused.
 #[tokio::test]
 async fn a_script_rewritten_in_place_after_its_measurement_runs_the_measured_bytes() {
     let dir = tempfile::tempdir_in("/var/tmp").unwrap();
@@ -442,6 +443,7 @@ async fn a_script_rewritten_in_place_after_its_measurement_runs_the_measured_byt
             r##"#!{python} -u
 # marker: AAAAAAAA
 import json, sys
+import moat_sibling
 before, after = b"# marker: " + b"A" * 8, b"# marker: " + b"B" * 8
 with open({alias:?}, "r+b") as same_inode:
     data = same_inode.read()
@@ -467,8 +469,17 @@ for line in sys.stdin:
     .unwrap();
     std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     std::fs::hard_link(&script, &alias).unwrap();
+    // A module beside the script: the script's directory is on sys.path as
+    // on the host.
+    std::fs::write(dir.join("moat_sibling.py"), "").unwrap();
     let digest = digest_of(&script);
     let mut spec = pinned("rewriter", &script, digest);
+    spec.dirs.push(moat_host::config::DirGrant {
+        host: dir.clone(),
+        guest: dir.to_str().unwrap().to_owned(),
+        mode: moat_host::config::DirMode::Ro,
+        inode: None,
+    });
     spec.dirs.push(moat_host::config::DirGrant {
         host: writable.clone(),
         guest: writable.to_str().unwrap().to_owned(),
