@@ -164,6 +164,21 @@ pub struct ServerSpec {
     /// For a native server installed by Moat (`moat add`, `moat import`):
     /// the package, its version and its install in the store.
     pub package: Option<PackageRecord>,
+    /// Every `rw` grant of every server of the config this spec was loaded
+    /// from (its own included): none may overlap what this server runs or
+    /// measures, which is checked when the config is loaded and again at
+    /// each launch. A spec made in code has none; its own `rw` grants are
+    /// checked all the same.
+    pub writers: Vec<Writer>,
+}
+
+/// One `rw` grant of a server, as [`ServerSpec::writers`] lists it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Writer {
+    /// The server it is granted to.
+    pub server: String,
+    /// The granted path.
+    pub grant: PathBuf,
 }
 
 /// One `[[servers.NAME.dirs]]` grant.
@@ -411,6 +426,7 @@ impl ServerSpec {
             http: Vec::new(),
             sandbox: Sandbox::default(),
             package: None,
+            writers: Vec::new(),
         }
     }
 
@@ -477,6 +493,13 @@ pub enum ConfigError {
         line: usize,
         column: usize,
         message: String,
+    },
+    #[cfg(unix)]
+    #[error("{path}: {source}")]
+    Writer {
+        path: PathBuf,
+        #[source]
+        source: Box<crate::grants::GrantError>,
     },
     #[error("{path}: no server named `{name}` (configured: {known})")]
     UnknownServer {
@@ -844,8 +867,31 @@ impl Config {
                     http,
                     sandbox: server.sandbox,
                     package,
+                    writers: Vec::new(),
                 },
             );
+        }
+        let writers: Vec<Writer> = servers
+            .values()
+            .flat_map(|spec| {
+                spec.dirs
+                    .iter()
+                    .filter(|d| d.mode == DirMode::Rw)
+                    .map(|d| Writer {
+                        server: spec.name.clone(),
+                        grant: d.host.clone(),
+                    })
+            })
+            .collect();
+        for spec in servers.values_mut() {
+            spec.writers = writers.clone();
+        }
+        #[cfg(unix)]
+        for spec in servers.values() {
+            check_writers(spec).map_err(|source| ConfigError::Writer {
+                path: path.to_owned(),
+                source: Box::new(source),
+            })?;
         }
         Ok(Self {
             path: path.to_owned(),
@@ -869,6 +915,39 @@ impl Config {
                 },
             })
     }
+}
+
+/// Refuses an `rw` grant of any server over what the native server `spec`
+/// runs, as far as it can be known when the config is loaded: a command
+/// that does not resolve yet, or a script that cannot be read, is checked
+/// at its launch instead, which checks again in any case.
+#[cfg(unix)]
+fn check_writers(spec: &ServerSpec) -> Result<(), crate::grants::GrantError> {
+    let ServerKind::Native {
+        command,
+        base_dir,
+        measure,
+        ..
+    } = &spec.kind
+    else {
+        return Ok(());
+    };
+    let path_var = std::env::var_os("PATH");
+    let executable = crate::command::resolve(command, base_dir, path_var.as_deref())
+        .map(|resolved| resolved.target)
+        .ok();
+    let interpreter = executable
+        .as_deref()
+        .and_then(crate::native::script_interpreter);
+    crate::grants::check_runs(
+        &crate::grants::Runs {
+            server: &spec.name,
+            executable: executable.as_deref(),
+            interpreter: interpreter.as_deref(),
+            measure,
+        },
+        &spec.writers,
+    )
 }
 
 /// Whether `name` can name an environment variable.

@@ -1165,8 +1165,10 @@ fn process_key(
     spec: &ServerSpec,
     locked: Option<&crate::lock::LockedServer>,
 ) -> Digest {
+    // Other servers' grants (in `writers`) do not change this one's process.
     let unnamed = ServerSpec {
         name: String::new(),
+        writers: Vec::new(),
         ..spec.clone()
     };
     Digest::of(format!("{identity}\n{unnamed:?}\n{locked:?}").as_bytes())

@@ -10,6 +10,12 @@
 //! compiled-component cache and its key, the config, the lock, the audit log)
 //! are refused: a server that could write there could make Moat load foreign
 //! native code or rewrite what was approved.
+//!
+//! So are `rw` grants over what another server (or the same one) runs: its
+//! executable, its `#!` interpreter, its `measure` paths. Those are hashed
+//! at launch and read again afterwards (an interpreter maps its libraries,
+//! `node` loads the modules of a measured package lazily), so a server that
+//! could write them could change what another runs after it was measured.
 
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Component, Path, PathBuf};
@@ -45,6 +51,19 @@ pub enum GrantError {
         path: PathBuf,
         what: &'static str,
         protected: PathBuf,
+    },
+    #[error(
+        "server `{writer}`: rw grant {grant} overlaps the {what} {path} of server `{server}`: a server Moat launches may not write what a server runs after it is measured; grant it `ro`, or a directory that neither holds {path} nor lies inside it"
+    )]
+    OverRun {
+        /// The server with the `rw` grant.
+        writer: String,
+        grant: PathBuf,
+        /// The server whose file it overlaps (maybe `writer` itself).
+        server: String,
+        /// "executable", "#! interpreter" or "measure path".
+        what: &'static str,
+        path: PathBuf,
     },
     #[error(
         "server `{server}`: grant {path} is not what was locked (inode {locked} in the lock, {now} now): it was replaced since `moat lock`; check what it holds, then run `moat lock` to approve it"
@@ -155,6 +174,48 @@ pub fn check_protected(
                     path: path.clone(),
                     what: item.what,
                     protected: item.path.clone(),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// What a server runs or measures, which no `rw` grant may overlap.
+#[derive(Clone, Debug)]
+pub struct Runs<'a> {
+    /// The server's name.
+    pub server: &'a str,
+    /// Its resolved executable (none when it does not resolve yet).
+    pub executable: Option<&'a Path>,
+    /// Its `#!` interpreter, when the executable is a script.
+    pub interpreter: Option<&'a Path>,
+    /// Its `measure` paths.
+    pub measure: &'a [PathBuf],
+}
+
+/// Refuses any of `writable` (server, `rw` grant) that overlaps what
+/// `runs` names: the same path, or one inside the other either way, after
+/// `.`, `..` and links are resolved as far as the paths exist. The error
+/// names both servers and both paths.
+pub fn check_runs(runs: &Runs<'_>, writable: &[crate::config::Writer]) -> Result<(), GrantError> {
+    let files = runs
+        .executable
+        .map(|e| ("executable", e))
+        .into_iter()
+        .chain(runs.interpreter.map(|i| ("#! interpreter", i)))
+        .chain(runs.measure.iter().map(|m| ("measure path", m.as_path())));
+    for (what, path) in files {
+        let real_path = real(path);
+        for writer in writable {
+            let grant = real(&writer.grant);
+            if real_path.starts_with(&grant) || grant.starts_with(&real_path) {
+                return Err(GrantError::OverRun {
+                    writer: writer.server.clone(),
+                    grant: writer.grant.clone(),
+                    server: runs.server.to_owned(),
+                    what,
+                    path: path.to_owned(),
                 });
             }
         }

@@ -142,6 +142,7 @@ pub fn plan(
                 sandbox: spec.sandbox,
                 learn,
                 sealer: wasm.sealer(),
+                writers: spec.writers.clone(),
             })))
         }
         #[cfg(not(unix))]

@@ -54,6 +54,7 @@ fn pinned_launch(name: &str, path: &Path, digest: Digest, cwd: PathBuf) -> Nativ
         sandbox: Default::default(),
         learn: None,
         sealer: None,
+        writers: Vec::new(),
     }
 }
 
@@ -416,6 +417,178 @@ async fn a_script_runs_its_measured_bytes_through_its_measured_interpreter() {
             .await,
     ) {
         NativeError::Digest { mismatch, .. } => assert_eq!(mismatch.expected, pinned_digest),
+        other => panic!("{other}"),
+    }
+}
+
+/// Issue 32: a script rewritten in place (same inode, by a writer Moat's
+/// path checks cannot see: a hard link inside the server's own `rw`
+/// grant) after it was measured. Deterministic: the script's first act is
+/// the rewrite, then it reads the script its interpreter was given, as an
+/// interpreter reading lazily would. It reads the measured bytes (Moat's
+/// sealed copy, bound over the script's path, so a module beside it is
+/// still imported), while the file itself has changed: the next launch of
+/// the same pin is refused.
+#[tokio::test]
+async fn a_script_rewritten_in_place_after_its_measurement_runs_the_measured_bytes() {
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let dir = std::fs::canonicalize(dir.path()).unwrap();
+    let writable = dir.join("rw");
+    std::fs::create_dir(&writable).unwrap();
+    let script = dir.join("server.py");
+    let alias = writable.join("alias.py");
+    std::fs::write(
+        &script,
+        format!(
+            r##"#!{python} -u
+# marker: AAAAAAAA
+import json, sys
+import moat_sibling
+before, after = b"# marker: " + b"A" * 8, b"# marker: " + b"B" * 8
+with open({alias:?}, "r+b") as same_inode:
+    data = same_inode.read()
+    same_inode.seek(0)
+    same_inode.write(data.replace(before, after))
+given = open(sys.argv[0], "rb").read()
+tool = "measured" if before in given else "rewritten" if after in given else "neither"
+for line in sys.stdin:
+    message = json.loads(line)
+    method, ident = message.get("method"), message.get("id")
+    if method == "initialize":
+        result = {{"protocolVersion": "2025-06-18", "capabilities": {{"tools": {{}}}}, "serverInfo": {{"name": "script", "version": "1"}}}}
+    elif method == "tools/list":
+        result = {{"tools": [{{"name": tool, "description": sys.argv[0], "inputSchema": {{"type": "object"}}}}]}}
+    else:
+        continue
+    print(json.dumps({{"jsonrpc": "2.0", "id": ident, "result": result}}), flush=True)
+"##,
+            python = python().display(),
+            alias = alias.to_str().unwrap(),
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    std::fs::hard_link(&script, &alias).unwrap();
+    // A module beside the script: the script's directory is on sys.path as
+    // on the host.
+    std::fs::write(dir.join("moat_sibling.py"), "").unwrap();
+    let digest = digest_of(&script);
+    let mut spec = pinned("rewriter", &script, digest);
+    spec.dirs.push(moat_host::config::DirGrant {
+        host: dir.clone(),
+        guest: dir.to_str().unwrap().to_owned(),
+        mode: moat_host::config::DirMode::Ro,
+        inode: None,
+    });
+    spec.dirs.push(moat_host::config::DirGrant {
+        host: writable.clone(),
+        guest: writable.to_str().unwrap().to_owned(),
+        mode: moat_host::config::DirMode::Rw,
+        inode: None,
+    });
+    let session = host().connect(&spec).await.unwrap();
+    let tools = session.list_tools().await.unwrap();
+    assert_eq!(
+        tools.iter().map(|t| t.name.to_string()).collect::<Vec<_>>(),
+        ["measured"]
+    );
+    assert_eq!(
+        tools[0].description.as_deref(),
+        Some(script.to_str().unwrap()),
+        "the interpreter is given the script's own path"
+    );
+    let identity = session.shared().identity().unwrap();
+    assert_eq!(identity.digest, Some(digest));
+    assert!(
+        identity.sandbox.lines().iter().any(|l| l.contains(&format!(
+            "reading the script's sealed copy (a memfd filled as it was hashed), bound read-only over {}",
+            script.display()
+        ))),
+        "{:?}",
+        identity.sandbox
+    );
+    session.close().await.unwrap();
+    // The file did change, in place.
+    assert!(
+        std::fs::read_to_string(&script)
+            .unwrap()
+            .contains("# marker: BBBBBBBB")
+    );
+    match expect_native_error(host().connect(&spec).await) {
+        NativeError::Digest { mismatch, .. } => assert_eq!(mismatch.expected, digest),
+        other => panic!("{other}"),
+    }
+}
+
+/// Issue 32: an `rw` grant of any server over what another server (or the
+/// same one) runs or measures is refused, naming both servers and paths:
+/// when the config is loaded, and at the launch of a spec made in code.
+#[tokio::test]
+async fn an_rw_grant_over_what_a_server_runs_is_refused_naming_both() {
+    let dir = tempfile::tempdir().unwrap();
+    let dir = std::fs::canonicalize(dir.path()).unwrap();
+    std::fs::create_dir_all(dir.join("bin")).unwrap();
+    std::fs::create_dir_all(dir.join("pkg/data")).unwrap();
+    let server = dir.join("bin/server");
+    std::fs::copy(guests::EVERYTHING_NATIVE, &server).unwrap();
+    let config_path = dir.join("moat.toml");
+    let config = |grant: &str, mode: &str| {
+        format!(
+            "[servers.a]\ncommand = \"bin/server\"\nallow_unmeasured = true\nmeasure = [\"pkg\"]\n\n[servers.b]\ncommand = \"bin/server\"\nallow_unmeasured = true\n[[servers.b.dirs]]\nhost = \"{}/{grant}\"\nmode = \"{mode}\"\n",
+            dir.display()
+        )
+    };
+    let refused = |grant: &str| {
+        moat_host::config::Config::parse(&config_path, &config(grant, "rw"))
+            .unwrap_err()
+            .to_string()
+    };
+    assert_eq!(
+        refused("bin"),
+        format!(
+            "{config}: server `b`: rw grant {dir}/bin overlaps the executable {dir}/bin/server of server `a`: a server Moat launches may not write what a server runs after it is measured; grant it `ro`, or a directory that neither holds {dir}/bin/server nor lies inside it",
+            config = config_path.display(),
+            dir = dir.display()
+        )
+    );
+    assert_eq!(
+        refused("pkg/data"),
+        format!(
+            "{config}: server `b`: rw grant {dir}/pkg/data overlaps the measure path {dir}/pkg of server `a`: a server Moat launches may not write what a server runs after it is measured; grant it `ro`, or a directory that neither holds {dir}/pkg nor lies inside it",
+            config = config_path.display(),
+            dir = dir.display()
+        )
+    );
+    moat_host::config::Config::parse(&config_path, &config("bin", "ro"))
+        .expect("a read-only grant over an executable is fine");
+    moat_host::config::Config::parse(&config_path, &config("other", "rw"))
+        .expect("an rw grant beside them is fine");
+
+    // At the launch: a spec made in code, its own rw grant over its script's
+    // interpreter's directory.
+    let interpreter_dir = dir.join("interp");
+    std::fs::create_dir(&interpreter_dir).unwrap();
+    let interpreter = interpreter_dir.join("python3");
+    std::fs::copy(python(), &interpreter).unwrap();
+    let script = script_server(&dir, "tool.py", interpreter.to_str().unwrap(), "t");
+    let mut spec = ServerSpec::native("self", script.to_str().unwrap());
+    spec.allow_unmeasured = true;
+    spec.dirs.push(moat_host::config::DirGrant {
+        host: interpreter_dir.clone(),
+        guest: interpreter_dir.to_str().unwrap().to_owned(),
+        mode: moat_host::config::DirMode::Rw,
+        inode: None,
+    });
+    match expect_native_error(host().connect(&spec).await) {
+        NativeError::Grant(error) => assert_eq!(
+            error.to_string(),
+            format!(
+                "server `self`: rw grant {} overlaps the #! interpreter {} of server `self`: a server Moat launches may not write what a server runs after it is measured; grant it `ro`, or a directory that neither holds {} nor lies inside it",
+                interpreter_dir.display(),
+                interpreter.display(),
+                interpreter.display()
+            )
+        ),
         other => panic!("{other}"),
     }
 }

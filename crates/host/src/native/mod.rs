@@ -4,6 +4,10 @@
 //! Measured launch: the resolved executable is opened without following
 //! links, hashed through that descriptor, and that same descriptor is run
 //! (`/proc/self/fd/N`), so nothing can be swapped between hash and exec.
+//! A `#!` script is read once: its bytes are copied into a sealed memfd as
+//! they are hashed, and that copy is what its interpreter reads (bound
+//! read-only over the script's path in the server's mount namespace), so a
+//! rewrite of the file after the hash, even in place, changes nothing.
 //! The child gets exactly the configured argv (no shell), cwd and
 //! environment. It is made in namespaces of its own and contained before it
 //! runs (see [`spawn`]): PID 1 of its own PID namespace, a private /tmp,
@@ -111,8 +115,13 @@ pub struct NativeLaunch {
     /// and address the server names is recorded here.
     pub learn: Option<Arc<std::sync::Mutex<learn::Observed>>>,
     /// Seals of executables' digests: an executable or interpreter
-    /// unchanged since it was hashed is not hashed again.
+    /// unchanged since it was hashed is not hashed again (a script is
+    /// always read, into its sealed copy).
     pub sealer: Option<crate::seal::Sealer>,
+    /// Every `rw` grant of the config (see
+    /// [`crate::config::ServerSpec::writers`]): none may overlap what this
+    /// server runs or measures. Its own `rw` grants are checked as well.
+    pub writers: Vec<crate::config::Writer>,
 }
 
 /// The executable, opened without following links, with its digest when
@@ -121,6 +130,9 @@ pub struct MeasuredExecutable {
     fd: OwnedFd,
     digest: Option<Digest>,
     interpreter: Option<Interpreter>,
+    /// A script's bytes, copied into a memfd as they were read (and hashed)
+    /// and sealed against any change: what its interpreter reads.
+    copy: Option<OwnedFd>,
 }
 
 /// A script's interpreter, from its `#!` line: resolved when the script was
@@ -203,21 +215,21 @@ fn shebang(fd: &OwnedFd, path: &Path) -> Result<Option<(String, Option<String>)>
     Ok(Some((interpreter.to_owned(), argument)))
 }
 
-/// Resolves, opens and (for a measured launch) hashes the interpreter the
-/// script at `path` names. `#!/usr/bin/env NAME` looks NAME up on Moat's
-/// PATH, as commands are; `env -S` splits the rest into words.
-fn open_interpreter(
+/// Resolves the interpreter the script at `path` names on its `#!` line:
+/// the file that runs, the arguments before the script, and whether it was
+/// found through `env`. `#!/usr/bin/env NAME` looks NAME up on Moat's PATH,
+/// as commands are; `env -S` splits the rest into words.
+fn resolve_interpreter(
     path: &Path,
     interpreter: &str,
     argument: Option<String>,
-    measure: Option<Option<&crate::seal::Sealer>>,
-) -> Result<Interpreter, NativeError> {
+) -> Result<(PathBuf, Vec<String>, bool), NativeError> {
     let script = |detail: String| NativeError::Script {
         path: path.to_owned(),
         detail,
     };
     let is_env = Path::new(interpreter).file_name() == Some(std::ffi::OsStr::new("env"));
-    let (target, args) = if is_env {
+    if is_env {
         let rest =
             argument.ok_or_else(|| script(format!("`#!{interpreter}` names no program to run")))?;
         let words: Vec<String> = match rest.strip_prefix("-S") {
@@ -235,15 +247,41 @@ fn open_interpreter(
         let resolved =
             crate::command::resolve(name, Path::new("/"), std::env::var_os("PATH").as_deref())
                 .map_err(|error| script(format!("its #! interpreter: {error}")))?;
-        (resolved.target, args.to_vec())
+        Ok((resolved.target, args.to_vec(), true))
     } else {
         let target = std::fs::canonicalize(interpreter).map_err(|error| {
             script(format!(
                 "its #! interpreter {interpreter} does not exist ({error})"
             ))
         })?;
-        (target, argument.into_iter().collect())
+        Ok((target, argument.into_iter().collect(), false))
+    }
+}
+
+/// The interpreter the file at `path` names on its `#!` line, resolved,
+/// when it is a readable script whose interpreter resolves (what a config
+/// is checked against when it is loaded; the launch resolves it again).
+pub fn script_interpreter(path: &Path) -> Option<PathBuf> {
+    let fd = rustix::fs::open(path, OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty()).ok()?;
+    let (interpreter, argument) = shebang(&fd, path).ok()??;
+    resolve_interpreter(path, &interpreter, argument)
+        .ok()
+        .map(|(target, _, _)| target)
+}
+
+/// Resolves, opens and (for a measured launch) hashes the interpreter the
+/// script at `path` names (see [`resolve_interpreter`]).
+fn open_interpreter(
+    path: &Path,
+    interpreter: &str,
+    argument: Option<String>,
+    measure: Option<Option<&crate::seal::Sealer>>,
+) -> Result<Interpreter, NativeError> {
+    let script = |detail: String| NativeError::Script {
+        path: path.to_owned(),
+        detail,
     };
+    let (target, args, is_env) = resolve_interpreter(path, interpreter, argument)?;
     let fd = rustix::fs::open(
         &target,
         OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
@@ -284,7 +322,9 @@ fn open_interpreter(
 
 /// Opens `path` with O_NOFOLLOW and, when a digest is pinned, hashes it
 /// through that descriptor and checks it. An unpinned launch is not hashed
-/// (its evidence is `native-unmeasured`).
+/// (its evidence is `native-unmeasured`). A `#!` script is copied into a
+/// sealed memfd as it is hashed (see [`sealed_copy`]); its interpreter is
+/// resolved from the copy's `#!` line.
 pub fn open_measured(
     path: &Path,
     expected: Expectation,
@@ -318,34 +358,120 @@ pub fn open_measured(
             path: path.to_owned(),
         });
     }
-    let interpreter = match shebang(&fd, path)? {
-        Some((interpreter, argument)) => Some(open_interpreter(
-            path,
-            &interpreter,
-            argument,
-            (!matches!(expected, Expectation::Unpinned)).then_some(sealer),
-        )?),
-        None => None,
-    };
-    let digest = match expected {
-        Expectation::Unpinned => None,
-        Expectation::Pinned(_) | Expectation::Record => {
-            // Read through a duplicate so the descriptor we execute stays put.
-            let actual = hash_fd(&fd, path, sealer)?;
+    let mut head = [0u8; 2];
+    let read = rustix::io::pread(&fd, &mut head, 0).map_err(|errno| NativeError::Io {
+        syscall: "pread",
+        path: path.to_owned(),
+        source: errno.into(),
+    })?;
+    let measured = !matches!(expected, Expectation::Unpinned);
+    if &head[..read] == b"#!" {
+        // A script is read once, into a sealed copy, hashing as it goes:
+        // its #! line, its digest and what its interpreter reads are all
+        // those same bytes, whatever happens to the file afterwards.
+        let (copy, digest) = sealed_copy(&fd, path, measured)?;
+        let Some((interpreter, argument)) = shebang(&copy, path)? else {
+            return Err(NativeError::Script {
+                path: path.to_owned(),
+                detail: "its #! line changed while it was read".to_owned(),
+            });
+        };
+        let interpreter =
+            open_interpreter(path, &interpreter, argument, measured.then_some(sealer))?;
+        if let Some(actual) = digest {
             expected
                 .check(actual)
                 .map_err(|mismatch| NativeError::Digest {
                     path: path.to_owned(),
                     mismatch,
                 })?;
-            Some(actual)
         }
+        return Ok(MeasuredExecutable {
+            fd,
+            digest,
+            interpreter: Some(interpreter),
+            copy: Some(copy),
+        });
+    }
+    let digest = if measured {
+        // Read through a duplicate so the descriptor we execute stays put.
+        let actual = hash_fd(&fd, path, sealer)?;
+        expected
+            .check(actual)
+            .map_err(|mismatch| NativeError::Digest {
+                path: path.to_owned(),
+                mismatch,
+            })?;
+        Some(actual)
+    } else {
+        None
     };
     Ok(MeasuredExecutable {
         fd,
         digest,
-        interpreter,
+        interpreter: None,
+        copy: None,
     })
+}
+
+/// Copies the file behind `fd` (at `path`) into a new memfd, hashing the
+/// bytes as they are copied when `hash`, then seals the copy against
+/// writing, growing, shrinking and further sealing (runc's answer to
+/// CVE-2019-5736): the digest is of exactly the bytes the copy holds, and
+/// they can no longer change. Returns the copy, at offset 0, and the digest.
+fn sealed_copy(
+    fd: &OwnedFd,
+    path: &Path,
+    hash: bool,
+) -> Result<(OwnedFd, Option<Digest>), NativeError> {
+    use rustix::fs::{MemfdFlags, SealFlags};
+    let io = |syscall: &'static str| {
+        move |errno: rustix::io::Errno| NativeError::Io {
+            syscall,
+            path: path.to_owned(),
+            source: errno.into(),
+        }
+    };
+    let copy = rustix::fs::memfd_create(
+        "moat-script",
+        MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING,
+    )
+    .map_err(io("memfd_create"))?;
+    let mut hasher = hash.then(Sha256::new);
+    let mut buf = vec![0u8; 1 << 16];
+    let mut offset = 0u64;
+    loop {
+        let n = match rustix::io::pread(fd, &mut buf, offset) {
+            Ok(n) => n,
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(errno) => return Err(io("pread")(errno)),
+        };
+        if n == 0 {
+            break;
+        }
+        if let Some(hasher) = &mut hasher {
+            hasher.update(&buf[..n]);
+        }
+        let mut written = 0;
+        while written < n {
+            match rustix::io::write(&copy, &buf[written..n]) {
+                Ok(w) => written += w,
+                Err(rustix::io::Errno::INTR) => {}
+                Err(errno) => return Err(io("write to the memfd")(errno)),
+            }
+        }
+        offset += n as u64;
+    }
+    rustix::fs::fcntl_add_seals(
+        &copy,
+        SealFlags::WRITE | SealFlags::GROW | SealFlags::SHRINK | SealFlags::SEAL,
+    )
+    .map_err(io("fcntl(F_ADD_SEALS)"))?;
+    rustix::fs::seek(&copy, rustix::fs::SeekFrom::Start(0)).map_err(io("lseek"))?;
+    Ok((
+        copy,
+        hasher.map(|h| Digest::from_bytes(h.finalize().into())),
+    ))
 }
 
 /// The digest of the file behind `fd` (at `path`): from its seal when it
@@ -589,24 +715,29 @@ fn spawn(
     // digest, and named in the evidence.
     let mut measured = measured;
     let mut report = SandboxReport::default();
-    if let Some(interpreter) = &executable.interpreter {
-        if let Some(digest) = interpreter.digest {
-            measured.push((interpreter.path.clone(), digest));
-        }
-        report.enforced(format!(
-            "#! interpreter {}{}, run through the descriptor that was {}, with the script's own descriptor as its input",
-            interpreter.path.display(),
-            if interpreter.args.is_empty() {
-                String::new()
-            } else {
-                format!(" {}", interpreter.args.join(" "))
-            },
-            if interpreter.digest.is_some() {
-                "measured"
-            } else {
-                "opened"
-            },
-        ));
+    // No `rw` grant of this config may reach what this server runs.
+    let own: Vec<crate::config::Writer> = launch
+        .dirs
+        .iter()
+        .filter(|d| d.mode == crate::config::DirMode::Rw)
+        .map(|d| crate::config::Writer {
+            server: launch.name.clone(),
+            grant: d.host.clone(),
+        })
+        .collect();
+    crate::grants::check_runs(
+        &crate::grants::Runs {
+            server: &launch.name,
+            executable: Some(path),
+            interpreter: executable.interpreter.as_ref().map(|i| i.path.as_path()),
+            measure: &launch.measure,
+        },
+        &[own.as_slice(), launch.writers.as_slice()].concat(),
+    )?;
+    if let Some(interpreter) = &executable.interpreter
+        && let Some(digest) = interpreter.digest
+    {
+        measured.push((interpreter.path.clone(), digest));
     }
     let dirs = crate::grants::open_all(&launch.name, &launch.dirs)?;
     let proxied = proxied(launch);
@@ -623,16 +754,25 @@ fn spawn(
         net: &launch.net,
         sandbox: launch.sandbox,
     })?;
-    let isolation = isolation(launch)?;
+    let mut isolation = isolation(launch)?;
     let cstring = |what: &'static str, text: &str| {
         std::ffi::CString::new(text).map_err(|_| NativeError::Nul {
             what,
             path: path.clone(),
         })
     };
-    let fd = executable.fd.as_raw_fd();
-    // A script runs as its interpreter's descriptor, with the script's own
-    // descriptor (kept open across exec) as the file to read.
+    // A script's sealed copy stays open across exec; the rest of the
+    // executable's descriptors are Moat's.
+    let fd = executable
+        .copy
+        .as_ref()
+        .unwrap_or(&executable.fd)
+        .as_raw_fd();
+    // A script runs as its interpreter's descriptor, reading the sealed
+    // copy of the script: bound read-only over the script's own path in
+    // the server's mount namespace when it has a private /tmp to copy it
+    // into (so the script's directory, `__file__` and relative imports are
+    // as on the host), else through /proc/self/fd/N.
     let (exec_fd, mut argv) = match &executable.interpreter {
         None => (fd, vec![cstring("argv[0]", &launch.resolved.configured)?]),
         Some(interpreter) => {
@@ -640,7 +780,46 @@ fn spawn(
             for arg in &interpreter.args {
                 argv.push(cstring("the #! argument", arg)?);
             }
-            argv.push(cstring("the script path", &format!("/proc/self/fd/{fd}"))?);
+            let target = cstring("the script path", &path.to_string_lossy())?;
+            let bound = match isolation.namespaces.as_mut() {
+                Some(ns) if ns.tmp.is_some() => {
+                    ns.script = Some(spawn::ScriptBind {
+                        copy: fd,
+                        target: target.clone(),
+                    });
+                    true
+                }
+                _ => false,
+            };
+            report.enforced(format!(
+                "#! interpreter {}{}, run through the descriptor that was {}, reading the script's sealed copy (a memfd filled as it was {}){}",
+                interpreter.path.display(),
+                if interpreter.args.is_empty() {
+                    String::new()
+                } else {
+                    format!(" {}", interpreter.args.join(" "))
+                },
+                if interpreter.digest.is_some() {
+                    "measured"
+                } else {
+                    "opened"
+                },
+                if executable.digest.is_some() {
+                    "hashed"
+                } else {
+                    "read"
+                },
+                if bound {
+                    format!(", bound read-only over {}", path.display())
+                } else {
+                    format!(" as /proc/self/fd/{fd} (no private /tmp to copy it into)")
+                },
+            ));
+            argv.push(if bound {
+                target
+            } else {
+                cstring("the script path", &format!("/proc/self/fd/{fd}"))?
+            });
             (interpreter.fd.as_raw_fd(), argv)
         }
     };
@@ -1021,6 +1200,7 @@ fn isolation(launch: &NativeLaunch) -> Result<Isolation, NativeError> {
             tmp,
             binds,
             resolv,
+            script: None,
         })
     } else {
         let why = std::io::Error::from_raw_os_error(support.errno);

@@ -126,10 +126,11 @@ pub enum Step {
     BindReadOnly,
     DnsListen,
     Resolv,
+    BindScript,
 }
 
 impl Step {
-    const ALL: [Step; 27] = [
+    const ALL: [Step; 28] = [
         Step::Stdio,
         Step::DeathSignal,
         Step::ParentGone,
@@ -157,6 +158,7 @@ impl Step {
         Step::BindReadOnly,
         Step::DnsListen,
         Step::Resolv,
+        Step::BindScript,
     ];
 
     /// The system call and what it was for.
@@ -173,6 +175,9 @@ impl Step {
             Step::BindGrant => "mount(MS_BIND) of a granted path under /tmp",
             Step::DnsListen => "bind UDP 127.0.0.1:53 for Moat's DNS answers",
             Step::Resolv => "mount(MS_BIND) of Moat's resolv.conf over /etc/resolv.conf",
+            Step::BindScript => {
+                "mount(MS_BIND) of the script's sealed copy, read-only, over the script's path"
+            }
             Step::BindReadOnly => {
                 "mount(MS_REMOUNT|MS_BIND|MS_RDONLY) of a read-only path under /tmp"
             }
@@ -215,6 +220,21 @@ pub struct Namespaces {
     /// covered (read-only) by one naming 127.0.0.1, where Moat answers DNS
     /// for the listed names.
     pub resolv: bool,
+    /// A `#!` script, with a private /tmp: its sealed copy is bound
+    /// read-only over its path, where its interpreter reads it.
+    pub script: Option<ScriptBind>,
+}
+
+/// A script's sealed copy and the path it is shown at. A memfd cannot be a
+/// bind mount's source (its mount is the kernel's own), so the child copies
+/// it into a file of its private /tmp, binds that read-only over the
+/// script's path and unlinks it: only the child could write it, and only
+/// before the bind.
+pub struct ScriptBind {
+    /// The sealed memfd (see `native::sealed_copy`).
+    pub copy: RawFd,
+    /// The script's path, as its interpreter is given it.
+    pub target: CString,
 }
 
 /// What a server behind the egress proxy finds in /etc/resolv.conf.
@@ -434,6 +454,67 @@ unsafe fn bind_resolv_conf(report: RawFd) {
             libc::mount(
                 std::ptr::null(),
                 target.as_ptr(),
+                std::ptr::null(),
+                libc::MS_REMOUNT
+                    | libc::MS_BIND
+                    | libc::MS_RDONLY
+                    | libc::MS_NOSUID
+                    | libc::MS_NODEV,
+                std::ptr::null(),
+            ) == 0,
+        );
+        check(libc::unlink(source.as_ptr()) == 0);
+    }
+}
+
+/// Copies the sealed script `bind.copy` into a file of the private /tmp,
+/// binds it read-only over `bind.target` and unlinks it.
+///
+/// # Safety
+///
+/// Only in the cloned child, in its own mount namespace, after the private
+/// /tmp is mounted.
+unsafe fn bind_script(bind: &ScriptBind, report: RawFd) {
+    // SAFETY: raw system calls on a static string, the prepared target and
+    // stack memory; see the contract.
+    unsafe {
+        let check = |ok: bool| {
+            if !ok {
+                fail(report, Step::BindScript, errno());
+            }
+        };
+        let source = c"/tmp/.moat-script";
+        let file = libc::open(
+            source.as_ptr(),
+            libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY | libc::O_CLOEXEC,
+            0o444,
+        );
+        check(file >= 0);
+        let mut offset: libc::off_t = 0;
+        loop {
+            let sent = libc::sendfile(file, bind.copy, &mut offset, 1 << 20);
+            if sent < 0 && errno() == libc::EINTR {
+                continue;
+            }
+            check(sent >= 0);
+            if sent == 0 {
+                break;
+            }
+        }
+        libc::close(file);
+        check(
+            libc::mount(
+                source.as_ptr(),
+                bind.target.as_ptr(),
+                std::ptr::null(),
+                libc::MS_BIND,
+                std::ptr::null(),
+            ) == 0,
+        );
+        check(
+            libc::mount(
+                std::ptr::null(),
+                bind.target.as_ptr(),
                 std::ptr::null(),
                 libc::MS_REMOUNT
                     | libc::MS_BIND
@@ -979,6 +1060,9 @@ unsafe fn child(
                 if ns.resolv {
                     bind_resolv_conf(report);
                 }
+                if let Some(script) = &ns.script {
+                    bind_script(script, report);
+                }
             }
         }
         check(libc::setpgid(0, 0) == 0, Step::ProcessGroup);
@@ -999,12 +1083,21 @@ unsafe fn child(
                 .and_then(|ns| ns.tmp.as_ref())
                 .map(|_| tmp);
             let resolv = plan.namespaces.as_ref().is_some_and(|ns| ns.resolv);
-            if let Err(error) = crate::sandbox::restrict_child(ruleset, proc_self, tmp, resolv) {
+            let script = plan
+                .namespaces
+                .as_ref()
+                .filter(|ns| ns.tmp.is_some())
+                .and_then(|ns| ns.script.as_ref())
+                .map(|script| script.target.as_c_str());
+            if let Err(error) =
+                crate::sandbox::restrict_child(ruleset, proc_self, tmp, resolv, script)
+            {
                 fail(report, Step::Landlock, error.raw_os_error().unwrap_or(0));
             }
         }
-        // The measured descriptor stays open across exec, so a script's
-        // interpreter can read it through /proc/self/fd/N.
+        // The measured descriptor (a script's sealed copy) stays open
+        // across exec, so a script's interpreter can read it through
+        // /proc/self/fd/N where it is not bound over the script's path.
         check(
             libc::fcntl(plan.executable, libc::F_SETFD, 0) == 0,
             Step::CloseDescriptors,

@@ -462,6 +462,7 @@ pub unsafe fn restrict_child(
     proc_self_access: u64,
     tmp_access: Option<u64>,
     resolv_conf: bool,
+    script: Option<&std::ffi::CStr>,
 ) -> std::io::Result<()> {
     /// LANDLOCK_ACCESS_FS_READ_FILE.
     const READ_FILE: u64 = 1 << 2;
@@ -515,6 +516,10 @@ pub unsafe fn restrict_child(
     // made for the host's file does not cover it.
     if resolv_conf {
         add(c"/etc/resolv.conf", READ_FILE)?;
+    }
+    // A script's sealed copy, bound over the script's path: likewise.
+    if let Some(script) = script {
+        add(script, READ_FILE)?;
     }
     // SAFETY: restricts only the calling (child) thread, which is about to exec.
     let result = unsafe { libc::syscall(libc::SYS_landlock_restrict_self, ruleset, 0u32) };
