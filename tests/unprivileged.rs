@@ -4,9 +4,11 @@
 //! current user otherwise. Under `sandbox = "required"` (which refuses a
 //! launch whose namespaces, Landlock or seccomp cannot be set up) the server
 //! holds no capability, cannot signal a process of the same user, leaves no
-//! process behind, writes to a private /tmp and reaches no host socket; a
-//! server with a `net` grant reaches its listed host through Moat's egress
-//! proxy and nothing else.
+//! process behind, writes to a private /tmp, reaches no host socket and
+//! none of the host's SysV shared memory or message queues (its own IPC,
+//! UTS and cgroup namespaces), and opens sockets in the allowed families
+//! only; a server with a `net` grant reaches its listed host through Moat's
+//! egress proxy and nothing else.
 #![cfg(target_os = "linux")]
 
 use std::os::unix::fs::PermissionsExt;
@@ -176,7 +178,23 @@ fn the_native_promises_hold_for_an_unprivileged_moat() {
 
     for (op, errno) in [
         (json!({"op": "unshare"}), libc::EPERM),
-        (json!({"op": "packet"}), libc::EPERM),
+        (json!({"op": "packet"}), libc::EAFNOSUPPORT),
+        (
+            json!({"op": "socket", "family": 40, "type": libc::SOCK_STREAM, "protocol": 0}), // AF_VSOCK
+            libc::EAFNOSUPPORT,
+        ),
+        (
+            json!({"op": "socket", "family": 38, "type": libc::SOCK_SEQPACKET, "protocol": 0}), // AF_ALG
+            libc::EAFNOSUPPORT,
+        ),
+        (
+            json!({"op": "socket", "family": libc::AF_NETLINK, "type": libc::SOCK_RAW, "protocol": libc::NETLINK_AUDIT}),
+            libc::EAFNOSUPPORT,
+        ),
+        (
+            json!({"op": "socketpair", "family": libc::AF_INET, "type": libc::SOCK_STREAM}),
+            libc::EAFNOSUPPORT,
+        ),
         (
             json!({"op": "udp", "addr": "127.0.0.1:9"}),
             libc::ENETUNREACH,
@@ -188,6 +206,43 @@ fn the_native_promises_hold_for_an_unprivileged_moat() {
     ] {
         refused(&setup.attack(op.clone()), errno, &op.to_string());
     }
+
+    // What a server needs still opens: TCP and the routing netlink.
+    for (family, kind, protocol) in [
+        (libc::AF_INET, libc::SOCK_STREAM, 0),
+        (libc::AF_NETLINK, libc::SOCK_RAW, libc::NETLINK_ROUTE),
+    ] {
+        let report = setup
+            .attack(json!({"op": "socket", "family": family, "type": kind, "protocol": protocol}));
+        assert_eq!(report["ok"], json!(true), "{report}");
+    }
+
+    // The host's SysV objects, open to every user (mode 0666): out of
+    // reach of the server, by key, in its own IPC namespace.
+    let ipc = HostIpc::new();
+    for op in ["shm", "msgq"] {
+        refused(
+            &setup.attack(json!({"op": op, "key": ipc.key})),
+            libc::ENOENT,
+            op,
+        );
+    }
+    assert_eq!(
+        ipc.content(),
+        HostIpc::CONTENT,
+        "the host's segment changed"
+    );
+    assert_eq!(
+        ipc.messages_queued(),
+        0,
+        "a message reached the host's queue"
+    );
+    let ns = setup.attack(json!({"op": "ns"}));
+    for name in ["ipc", "uts", "cgroup"] {
+        let ours = std::fs::read_link(format!("/proc/self/ns/{name}")).unwrap();
+        assert_ne!(ns["data"][name], json!(ours.display().to_string()), "{ns}");
+    }
+    drop(ipc);
 
     let tmp = setup.attack(json!({"op": "tmp"}));
     assert_eq!(
@@ -202,4 +257,68 @@ fn the_native_promises_hold_for_an_unprivileged_moat() {
     assert_eq!(escaped["ok"], json!(true), "{escaped}");
     let pid: u32 = escaped["data"].as_str().unwrap().parse().unwrap();
     assert!(!running(pid), "the grandchild {pid} outlived `moat call`");
+}
+
+/// A SysV shared memory segment and message queue of the host (this test
+/// process), made with a known key and mode 0666, removed when dropped.
+struct HostIpc {
+    key: libc::key_t,
+    shm: i32,
+    memory: *mut u8,
+    msq: i32,
+}
+
+impl HostIpc {
+    const CONTENT: &[u8; 16] = b"the host's bytes";
+
+    fn new() -> Self {
+        let key = 0x4e00_0000 | (std::process::id() as i32 & 0xffff);
+        let create = libc::IPC_CREAT | libc::IPC_EXCL | 0o666;
+        // SAFETY: SysV calls on plain integers; the segment is attached at a
+        // place the kernel picks and written within its 4096 bytes.
+        unsafe {
+            let shm = libc::shmget(key, 4096, create);
+            assert!(shm >= 0, "shmget: {}", std::io::Error::last_os_error());
+            let memory = libc::shmat(shm, std::ptr::null(), 0).cast::<u8>();
+            assert_ne!(memory as isize, -1, "shmat");
+            std::ptr::copy_nonoverlapping(Self::CONTENT.as_ptr(), memory, Self::CONTENT.len());
+            let msq = libc::msgget(key, create);
+            assert!(msq >= 0, "msgget: {}", std::io::Error::last_os_error());
+            // Found by key in the host's namespace: what the server would
+            // reach without one of its own.
+            assert_eq!(libc::shmget(key, 0, 0), shm);
+            assert_eq!(libc::msgget(key, 0), msq);
+            Self {
+                key,
+                shm,
+                memory,
+                msq,
+            }
+        }
+    }
+
+    fn content(&self) -> Vec<u8> {
+        // SAFETY: reads 16 bytes of the attached 4096-byte segment.
+        unsafe { std::slice::from_raw_parts(self.memory, Self::CONTENT.len()).to_vec() }
+    }
+
+    fn messages_queued(&self) -> u64 {
+        // SAFETY: IPC_STAT into a zeroed msqid_ds on the stack.
+        unsafe {
+            let mut stat: libc::msqid_ds = std::mem::zeroed();
+            assert_eq!(libc::msgctl(self.msq, libc::IPC_STAT, &mut stat), 0);
+            stat.msg_qnum as u64
+        }
+    }
+}
+
+impl Drop for HostIpc {
+    fn drop(&mut self) {
+        // SAFETY: detaches and removes the objects this test made.
+        unsafe {
+            libc::shmdt(self.memory.cast());
+            libc::shmctl(self.shm, libc::IPC_RMID, std::ptr::null_mut());
+            libc::msgctl(self.msq, libc::IPC_RMID, std::ptr::null_mut());
+        }
+    }
 }

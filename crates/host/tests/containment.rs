@@ -3,7 +3,9 @@
 //! an unrelated process, holds no privilege even when Moat is root, inherits
 //! no descriptor, cannot leave a process behind or make close wait, and with
 //! no `net` grant reaches no socket of the host (TCP, UDP, pathname or
-//! abstract Unix). Each refusal is asserted by its errno.
+//! abstract Unix), reaches none of the host's SysV shared memory or message
+//! queues, and opens sockets in the allowed families only. Each refusal is
+//! asserted by its errno.
 #![cfg(target_os = "linux")]
 
 mod common;
@@ -120,7 +122,7 @@ async fn no_privilege_is_held_even_when_moat_is_root() {
     assert_eq!(caps["data"]["Seccomp"], json!("2"), "{caps}");
     let neighbour_pid = std::process::id();
     for (op, errno) in [
-        (json!({"op": "packet"}), libc::EPERM),
+        (json!({"op": "packet"}), libc::EAFNOSUPPORT),
         (json!({"op": "raw"}), libc::EPERM),
         (json!({"op": "bpf"}), libc::EPERM),
         (json!({"op": "klogctl"}), libc::EPERM),
@@ -135,6 +137,7 @@ async fn no_privilege_is_held_even_when_moat_is_root() {
     let identity = server.shared().identity().unwrap();
     for line in [
         "enforced: PID namespace",
+        "enforced: IPC, UTS and cgroup namespaces",
         "enforced: capabilities: none",
         "enforced: seccomp: EPERM for ptrace",
         "enforced: network namespace",
@@ -334,4 +337,192 @@ async fn a_grant_under_the_hosts_tmp_reaches_through_the_private_tmp() {
         std::fs::read_to_string(granted.join("new")).unwrap(),
         "written by probe"
     );
+}
+
+/// A SysV shared memory segment and message queue of the host (this test
+/// process), made with known keys and mode 0666, removed when dropped.
+struct HostIpc {
+    key: libc::key_t,
+    shm: i32,
+    memory: *mut u8,
+    msq: i32,
+}
+
+impl HostIpc {
+    const CONTENT: &[u8; 16] = b"the host's bytes";
+
+    fn new(salt: i32) -> Self {
+        let key = 0x4d00_0000 | ((std::process::id() as i32 & 0xffff) << 4) | salt;
+        let create = libc::IPC_CREAT | libc::IPC_EXCL | 0o666;
+        // SAFETY: SysV calls on plain integers; the segment is attached at a
+        // place the kernel picks and written within its 4096 bytes.
+        unsafe {
+            let shm = libc::shmget(key, 4096, create);
+            assert!(shm >= 0, "shmget: {}", std::io::Error::last_os_error());
+            let memory = libc::shmat(shm, std::ptr::null(), 0).cast::<u8>();
+            assert_ne!(memory as isize, -1, "shmat");
+            std::ptr::copy_nonoverlapping(Self::CONTENT.as_ptr(), memory, Self::CONTENT.len());
+            let msq = libc::msgget(key, create);
+            assert!(msq >= 0, "msgget: {}", std::io::Error::last_os_error());
+            Self {
+                key,
+                shm,
+                memory,
+                msq,
+            }
+        }
+    }
+
+    /// What a process of the host's IPC namespace finds by the key: the
+    /// same objects (what the server would reach without a namespace).
+    fn reachable_by_key(&self) -> bool {
+        // SAFETY: lookups by key, no memory touched.
+        unsafe { libc::shmget(self.key, 0, 0) == self.shm && libc::msgget(self.key, 0) == self.msq }
+    }
+
+    fn content(&self) -> Vec<u8> {
+        // SAFETY: reads 16 bytes of the attached 4096-byte segment.
+        unsafe { std::slice::from_raw_parts(self.memory, Self::CONTENT.len()).to_vec() }
+    }
+
+    fn messages_queued(&self) -> u64 {
+        // SAFETY: IPC_STAT into a zeroed msqid_ds on the stack.
+        unsafe {
+            let mut stat: libc::msqid_ds = std::mem::zeroed();
+            assert_eq!(libc::msgctl(self.msq, libc::IPC_STAT, &mut stat), 0);
+            stat.msg_qnum as u64
+        }
+    }
+}
+
+impl Drop for HostIpc {
+    fn drop(&mut self) {
+        // SAFETY: detaches and removes the objects this test made.
+        unsafe {
+            libc::shmdt(self.memory.cast());
+            libc::shmctl(self.shm, libc::IPC_RMID, std::ptr::null_mut());
+            libc::msgctl(self.msq, libc::IPC_RMID, std::ptr::null_mut());
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_hosts_sysv_ipc_hostname_and_cgroup_are_out_of_reach() {
+    let neighbour = Neighbour::start().await;
+    let ipc = HostIpc::new(1);
+    assert!(ipc.reachable_by_key(), "the host's objects exist by key");
+    let server = host().connect(&breakout()).await.unwrap();
+    for op in ["shm", "msgq"] {
+        let report = attack(&server, json!({"op": op, "key": ipc.key})).await;
+        refused(&report, libc::ENOENT, op);
+        neighbour.answers().await;
+    }
+    assert_eq!(
+        ipc.content(),
+        HostIpc::CONTENT,
+        "the host's segment changed"
+    );
+    assert_eq!(
+        ipc.messages_queued(),
+        0,
+        "a message reached the host's queue"
+    );
+    // Its own IPC, UTS and cgroup namespaces.
+    let ns = attack(&server, json!({"op": "ns"})).await;
+    for name in ["ipc", "uts", "cgroup"] {
+        let ours = std::fs::read_link(format!("/proc/self/ns/{name}")).unwrap();
+        let theirs = ns["data"][name].as_str().expect("the server's namespace");
+        assert_ne!(theirs, ours.display().to_string(), "{name}: {ns}");
+    }
+    // No capability to set even its own hostname; the host's is untouched.
+    let before = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    let renamed = attack(&server, json!({"op": "hostname", "name": "breakout"})).await;
+    refused(&renamed, libc::EPERM, "sethostname");
+    assert_eq!(
+        std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap(),
+        before
+    );
+    server.close().await.unwrap();
+    neighbour.close().await;
+}
+
+/// Sockets open in AF_INET, AF_INET6 and AF_NETLINK (NETLINK_ROUTE) only
+/// (AF_UNIX: socketpair only); every other family answers EAFNOSUPPORT,
+/// whether the kernel has it or not.
+#[tokio::test]
+async fn sockets_open_only_in_the_allowed_families() {
+    const AF_VSOCK: i32 = 40;
+    const AF_ALG: i32 = 38;
+    let neighbour = Neighbour::start().await;
+    let server = host().connect(&breakout()).await.unwrap();
+    let socket = |family: i32, kind: i32, protocol: i32| json!({"op": "socket", "family": family, "type": kind, "protocol": protocol});
+    for (op, errno) in [
+        (socket(AF_VSOCK, libc::SOCK_STREAM, 0), libc::EAFNOSUPPORT),
+        (socket(AF_ALG, libc::SOCK_SEQPACKET, 0), libc::EAFNOSUPPORT),
+        (
+            socket(libc::AF_BLUETOOTH, libc::SOCK_STREAM, 0),
+            libc::EAFNOSUPPORT,
+        ),
+        (
+            socket(libc::AF_NETLINK, libc::SOCK_RAW, libc::NETLINK_AUDIT),
+            libc::EAFNOSUPPORT,
+        ),
+        (
+            socket(
+                libc::AF_NETLINK,
+                libc::SOCK_DGRAM,
+                libc::NETLINK_KOBJECT_UEVENT,
+            ),
+            libc::EAFNOSUPPORT,
+        ),
+        (
+            json!({"op": "socketpair", "family": AF_VSOCK, "type": libc::SOCK_STREAM}),
+            libc::EAFNOSUPPORT,
+        ),
+        // SOCK_PACKET (10, obsolete) in AF_INET would be an AF_PACKET socket.
+        (socket(libc::AF_INET, 10, 0x0300), libc::EPERM),
+    ] {
+        let report = attack(&server, op.clone()).await;
+        refused(&report, errno, &op.to_string());
+        neighbour.answers().await;
+    }
+    // What a server needs still opens, as it does here (IPv6 may be absent
+    // from this kernel).
+    for (family, kind, protocol) in [
+        (libc::AF_INET, libc::SOCK_STREAM, 0),
+        (libc::AF_INET, libc::SOCK_DGRAM, 0),
+        (libc::AF_INET6, libc::SOCK_STREAM, 0),
+        (libc::AF_NETLINK, libc::SOCK_RAW, libc::NETLINK_ROUTE),
+    ] {
+        // SAFETY: socket(2) on plain integers; the descriptor is closed.
+        let here = unsafe {
+            let fd = libc::socket(family, kind, protocol);
+            if fd >= 0 {
+                libc::close(fd);
+            }
+            fd >= 0
+        };
+        let report = attack(&server, socket(family, kind, protocol)).await;
+        assert_eq!(
+            report["ok"],
+            json!(here),
+            "{family}/{kind}/{protocol}: {report}"
+        );
+    }
+    let pair = attack(
+        &server,
+        json!({"op": "socketpair", "family": libc::AF_UNIX, "type": libc::SOCK_STREAM}),
+    )
+    .await;
+    assert_eq!(pair["ok"], json!(true), "{pair}");
+    let identity = server.shared().identity().unwrap();
+    assert!(
+        identity.sandbox.lines().iter().any(|l| l.contains(
+            "EAFNOSUPPORT for socket in any family but AF_UNIX, AF_INET, AF_INET6, AF_NETLINK (netlink: NETLINK_ROUTE only)"
+        )),
+        "{:#?}",
+        identity.sandbox
+    );
+    server.close().await.unwrap();
+    neighbour.close().await;
 }

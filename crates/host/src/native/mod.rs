@@ -11,7 +11,8 @@
 //! The child gets exactly the configured argv (no shell), cwd and
 //! environment. It is made in namespaces of its own and contained before it
 //! runs (see [`spawn`]): PID 1 of its own PID namespace, a private /tmp,
-//! no network without `net`, no capabilities, a seccomp deny-list, Landlock,
+//! its own SysV IPC, hostname and cgroup root, no network without `net`, no
+//! capabilities, a seccomp deny-list and socket-family allow-list, Landlock,
 //! no inherited descriptors, a parent-death signal and rlimits for CPU,
 //! address space, open files, processes, file size and core size 0.
 //! [`isolation`] decides what this kernel allows and refuses, under
@@ -1109,6 +1110,10 @@ fn isolation(launch: &NativeLaunch) -> Result<Isolation, NativeError> {
                 ""
             }
         ));
+        enforced.push(
+            "IPC, UTS and cgroup namespaces: the host's SysV shared memory, message queues and semaphores are out of reach (no key or id of the host's exists there); the hostname and the cgroup root are the server's own"
+                .to_owned(),
+        );
         match &tmp {
             Some(_) => enforced.push(format!(
                 "mount namespace: a private, empty /tmp (tmpfs, {} bytes), gone when the server stops",
@@ -1206,7 +1211,7 @@ fn isolation(launch: &NativeLaunch) -> Result<Isolation, NativeError> {
         let why = std::io::Error::from_raw_os_error(support.errno);
         missing(
             format!(
-                "PID, mount and network namespaces (clone with CLONE_NEWUSER: {why}; unprivileged user namespaces may be disabled)"
+                "PID, mount, IPC, UTS, cgroup and network namespaces (clone with CLONE_NEWUSER: {why}; unprivileged user namespaces may be disabled)"
             ),
             &mut not_enforced,
         )?;

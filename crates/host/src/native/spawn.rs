@@ -1,6 +1,6 @@
 //! How a native server's process is made: one `clone` into fresh user, PID,
-//! mount and (without `net`) network namespaces, then, in the child and
-//! before exec, every containment step in a fixed order.
+//! mount, IPC, UTS, cgroup and (without `net`) network namespaces, then, in
+//! the child and before exec, every containment step in a fixed order.
 //!
 //! This module owns the child side of the native launch: the namespaces, the
 //! uid and gid maps, the private `/tmp`, rlimits, no_new_privs, Landlock, the
@@ -29,7 +29,8 @@ use rustix::process::{Resource, Rlimit};
 /// trying.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct NamespaceSupport {
-    /// Namespaces can be made at all (PID, mount, network).
+    /// Namespaces can be made at all (PID, mount, IPC, UTS, cgroup,
+    /// network).
     pub available: bool,
     /// They are made inside a new user namespace (always, where the kernel
     /// allows it; required when Moat is not root).
@@ -38,7 +39,17 @@ pub struct NamespaceSupport {
     pub errno: i32,
 }
 
-const BASE_NAMESPACES: i32 = libc::CLONE_NEWPID | libc::CLONE_NEWNS | libc::CLONE_NEWNET;
+/// The namespaces every namespaced server gets: PID, mount, and its own
+/// SysV IPC (shared memory, message queues and semaphores of the host are
+/// out of reach, by key or id), UTS (hostname) and cgroup (its cgroup is
+/// its root) namespaces. The network namespace is added without `net`.
+const SERVER_NAMESPACES: i32 = libc::CLONE_NEWPID
+    | libc::CLONE_NEWNS
+    | libc::CLONE_NEWIPC
+    | libc::CLONE_NEWUTS
+    | libc::CLONE_NEWCGROUP;
+
+const BASE_NAMESPACES: i32 = SERVER_NAMESPACES | libc::CLONE_NEWNET;
 
 /// Tries `clone` with the namespace flags once per process: with a user
 /// namespace first, then, for root only, without one.
@@ -723,7 +734,7 @@ fn spawn_inner(
         .collect();
     let mut flags = libc::CLONE_PIDFD | libc::SIGCHLD;
     if let Some(ns) = &plan.namespaces {
-        flags |= libc::CLONE_NEWPID | libc::CLONE_NEWNS;
+        flags |= SERVER_NAMESPACES;
         if ns.user.is_some() {
             flags |= libc::CLONE_NEWUSER;
         }

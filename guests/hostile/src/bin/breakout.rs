@@ -13,6 +13,14 @@
 //! - `udp` `{addr}`: send a datagram; `tcp` `{addr}`: connect and send.
 //! - `unix` `{path}` and `abstract` `{name}`: connect to a Unix socket and send.
 //! - `tmp`: write a file in /tmp and list /tmp.
+//! - `shm` `{key}`: shmget the host's SysV segment by key (no IPC_CREAT),
+//!   attach it and overwrite its first bytes with "breakout".
+//! - `msgq` `{key}`: msgget the host's SysV message queue by key and send
+//!   "breakout" on it.
+//! - `socket` `{family, type, protocol}`: socket(2), closed at once.
+//! - `socketpair` `{family, type}`: socketpair(2), closed at once.
+//! - `ns`: this process's namespaces (readlink of /proc/self/ns/*).
+//! - `hostname` `{name}`: sethostname, then the hostname it now sees.
 //! - `escape` `{token, deaf}`: with `deaf`, the server itself ignores
 //!   SIGTERM, SIGHUP and stdin EOF from then on; then it double-forks a grandchild that calls setsid (and
 //!   setpgid), ignores SIGTERM and SIGHUP, holds stdout and stderr open and
@@ -234,6 +242,79 @@ mod native {
                         .collect();
                     names.sort();
                     Ok(json!({"dir": dir, "entries": names}))
+                }
+                "shm" => {
+                    let id = libc::shmget(int("key") as libc::key_t, 0, 0);
+                    if id < 0 {
+                        return Err(os_error(std::io::Error::last_os_error()));
+                    }
+                    let at = libc::shmat(id, std::ptr::null(), 0);
+                    if at as isize == -1 {
+                        return Err(os_error(std::io::Error::last_os_error()));
+                    }
+                    std::ptr::copy_nonoverlapping(b"breakout".as_ptr(), at.cast::<u8>(), 8);
+                    libc::shmdt(at);
+                    Ok(json!("overwritten"))
+                }
+                "msgq" => {
+                    let id = libc::msgget(int("key") as libc::key_t, 0);
+                    if id < 0 {
+                        return Err(os_error(std::io::Error::last_os_error()));
+                    }
+                    #[repr(C)]
+                    struct Message {
+                        kind: libc::c_long,
+                        text: [u8; 8],
+                    }
+                    let message = Message {
+                        kind: 1,
+                        text: *b"breakout",
+                    };
+                    check(
+                        libc::msgsnd(id, (&message as *const Message).cast(), 8, libc::IPC_NOWAIT)
+                            as _,
+                    )
+                }
+                "socket" => socket(
+                    int("family") as i32,
+                    int("type") as i32,
+                    int("protocol") as i32,
+                ),
+                "socketpair" => {
+                    let mut pair = [-1i32; 2];
+                    let rc = libc::socketpair(
+                        int("family") as i32,
+                        int("type") as i32,
+                        0,
+                        pair.as_mut_ptr(),
+                    );
+                    let outcome = check(rc as _);
+                    if rc == 0 {
+                        libc::close(pair[0]);
+                        libc::close(pair[1]);
+                    }
+                    outcome
+                }
+                "ns" => {
+                    let links: serde_json::Map<String, Value> =
+                        ["ipc", "uts", "cgroup", "net", "pid", "mnt", "user"]
+                            .into_iter()
+                            .filter_map(|name| {
+                                let link = std::fs::read_link(format!("/proc/self/ns/{name}"));
+                                Some((name.to_owned(), json!(link.ok()?.display().to_string())))
+                            })
+                            .collect();
+                    Ok(Value::Object(links))
+                }
+                "hostname" => {
+                    let name = text("name");
+                    if libc::sethostname(name.as_ptr().cast(), name.len()) < 0 {
+                        return Err(os_error(std::io::Error::last_os_error()));
+                    }
+                    let mut buf = [0u8; 256];
+                    libc::gethostname(buf.as_mut_ptr().cast(), buf.len());
+                    let end = buf.iter().position(|b| *b == 0).unwrap_or(buf.len());
+                    Ok(json!(String::from_utf8_lossy(&buf[..end])))
                 }
                 "escape" => {
                     if arguments["deaf"] == json!(true) {
