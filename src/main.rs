@@ -425,6 +425,14 @@ fn init_logging(
 }
 
 async fn run(command: Command) -> Result<ExitCode> {
+    // A file that outgrows RLIMIT_FSIZE (the audit log, say) fails its write
+    // with EFBIG, which Moat reports (an audit log fails closed), instead
+    // of SIGXFSZ killing Moat. Handled rather than ignored: a handler goes
+    // back to the default in the servers Moat starts, where SIG_IGN would
+    // be inherited. Registered for the process's life.
+    let _file_too_large =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::from_raw(libc::SIGXFSZ))
+            .context("installing the SIGXFSZ handler")?;
     match command {
         Command::Serve {
             config,

@@ -710,3 +710,80 @@ async fn watch_reloads_when_the_lock_changes() {
     assert_eq!(reloads[0]["source"], "watch");
     assert_eq!(reloads[0]["outcome"], "reloaded");
 }
+
+/// One writer per audit log: a second `moat serve` with the same command
+/// line (two agent apps, say) is refused by name with the first one's pid,
+/// before it writes anything, and the first keeps serving a log that
+/// verifies.
+#[tokio::test]
+async fn a_second_moat_serve_on_one_audit_log_is_refused_with_the_holders_pid() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("moat.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[servers.native]\ncommand = {:?}\nallow_unmeasured = true\n",
+            guests::EVERYTHING_NATIVE
+        ),
+    )
+    .unwrap();
+    let audit = dir.path().join("audit.jsonl");
+    let args = ["--audit".as_ref(), audit.as_os_str()];
+    let mut first = serve_stdio(&config, &args);
+    let pid = first.id().unwrap();
+    let agent = Agent
+        .serve((first.stdout.take().unwrap(), first.stdin.take().unwrap()))
+        .await
+        .expect("the first moat serve");
+    let add = || {
+        let mut params = CallToolRequestParams::new("native__add");
+        params.arguments = serde_json::json!({"a": 2, "b": 40}).as_object().cloned();
+        params
+    };
+    let result = agent.call_tool(add()).await.unwrap();
+    assert_eq!(
+        serde_json::to_value(&result.content).unwrap()[0]["text"],
+        "42"
+    );
+
+    // Its stdin at EOF: were it let in, it would serve nothing and exit 0.
+    let second = tokio::process::Command::new(env!("CARGO_BIN_EXE_moat"))
+        .arg("serve")
+        .arg("--config")
+        .arg(&config)
+        .args(args)
+        .env(
+            "MOAT_CACHE_DIR",
+            Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-cache"),
+        )
+        .env("MOAT_STATE_DIR", common::state_dir())
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .unwrap();
+    assert!(!second.status.success(), "{:?}", second.status);
+    let stderr = String::from_utf8_lossy(&second.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "audit log {} is being written by another Moat (pid {pid}); two writers would break its chain: give each `moat serve` its own --audit file",
+            audit.display()
+        )),
+        "{stderr}"
+    );
+
+    // The first goes on, and its log is one chain.
+    let result = agent.call_tool(add()).await.unwrap();
+    assert_eq!(
+        serde_json::to_value(&result.content).unwrap()[0]["text"],
+        "42"
+    );
+    agent.cancel().await.unwrap();
+    assert!(first.wait().await.unwrap().success());
+    let verified = moat_host::audit::verify(&audit, &common::audit_key()).unwrap();
+    assert_eq!(verified.unanchored, 0);
+    let calls = std::fs::read_to_string(&audit)
+        .unwrap()
+        .matches("\"event\":\"tool_call\"")
+        .count();
+    assert_eq!(calls, 2);
+}

@@ -17,10 +17,23 @@
 //! What it cannot detect: someone holding the key, or one who saved an old
 //! anchor and puts it back together with the log cut to match (a rollback);
 //! an anchor kept off the machine closes that.
+//!
+//! One writer: [`AuditLog`] holds an exclusive lock on the log for its life
+//! (an open-file-description lock on byte 0, which no other descriptor of
+//! the process can drop, and a classic POSIX lock on byte 1 that tells a
+//! second writer the holder's pid), so two `moat serve` on one log are
+//! refused rather than interleaving two chains. Only the holder writes the
+//! anchor, so the lock covers it too. [`verify`] reads without a lock.
+//!
+//! Fails closed: once a line or the anchor cannot be written (ENOSPC, EFBIG,
+//! EIO, anything), a partial line is cut back off, the log is poisoned and
+//! writes nothing more, and every later [`AuditLog::record`] fails with
+//! [`AuditError::Unwritable`]; the gateway then admits no calls (see
+//! [`AuditLog::failure`]).
 
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use serde::Serialize;
 
@@ -79,6 +92,22 @@ pub enum AuditError {
         path: PathBuf,
         anchor: PathBuf,
         detail: String,
+    },
+    #[error(
+        "audit log {path} is being written by another Moat ({}); two writers would break its chain: give each `moat serve` its own --audit file",
+        .pid.map_or_else(|| "pid unknown".to_owned(), |pid| format!("pid {pid}"))
+    )]
+    Locked { path: PathBuf, pid: Option<u32> },
+    #[error(
+        "audit log {path} cannot be written ({}{source}): Moat admits no calls until it can record them; free space (or fix the error) and restart Moat",
+        .file.as_ref().map_or_else(String::new, |f| format!("{}: ", f.display()))
+    )]
+    Unwritable {
+        path: PathBuf,
+        /// The file that failed when it is not the log: its anchor.
+        file: Option<PathBuf>,
+        #[source]
+        source: Arc<std::io::Error>,
     },
 }
 
@@ -149,7 +178,7 @@ pub enum Event {
     /// `moat serve --http` turned a connection or request away at a limit.
     HttpRefused {
         /// `max-sessions`, `max-connections`, `header-timeout`,
-        /// `body-too-large`, `unauthorized`.
+        /// `body-too-large`, `unauthorized`, `audit-unwritable`.
         reason: String,
         status: u16,
     },
@@ -228,13 +257,30 @@ impl Outcome {
     }
 }
 
-/// An append-only audit log.
+/// An append-only audit log, written by this process alone while it is
+/// open (see the module's doc).
 pub struct AuditLog {
     path: PathBuf,
     anchor: PathBuf,
     key: Key,
-    /// The file, the last line's digest and the number of lines.
-    state: Mutex<(std::fs::File, String, usize)>,
+    state: Mutex<Writer>,
+    /// The first write that failed: from then on nothing is written.
+    failed: OnceLock<Failure>,
+}
+
+/// Where the log stands: its locked file, the last line's digest, the
+/// number of lines and the bytes of the whole lines.
+struct Writer {
+    file: std::fs::File,
+    head: String,
+    lines: usize,
+    len: u64,
+}
+
+/// A write that failed: the anchor's path (`None` for the log), and why.
+struct Failure {
+    file: Option<PathBuf>,
+    source: Arc<std::io::Error>,
 }
 
 /// The anchor file: how many lines the log had and the digest of the last.
@@ -274,88 +320,229 @@ impl Anchor {
 
 impl AuditLog {
     /// Opens (or creates) the log at `path`, continuing its chain, with
-    /// `key` for the line MACs and the anchor. The log must verify first:
-    /// appending to a damaged log would hide the damage.
+    /// `key` for the line MACs and the anchor. The log is locked first
+    /// (another writer holding it is refused with [`AuditError::Locked`]),
+    /// then must verify: appending to a damaged log would hide the damage.
+    /// An empty log with no anchor is a new one.
     pub fn open(path: &Path, key: Key) -> Result<Self, AuditError> {
-        let (lines, prev) = match std::fs::metadata(path) {
-            Ok(_) => {
-                // One read: the check, and the head the chain continues from.
-                let (verified, head) = verify_to_head(path, &key)?;
-                (verified.lines, head)
-            }
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => (0, GENESIS.to_owned()),
-            Err(source) => {
-                return Err(AuditError::Io {
-                    path: path.to_owned(),
-                    operation: "stat",
-                    source,
-                });
+        let io_error = |operation: &'static str| {
+            move |source: std::io::Error| AuditError::Io {
+                path: path.to_owned(),
+                operation,
+                source,
             }
         };
         let file = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(path)
-            .map_err(|source| AuditError::Io {
-                path: path.to_owned(),
-                operation: "open for append",
-                source,
-            })?;
+            .map_err(io_error("open for append"))?;
+        lock::exclusive(&file, path)?;
+        let anchor = anchor_path(path);
+        let len = file.metadata().map_err(io_error("fstat"))?.len();
+        let anchorless = match std::fs::symlink_metadata(&anchor) {
+            Ok(_) => false,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => true,
+            Err(source) => {
+                return Err(AuditError::Io {
+                    path: anchor,
+                    operation: "stat",
+                    source,
+                });
+            }
+        };
+        let (lines, head) = if len == 0 && anchorless {
+            (0, GENESIS.to_owned())
+        } else {
+            // One read: the check, and the head the chain continues from.
+            let (verified, head) = verify_to_head(path, &key)?;
+            (verified.lines, head)
+        };
+        // After the read: closing any descriptor of the log (verify's) drops
+        // the process's POSIX locks, and this one only tells the pid.
+        lock::name_holder(&file, path);
         let log = Self {
             path: path.to_owned(),
-            anchor: anchor_path(path),
+            anchor,
             key,
-            state: Mutex::new((file, prev.clone(), lines)),
+            state: Mutex::new(Writer {
+                file,
+                head: head.clone(),
+                lines,
+                len,
+            }),
+            failed: OnceLock::new(),
         };
-        log.write_anchor(lines, &prev)?;
+        log.write_anchor(lines, &head)
+            .map_err(|source| AuditError::Io {
+                path: log.anchor.clone(),
+                operation: "writing the anchor",
+                source,
+            })?;
         Ok(log)
     }
 
+    /// The log's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Why the log can no longer be written, once a write failed: then
+    /// nothing more is recorded, and nothing should be done that must be.
+    pub fn failure(&self) -> Option<AuditError> {
+        self.failed.get().map(|failure| self.unwritable(failure))
+    }
+
+    fn unwritable(&self, failure: &Failure) -> AuditError {
+        AuditError::Unwritable {
+            path: self.path.clone(),
+            file: failure.file.clone(),
+            source: failure.source.clone(),
+        }
+    }
+
+    /// Poisons the log with `source` (the failure of `file`, `None` for
+    /// the log) and says so once.
+    fn fail(&self, file: Option<PathBuf>, source: std::io::Error) -> AuditError {
+        let failure = Failure {
+            file,
+            source: Arc::new(source),
+        };
+        let error = self.unwritable(&failure);
+        if self.failed.set(failure).is_ok() {
+            tracing::error!("{error}");
+        }
+        error
+    }
+
     /// Appends `event`, chained to the line before it and MACed, flushes
-    /// it, then moves the anchor to it.
+    /// it, then moves the anchor to it. When either write fails, a partial
+    /// line is cut back off, the log is poisoned (nothing more is written)
+    /// and this and every later record fail with [`AuditError::Unwritable`].
     pub fn record(&self, event: &Event) -> Result<(), AuditError> {
         let mut value = serde_json::to_value(event).unwrap_or_default();
         let unix_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
         let mut guard = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let (file, prev, lines) = &mut *guard;
+        if let Some(failure) = self.failed.get() {
+            return Err(self.unwritable(failure));
+        }
+        let writer = &mut *guard;
         let Some(object) = value.as_object_mut() else {
             return Ok(());
         };
-        object.insert("prev".into(), prev.clone().into());
+        object.insert("prev".into(), writer.head.clone().into());
         object.insert("unix_ms".into(), unix_ms.into());
         let unsigned = crate::lock::canonical_json(&value);
         let mac = self.key.mac_hex(&[unsigned.as_bytes()]);
         if let Some(object) = value.as_object_mut() {
             object.insert("mac".into(), mac.into());
         }
-        let line = crate::lock::canonical_json(&value);
-        file.write_all(format!("{line}\n").as_bytes())
-            .and_then(|()| file.flush())
-            .map_err(|source| AuditError::Io {
-                path: self.path.clone(),
-                operation: "append",
-                source,
-            })?;
-        *prev = Digest::of(line.as_bytes()).to_string();
-        *lines += 1;
-        self.write_anchor(*lines, prev)
+        let line = crate::lock::canonical_json(&value) + "\n";
+        if let Err(source) = writer
+            .file
+            .write_all(line.as_bytes())
+            .and_then(|()| writer.file.flush())
+        {
+            // Whatever part of the line got in goes: the log keeps ending
+            // with a whole line, the one the anchor names.
+            if let Err(cut) = writer.file.set_len(writer.len) {
+                tracing::error!(path = %self.path.display(), %cut, "audit log: cutting a partial line back off failed");
+            }
+            return Err(self.fail(None, source));
+        }
+        writer.head = Digest::of(line.trim_end_matches('\n').as_bytes()).to_string();
+        writer.lines += 1;
+        writer.len += line.len() as u64;
+        self.write_anchor(writer.lines, &writer.head)
+            .map_err(|source| self.fail(Some(self.anchor.clone()), source))
     }
 
-    fn write_anchor(&self, lines: usize, head: &str) -> Result<(), AuditError> {
+    fn write_anchor(&self, lines: usize, head: &str) -> std::io::Result<()> {
         let anchor = Anchor::signed(&self.key, lines, head);
         let text = serde_json::to_string(&anchor).unwrap_or_default();
         let mut tmp = self.anchor.as_os_str().to_owned();
         tmp.push(".tmp");
         let tmp = PathBuf::from(tmp);
-        std::fs::write(&tmp, text)
-            .and_then(|()| std::fs::rename(&tmp, &self.anchor))
-            .map_err(|source| AuditError::Io {
-                path: self.anchor.clone(),
-                operation: "writing the anchor",
+        std::fs::write(&tmp, text).and_then(|()| std::fs::rename(&tmp, &self.anchor))
+    }
+}
+
+/// The writer's lock on a log (see the module's doc).
+mod lock {
+    use std::os::fd::AsRawFd;
+    use std::path::Path;
+
+    use super::AuditError;
+
+    /// Byte 0: the open-file-description lock that keeps other writers out.
+    const WRITER: i64 = 0;
+    /// Byte 1: the POSIX lock whose holder's pid `F_GETLK` reports.
+    const PID: i64 = 1;
+
+    fn one_byte(at: i64, kind: libc::c_int) -> libc::flock {
+        // SAFETY: `flock` is plain integers; all zeroes is a valid value
+        // (and `l_pid` must be 0 for an open-file-description lock).
+        let mut lock: libc::flock = unsafe { std::mem::zeroed() };
+        lock.l_type = kind as libc::c_short;
+        lock.l_whence = libc::SEEK_SET as libc::c_short;
+        lock.l_start = at;
+        lock.l_len = 1;
+        lock
+    }
+
+    fn fcntl(
+        file: &std::fs::File,
+        command: libc::c_int,
+        lock: &mut libc::flock,
+    ) -> std::io::Result<()> {
+        // SAFETY: the descriptor is borrowed from `file`, open for the call;
+        // `lock` is a valid `flock` that the kernel may write back to.
+        let done = unsafe { libc::fcntl(file.as_raw_fd(), command, std::ptr::from_mut(lock)) };
+        if done == -1 {
+            Err(std::io::Error::last_os_error())
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Takes the writer's lock on `file` (the log at `path`), held until
+    /// the file is closed; refused with the holder's pid when another
+    /// writer has it.
+    pub(super) fn exclusive(file: &std::fs::File, path: &Path) -> Result<(), AuditError> {
+        let mut lock = one_byte(WRITER, libc::F_WRLCK);
+        match fcntl(file, libc::F_OFD_SETLK, &mut lock) {
+            Ok(()) => Ok(()),
+            Err(error) if matches!(error.raw_os_error(), Some(libc::EAGAIN | libc::EACCES)) => {
+                Err(AuditError::Locked {
+                    path: path.to_owned(),
+                    pid: holder(file),
+                })
+            }
+            Err(source) => Err(AuditError::Io {
+                path: path.to_owned(),
+                operation: "locking it for writing (F_OFD_SETLK)",
                 source,
-            })
+            }),
+        }
+    }
+
+    /// The pid holding byte 1, if another process does.
+    fn holder(file: &std::fs::File) -> Option<u32> {
+        let mut lock = one_byte(PID, libc::F_WRLCK);
+        fcntl(file, libc::F_GETLK, &mut lock).ok()?;
+        (lock.l_type != libc::F_UNLCK as libc::c_short && lock.l_pid > 0)
+            .then_some(lock.l_pid as u32)
+    }
+
+    /// Takes byte 1 with a POSIX lock, so that a second writer learns this
+    /// process's pid. Best effort: the writer's lock is byte 0's.
+    pub(super) fn name_holder(file: &std::fs::File, path: &Path) {
+        let mut lock = one_byte(PID, libc::F_WRLCK);
+        if let Err(error) = fcntl(file, libc::F_SETLK, &mut lock) {
+            tracing::warn!(path = %path.display(), %error, "audit log: the pid lock (F_SETLK) failed; a second writer will not be told this pid");
+        }
     }
 }
 
@@ -651,6 +838,84 @@ mod tests {
             verify(&path, &key),
             Err(AuditError::Anchor { .. })
         ));
+    }
+
+    #[test]
+    fn a_second_writer_is_refused_while_the_first_holds_the_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = key();
+        let path = dir.path().join("audit.jsonl");
+        let first = AuditLog::open(&path, key).unwrap();
+        first.record(&call("a")).unwrap();
+        // Another open file description of the same log: its OFD lock
+        // conflicts even within one process. (The holder's pid comes from
+        // a POSIX lock, which a process never conflicts with: another
+        // process is told it, see tests/serve.rs.)
+        let Err(error) = AuditLog::open(&path, key) else {
+            panic!("a second writer was let in");
+        };
+        assert!(
+            matches!(&error, AuditError::Locked { path: p, .. } if *p == path),
+            "{error}"
+        );
+        assert!(
+            error.to_string().starts_with(&format!(
+                "audit log {} is being written by another Moat (pid",
+                path.display()
+            )),
+            "{error}"
+        );
+        assert!(
+            error.to_string().ends_with(
+                "two writers would break its chain: give each `moat serve` its own --audit file"
+            ),
+            "{error}"
+        );
+        // The refused writer wrote nothing, not even the anchor; the first
+        // goes on, and a reader needs no lock.
+        first.record(&call("b")).unwrap();
+        assert_eq!(verify(&path, &key).unwrap().lines, 2);
+        drop(first);
+        // The lock goes with the writer.
+        let next = AuditLog::open(&path, key).unwrap();
+        next.record(&call("c")).unwrap();
+        assert_eq!(verify(&path, &key).unwrap().lines, 3);
+    }
+
+    #[test]
+    fn a_log_that_cannot_be_written_is_poisoned_and_says_why() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = key();
+        let path = dir.path().join("audit.jsonl");
+        let log = AuditLog::open(&path, key).unwrap();
+        log.record(&call("a")).unwrap();
+        assert!(log.failure().is_none());
+        // The anchor cannot be replaced (its temporary name is taken by a
+        // directory): the line is in, the anchor stays one behind.
+        let tmp = dir.path().join("audit.jsonl.anchor.tmp");
+        std::fs::create_dir(&tmp).unwrap();
+        let error = log.record(&call("b")).unwrap_err();
+        let expected = format!(
+            "audit log {} cannot be written ({}: Is a directory (os error 21)): Moat admits no calls until it can record them",
+            path.display(),
+            anchor_path(&path).display()
+        );
+        assert!(error.to_string().starts_with(&expected), "{error}");
+        assert!(matches!(error, AuditError::Unwritable { .. }), "{error}");
+        // Poisoned: even once the anchor could be written again, nothing
+        // more is, and every record says why.
+        std::fs::remove_dir(&tmp).unwrap();
+        let again = log.record(&call("c")).unwrap_err();
+        assert!(again.to_string().starts_with(&expected), "{again}");
+        assert_eq!(log.failure().unwrap().to_string(), again.to_string());
+        assert_eq!(lines_of(&path).len(), 2);
+        assert_eq!(
+            verify(&path, &key).unwrap(),
+            Verified {
+                lines: 2,
+                unanchored: 1
+            }
+        );
     }
 
     #[test]

@@ -19,7 +19,7 @@ use rmcp::{RoleServer, ServerHandler};
 use tokio::sync::{Mutex, watch};
 use tokio_util::sync::CancellationToken;
 
-use crate::audit::{AuditLog, Event, Outcome};
+use crate::audit::{AuditError, AuditLog, Event, Outcome};
 use crate::client::{CallAnswer, ClientError, Host, ProgressSender, Retry, ServerAsk, Session};
 use crate::config::{Config, ServerSpec};
 use crate::identity::Digest;
@@ -463,14 +463,23 @@ impl Gateway {
     }
 
     /// Counts `event` in the metrics and appends it to the audit log, if
-    /// there is one.
-    pub fn record(&self, event: &Event) {
+    /// there is one. When the log cannot be written this fails, the log
+    /// says so once, and the gateway admits no calls from then on (see
+    /// [`Gateway::audit_failure`]): a caller that must not go on unrecorded
+    /// (a tool call's answer) checks the result; the others' events are
+    /// lost with the log, which stops everything after them.
+    pub fn record(&self, event: &Event) -> Result<(), AuditError> {
         self.metrics.observe(event);
-        if let Some(log) = &self.audit
-            && let Err(error) = log.record(event)
-        {
-            tracing::error!(%error, "audit record failed");
+        match &self.audit {
+            Some(log) => log.record(event),
+            None => Ok(()),
         }
+    }
+
+    /// Why the gateway admits no calls and no new sessions: its audit log
+    /// could not be written (and Moat must be restarted once it can be).
+    pub fn audit_failure(&self) -> Option<AuditError> {
+        self.audit.as_ref()?.failure()
     }
 
     /// The host that launches new sessions' servers. Every generation's
@@ -517,7 +526,9 @@ impl Gateway {
             .chain(lifted.iter().map(|e| (e, true)))
         {
             tracing::warn!(target = %entry.target, by = %entry.by, lifted, "revocation");
-            self.record(&Event::Revoke {
+            // Put in force whether or not it can be recorded: a log that
+            // fails stops every call anyway.
+            let _ = self.record(&Event::Revoke {
                 target: entry.target.clone(),
                 by: entry.by.clone(),
                 at: entry.at.clone(),
@@ -580,7 +591,7 @@ impl Gateway {
         if let Some(error) = &error {
             tracing::debug!(%source, %error, "reload refused");
         }
-        self.record(&Event::Reload {
+        let _ = self.record(&Event::Reload {
             source: source.to_owned(),
             generation,
             outcome: outcome.into(),
@@ -733,7 +744,7 @@ impl Gateway {
             close_on_drop: Arc::new(CloseOnDrop(state.clone())),
             state,
         };
-        session.audit(Event::SessionOpen {
+        let _ = session.audit(Event::SessionOpen {
             session: session.id.clone(),
         });
         session
@@ -1238,8 +1249,11 @@ impl SessionState {
         &self.id
     }
 
-    fn audit(&self, event: Event) {
-        self.gateway.record(&event);
+    /// Records `event`. A log that cannot be written fails closed at the
+    /// next admission (see [`AgentSession::admit`]) and for the tool call
+    /// being recorded (see [`AgentSession::call_rounds`]).
+    fn audit(&self, event: Event) -> Result<(), AuditError> {
+        self.gateway.record(&event)
     }
 
     fn calls(&self) -> std::sync::MutexGuard<'_, Calls> {
@@ -1352,7 +1366,7 @@ impl SessionState {
                 // service ends, which stops the instance in the background.
                 Err(shared) => shared.stop(),
             }
-            self.audit(Event::ServerExit {
+            let _ = self.audit(Event::ServerExit {
                 session: self.id.clone(),
                 server,
                 identity: identity.to_string(),
@@ -1386,6 +1400,9 @@ impl AgentSession {
                 format!("session {} is closing: no new calls", self.id),
                 None,
             ));
+        }
+        if let Some(error) = self.gateway.audit_failure() {
+            return Err(unaudited(&error));
         }
         Ok(guard)
     }
@@ -1467,7 +1484,7 @@ impl AgentSession {
             return Ok(existing);
         }
         if let Some(measured) = session.shared().identity() {
-            self.audit(Event::ServerLaunch {
+            let _ = self.audit(Event::ServerLaunch {
                 session: self.id.clone(),
                 server: server.to_owned(),
                 identity: identity.to_string(),
@@ -1532,7 +1549,7 @@ impl AgentSession {
         }
         *count += 1;
         if let Some(child) = children.forget(&key) {
-            self.audit(Event::ServerExit {
+            let _ = self.audit(Event::ServerExit {
                 session: self.id.clone(),
                 server: server.to_owned(),
                 identity: child.identity.to_string(),
@@ -1869,6 +1886,10 @@ impl AgentSession {
             self.stop_refused().await;
             return Err(to_error(error));
         }
+        // Its launch may be what the log could not record.
+        if let Some(error) = self.gateway.audit_failure() {
+            return Err(unaudited(&error));
+        }
         let fuel_before = child.shared().metrics().fuel_consumed();
         let mut call = Box::pin(async {
             let mut answer = if child.is_current() {
@@ -1985,6 +2006,8 @@ impl AgentSession {
             CallToolResponse::Task(r) => serde_json::to_vec(r).ok(),
             _ => None,
         });
+        // Fails closed: an answer that cannot be recorded is not given (the
+        // server did the work; the agent gets the log's error instead).
         self.audit(Event::ToolCall {
             session: self.id.clone(),
             server: server.to_owned(),
@@ -1996,7 +2019,8 @@ impl AgentSession {
             duration_ms: elapsed.as_millis() as u64,
             fuel,
             outcome,
-        });
+        })
+        .map_err(|error| unaudited(&error))?;
         result.map_err(to_error)
     }
 
@@ -2318,7 +2342,7 @@ impl SessionState {
                     detail: "still in use by a call that outlived its cancellation".into(),
                 }),
             };
-            self.audit(Event::ServerExit {
+            let _ = self.audit(Event::ServerExit {
                 session: self.id.clone(),
                 server: server.clone(),
                 identity: identity.to_string(),
@@ -2331,7 +2355,7 @@ impl SessionState {
                 failures.push((server, error));
             }
         }
-        self.audit(Event::SessionClose {
+        let _ = self.audit(Event::SessionClose {
             session: self.id.clone(),
             outcome: if failures.is_empty() {
                 "closed".into()
@@ -2382,6 +2406,12 @@ fn evidence_of(child: &Session) -> String {
         .identity()
         .map(|identity| identity.evidence.to_string())
         .unwrap_or_default()
+}
+
+/// The agent's error for a call refused because the audit log cannot be
+/// written: the log, the OS error and what to do.
+fn unaudited(error: &AuditError) -> ErrorData {
+    ErrorData::internal_error(error.to_string(), None)
 }
 
 /// What the audit log says of a failed call or close: Moat's words, and

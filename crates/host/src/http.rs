@@ -15,6 +15,10 @@
 //! - sessions (`max_sessions`): an `initialize` beyond it gets 503; a session
 //!   with no request for `session_idle_ms` is closed with its children.
 //!
+//! An audit log that cannot be written (see [`crate::audit`]) turns every
+//! new session away with 503 (`audit-unwritable`); the sessions open get
+//! the log's error for every call.
+//!
 //! Beside `/mcp`, the listener answers `/healthz` (200 while it serves),
 //! `/readyz` (200 while a new agent session would be admitted, else 503)
 //! and `/metrics` (the gateway's counters, see [`crate::metrics`]): the
@@ -180,7 +184,8 @@ fn raw_refusal(code: StatusCode) -> Vec<u8> {
 
 fn refused(gateway: &Gateway, reason: &str, code: StatusCode) {
     tracing::debug!(reason, status = code.as_u16(), "http request refused");
-    gateway.record(&Event::HttpRefused {
+    // Counted in the metrics even when the log can no longer take it.
+    let _ = gateway.record(&Event::HttpRefused {
         reason: reason.to_owned(),
         status: code.as_u16(),
     });
@@ -233,6 +238,9 @@ pub async fn serve(
                 return Err(std::io::Error::other(format!(
                     "{max_sessions} agent sessions are open (max_sessions)"
                 )));
+            }
+            if let Some(error) = factory_gateway.audit_failure() {
+                return Err(std::io::Error::other(error.to_string()));
             }
             Ok(factory_gateway.session())
         },
@@ -312,6 +320,12 @@ fn observe(
 ) -> Option<Response<BoxBody<Bytes, Infallible>>> {
     Some(match request.uri().path() {
         "/healthz" => text(StatusCode::OK, "text/plain", "ok\n".into()),
+        // Which log and why are for the operator (stderr), not the prober.
+        "/readyz" if gateway.audit_failure().is_some() => text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "text/plain",
+            "not ready: the audit log cannot be written\n".into(),
+        ),
         "/readyz" if gateway.live_sessions() < max_sessions => {
             text(StatusCode::OK, "text/plain", "ready\n".into())
         }
@@ -539,6 +553,14 @@ impl Connection {
             refused(
                 &self.gateway,
                 "max-sessions",
+                StatusCode::SERVICE_UNAVAILABLE,
+            );
+            return status(StatusCode::SERVICE_UNAVAILABLE);
+        }
+        if new_session && self.gateway.audit_failure().is_some() {
+            refused(
+                &self.gateway,
+                "audit-unwritable",
                 StatusCode::SERVICE_UNAVAILABLE,
             );
             return status(StatusCode::SERVICE_UNAVAILABLE);
