@@ -113,6 +113,9 @@ pub struct NativeLaunch {
     /// Seals of executables' digests: an executable or interpreter
     /// unchanged since it was hashed is not hashed again.
     pub sealer: Option<crate::seal::Sealer>,
+    /// What its egress proxy's connections count against beside the
+    /// server's own bound: its session's and its gateway's.
+    pub egress: crate::egress::Shares,
 }
 
 /// The executable, opened without following links, with its digest when
@@ -735,6 +738,7 @@ fn spawn(
                 std::net::TcpListener::from(listener),
                 std::net::UdpSocket::from(dns),
                 launch.net.clone(),
+                launch.egress.clone(),
             )
             .map_err(|source| NativeError::Io {
                 syscall: "registering the egress listener",
