@@ -314,6 +314,19 @@ fn main() -> ExitCode {
         }
     };
     init_logging(cli.verbose, quiet, traces.as_ref());
+    // Proxied connections, HTTP connections and servers' pipes all cost
+    // descriptors: Moat takes all it may have (servers get their own
+    // `open_files`, not this).
+    #[cfg(unix)]
+    match moat_host::limits::raise_open_files() {
+        Ok(open) => tracing::debug!(
+            soft = open.soft,
+            hard = open.hard,
+            was = open.was,
+            "RLIMIT_NOFILE"
+        ),
+        Err(error) => tracing::warn!(%error, "keeping the descriptor limit Moat started with"),
+    }
     // A report piped into `head` ends quietly, as other tools do, rather than
     // with a panic message. SIGPIPE itself stays ignored: restoring its
     // default would let a server that exits before reading its stdin kill

@@ -525,4 +525,182 @@ fn an_audit_log_that_cannot_be_written_stops_admitting_calls() {
         .collect();
     assert_eq!(said.len(), 1, "{said:?}");
     assert!(said[0].contains(&expected), "{said:?}");
+/// A POST whose body is announced and then sent a byte at a time, as the
+/// test says: once its `100 Continue` has come back, Moat has read its
+/// head and is waiting for its body.
+struct Dripper {
+    stream: TcpStream,
+}
+
+impl Dripper {
+    fn start(address: &str) -> Self {
+        let mut stream = TcpStream::connect(address).unwrap();
+        write!(
+            stream,
+            "POST /mcp HTTP/1.1\r\nHost: {address}\r\nAuthorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: 100000\r\nExpect: 100-continue\r\n\r\n{{"
+        )
+        .unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(30)))
+            .unwrap();
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") {
+            assert_eq!(stream.read(&mut byte).unwrap(), 1, "{head:?}");
+            head.push(byte[0]);
+        }
+        assert_eq!(head, b"HTTP/1.1 100 Continue\r\n\r\n");
+        Self { stream }
+    }
+
+    /// Drips a byte of body every 100 ms (the wait for an answer between
+    /// two bytes is the pace) until Moat answers and closes, or 30 s pass;
+    /// returns what it answered.
+    fn drip_until_answered(&mut self) -> String {
+        self.stream
+            .set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+        let start = Instant::now();
+        let mut answer = Vec::new();
+        let mut buf = [0u8; 1024];
+        while start.elapsed() < Duration::from_secs(30) {
+            match self.stream.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => answer.extend_from_slice(&buf[..n]),
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    // Moat may close while a byte is on its way: the answer
+                    // is still there to read.
+                    let _ = self.stream.write_all(b" ");
+                }
+                Err(_) => break,
+            }
+        }
+        String::from_utf8_lossy(&answer).into_owned()
+    }
+}
+
+/// Issue 32, item 1: `max_connections` POSTs that drip their bodies no
+/// longer lock agents out. At the limit, the oldest connection whose body
+/// is still arriving is closed with 408 (as an idle one is) and the agent
+/// is served; and a body still arriving `request_timeout_ms` after its
+/// request began gets 408 however steadily it drips.
+#[test]
+fn dripping_bodies_are_evicted_for_an_agent_and_time_out() {
+    // Eviction: a deadline too long to matter here.
+    let server = Server::start(
+        "max_sessions = 4\nmax_connections = 4\nheader_timeout_ms = 60000\nrequest_timeout_ms = 60000",
+    );
+    let mut drippers: Vec<Dripper> = (0..4).map(|_| Dripper::start(&server.address)).collect();
+    let agent = post(&server.address, None, INITIALIZE);
+    assert_eq!(agent.status, 200, "the agent is served: {}", agent.body);
+    assert!(agent.body.contains("serverInfo"), "{}", agent.body);
+    let evicted = read_until_closed(&mut drippers[0].stream);
+    assert!(
+        evicted.starts_with("HTTP/1.1 408 Request Timeout\r\n"),
+        "the oldest dripper is closed to make room: {evicted:?}"
+    );
+    assert!(
+        server
+            .refusals()
+            .contains(&("evicted-slow-body".to_owned(), 408)),
+        "{:?}",
+        server.refusals()
+    );
+    drop(drippers);
+    drop(server);
+
+    // The deadline: every dripper gets 408, and the agent is served.
+    let server = Server::start(
+        "max_sessions = 4\nmax_connections = 4\nheader_timeout_ms = 60000\nrequest_timeout_ms = 1000",
+    );
+    let drippers: Vec<Dripper> = (0..4).map(|_| Dripper::start(&server.address)).collect();
+    let answers: Vec<String> = std::thread::scope(|scope| {
+        let dripping: Vec<_> = drippers
+            .into_iter()
+            .map(|mut d| scope.spawn(move || d.drip_until_answered()))
+            .collect();
+        dripping.into_iter().map(|d| d.join().unwrap()).collect()
+    });
+    for answer in &answers {
+        assert!(
+            answer.starts_with("HTTP/1.1 408 Request Timeout\r\n"),
+            "{answer:?}"
+        );
+        assert!(
+            answer.to_ascii_lowercase().contains("connection: close"),
+            "{answer:?}"
+        );
+    }
+    let timed_out = server
+        .refusals()
+        .iter()
+        .filter(|r| *r == &("request-timeout".to_owned(), 408))
+        .count();
+    assert_eq!(timed_out, 4, "{:?}", server.refusals());
+    assert_eq!(post(&server.address, None, INITIALIZE).status, 200);
+}
+
+/// Issue 32, item 2: Moat takes every descriptor it may have: started with
+/// a soft RLIMIT_NOFILE of 256 under a higher hard limit, `moat serve`
+/// runs with its soft limit raised to the hard one.
+#[test]
+fn moat_raises_its_soft_descriptor_limit_to_the_hard_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path(), "");
+    let mut child = std::process::Command::new("sh")
+        .arg("-c")
+        .arg("ulimit -S -n 256 && exec \"$0\" \"$@\"")
+        .arg(env!("CARGO_BIN_EXE_moat"))
+        .args([
+            "serve",
+            "--http",
+            "127.0.0.1:0",
+            "--token",
+            TOKEN,
+            "--config",
+        ])
+        .arg(&config)
+        .env(
+            "MOAT_CACHE_DIR",
+            Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-cache"),
+        )
+        .env("MOAT_STATE_DIR", common::state_dir())
+        .env("RUST_LOG", "moat=debug")
+        .env("NO_COLOR", "1")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut logged = None;
+    for line in std::io::BufRead::lines(stderr).map_while(Result::ok) {
+        if line.contains("RLIMIT_NOFILE") {
+            logged = Some(line.clone());
+        }
+        if line.starts_with("moat: serving MCP at ") {
+            break;
+        }
+    }
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", child.id())).unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    let open_files: Vec<&str> = limits
+        .lines()
+        .find_map(|l| l.strip_prefix("Max open files"))
+        .unwrap()
+        .split_whitespace()
+        .collect();
+    let hard = open_files[1];
+    assert_eq!(open_files[0], hard, "{limits}");
+    if hard != "256" {
+        let logged = logged.expect("the raised limit is logged at debug");
+        assert!(
+            logged.contains(&format!("soft={hard}")) && logged.contains("was=256"),
+            "{logged}"
+        );
+    }
 }

@@ -259,6 +259,10 @@ pub struct Host {
     /// The kill switch, checked at every launch under the lock (and by the
     /// gateway on every call).
     revoked: Arc<std::sync::RwLock<Arc<Revoked>>>,
+    /// What native servers' egress proxies share (see
+    /// [`Host::with_egress`]).
+    #[cfg(unix)]
+    egress: crate::egress::Shares,
 }
 
 impl Host {
@@ -319,6 +323,8 @@ impl Host {
             launches: Arc::default(),
             started: Arc::default(),
             revoked: Arc::default(),
+            #[cfg(unix)]
+            egress: crate::egress::Shares::default(),
         };
         if let Some(dir) = cache_dir {
             host = host.protect(crate::grants::CACHE, dir);
@@ -377,6 +383,23 @@ impl Host {
         #[cfg(not(unix))]
         let _ = (what, path);
         self
+    }
+
+    /// This host, launching native servers whose egress proxies draw from
+    /// `egress` (a gateway's and a session's pools) beside each server's
+    /// own bound. A clone shares everything else.
+    #[cfg(unix)]
+    pub fn with_egress(&self, egress: crate::egress::Shares) -> Self {
+        Self {
+            egress,
+            ..self.clone()
+        }
+    }
+
+    /// The pools native servers' egress proxies draw from.
+    #[cfg(unix)]
+    pub fn egress(&self) -> &crate::egress::Shares {
+        &self.egress
     }
 
     /// The default cache directory (see [`crate::dirs::cache`]).
@@ -441,6 +464,8 @@ impl Host {
             expected,
             #[cfg(unix)]
             None,
+            #[cfg(unix)]
+            self.egress.clone(),
         )?;
         Ok(planned.transport(&spec.name, spec.limits.clone()))
     }
@@ -469,7 +494,13 @@ impl Host {
         let observed = Arc::new(std::sync::Mutex::new(
             crate::native::learn::Observed::default(),
         ));
-        let planned = crate::launch::plan(&self.wasm, spec, expected, Some(observed.clone()))?;
+        let planned = crate::launch::plan(
+            &self.wasm,
+            spec,
+            expected,
+            Some(observed.clone()),
+            self.egress.clone(),
+        )?;
         let executable = match &planned {
             crate::launch::Planned::Native(launch) => launch.resolved.target.clone(),
             _ => {

@@ -102,6 +102,23 @@ pub struct ServeSettings {
     /// headers (and may stay idle between requests) before it gets 408 and
     /// is closed.
     pub header_timeout_ms: NonZeroU64,
+    /// `--http`: how long a whole request (head and body, from its first
+    /// byte) may take to arrive; one still arriving then gets 408 and its
+    /// connection is closed, so a body sent a byte at a time cannot hold a
+    /// connection. (At `max_connections`, a connection whose body is still
+    /// arriving is also closed to make room, as an idle one is.)
+    pub request_timeout_ms: NonZeroU64,
+    /// Native servers' connections through Moat's egress proxy, open at
+    /// once across the gateway (every session and server together): each
+    /// costs Moat two descriptors. At most a quarter of Moat's descriptor
+    /// limit is used, whatever this says. Beyond it, the proxy answers 503
+    /// naming the limit.
+    pub egress_connections: NonZeroUsize,
+    /// The same, per agent session (all its native servers together).
+    pub egress_connections_per_session: NonZeroUsize,
+    /// The same, per native server: with the defaults, four servers at
+    /// their bound leave a session's other servers half its share.
+    pub egress_connections_per_server: NonZeroUsize,
     /// `--http`: the largest request body accepted; a larger one gets 413.
     /// MCP requests are small JSON; this bounds what one request can make
     /// Moat buffer.
@@ -125,6 +142,10 @@ impl Default for ServeSettings {
             session_idle_ms: u64_(300_000),
             max_connections: usize_(1024),
             header_timeout_ms: u64_(10_000),
+            request_timeout_ms: u64_(30_000),
+            egress_connections: usize_(4096),
+            egress_connections_per_session: usize_(512),
+            egress_connections_per_server: usize_(128),
             max_body_bytes: usize_(4 * 1024 * 1024),
             task_after_ms: None,
         }
@@ -1346,6 +1367,9 @@ request_timeout_ms = 100
             10_000,
             "the rest keep their defaults"
         );
+        assert_eq!(settings.request_timeout_ms.get(), 30_000);
+        let settings = parse("[serve]\nrequest_timeout_ms = 500\n").unwrap().serve;
+        assert_eq!(settings.request_timeout_ms.get(), 500);
         let (_, _, message) = invalid_at("[servers.a]\nargs = []\n");
         assert!(message.contains(
             "one of `wasm = \"path\"`, `command = \"program\"` or `url = \"https://...\"` is required"

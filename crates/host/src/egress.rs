@@ -19,13 +19,21 @@
 //! the proxy, as some check for private addresses, works); any other name
 //! is REFUSED, and no query the server sends reaches a resolver, so DNS is
 //! no channel out.
+//!
+//! Every proxied connection costs Moat two descriptors, so connections are
+//! bounded per server, per agent session and per gateway ([`Shares`], from
+//! `[serve] egress_connections_per_server`, `egress_connections_per_session`
+//! and `egress_connections`): one beyond a bound gets `503 Service
+//! Unavailable` naming it, and servers elsewhere keep their share.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::config::NetGrant;
 
@@ -36,10 +44,118 @@ pub const PROXY_PORT: u16 = 3128;
 pub const DNS_PORT: u16 = 53;
 /// How long an answer says it may be cached.
 const DNS_TTL: u32 = 60;
-/// Connections one server may have open through the proxy at once: each
-/// costs Moat two descriptors, and a server must not be able to spend all
-/// of Moat's.
+/// Connections one server may have open through the proxy at once when
+/// nothing else says (outside a gateway): each costs Moat two descriptors,
+/// and a server must not be able to spend all of Moat's.
 pub const MAX_CONNECTIONS: usize = 256;
+
+/// A bound on proxied connections at once, shared by every proxy that
+/// draws from it.
+#[derive(Clone, Debug)]
+pub struct Pool {
+    slots: Arc<Semaphore>,
+    max: usize,
+    /// What it bounds: `server`, `session` or `gateway`.
+    per: &'static str,
+}
+
+impl Pool {
+    /// A pool of `max` connections, bounding what one `per` may have open.
+    pub fn new(max: usize, per: &'static str) -> Self {
+        Self {
+            slots: Arc::new(Semaphore::new(max)),
+            max,
+            per,
+        }
+    }
+
+    /// Its bound.
+    pub fn max(&self) -> usize {
+        self.max
+    }
+
+    /// Connections open against it now.
+    pub fn in_use(&self) -> usize {
+        self.max - self.slots.available_permits()
+    }
+}
+
+/// The bounds on a server's proxied connections: its own (a pool of
+/// `per_server` made at its start), and the pools it shares with others,
+/// its gateway's and its agent session's. A server started before any
+/// session needed it (the gateway's name check) has no session yet; the
+/// session that takes it over gives it its pool with [`Shares::adopt`].
+#[derive(Clone, Debug)]
+pub struct Shares {
+    per_server: usize,
+    gateway: Option<Pool>,
+    session: Arc<OnceLock<Pool>>,
+}
+
+impl Default for Shares {
+    /// [`MAX_CONNECTIONS`] per server, and nothing shared.
+    fn default() -> Self {
+        Self {
+            per_server: MAX_CONNECTIONS,
+            gateway: None,
+            session: Arc::default(),
+        }
+    }
+}
+
+impl Shares {
+    /// `per_server` for each server, all drawing from `gateway`, with no
+    /// session yet.
+    pub fn gateway(per_server: usize, gateway: Pool) -> Self {
+        Self {
+            per_server,
+            gateway: Some(gateway),
+            session: Arc::default(),
+        }
+    }
+
+    /// The same bounds, and no session yet (of its own: see
+    /// [`Shares::adopt`]).
+    pub fn detached(&self) -> Self {
+        Self {
+            per_server: self.per_server,
+            gateway: self.gateway.clone(),
+            session: Arc::default(),
+        }
+    }
+
+    /// The same bounds, and `session`'s pool.
+    pub fn in_session(&self, session: &Pool) -> Self {
+        Self {
+            per_server: self.per_server,
+            gateway: self.gateway.clone(),
+            session: Arc::new(OnceLock::from(session.clone())),
+        }
+    }
+
+    /// Draws from `session` from now on, if no session's pool was given
+    /// yet.
+    pub fn adopt(&self, session: &Pool) {
+        let _ = self.session.set(session.clone());
+    }
+
+    /// A slot in `server` and in each shared pool, or the refusal naming
+    /// the bound that is reached.
+    fn take(&self, server: &Pool) -> Result<Vec<OwnedSemaphorePermit>, String> {
+        [Some(server), self.session.get(), self.gateway.as_ref()]
+            .into_iter()
+            .flatten()
+            .map(|pool| {
+                pool.slots.clone().try_acquire_owned().map_err(|_| {
+                    format!(
+                        "egress connection limit ({} per {}) reached",
+                        pool.max, pool.per
+                    )
+                })
+            })
+            .collect()
+    }
+}
 /// The longest request head the proxy reads.
 const MAX_HEAD: usize = 16 * 1024;
 /// How long a client may take to send its request head, and Moat to
@@ -86,20 +202,22 @@ pub fn listed_names(allowed: &[NetGrant]) -> Vec<String> {
 }
 
 /// Serves the proxy on `listener` and DNS on `dns` (the server's side)
-/// until the task is aborted, allowing `allowed`.
+/// until the task is aborted, allowing `allowed`, with `shares` bounding
+/// its connections open at once.
 pub fn serve(
     server: String,
     listener: std::net::TcpListener,
     dns: std::net::UdpSocket,
     allowed: Vec<NetGrant>,
+    shares: Shares,
 ) -> std::io::Result<tokio::task::JoinHandle<()>> {
     listener.set_nonblocking(true)?;
     let listener = TcpListener::from_std(listener)?;
     dns.set_nonblocking(true)?;
     let dns = tokio::net::UdpSocket::from_std(dns)?;
     let names = listed_names(&allowed);
-    let allowed = std::sync::Arc::new(allowed);
-    let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let allowed = Arc::new(allowed);
+    let own = Pool::new(shares.per_server, "server");
     let answers = serve_dns(server.clone(), dns, names);
     Ok(tokio::spawn(async move {
         let proxy = async move {
@@ -113,12 +231,19 @@ pub fn serve(
                         continue;
                     }
                 };
-                let Ok(slot) = slots.clone().try_acquire_owned() else {
-                    let reason = format!("more than {MAX_CONNECTIONS} connections at once");
-                    tokio::spawn(async move {
-                        let _ = refuse(&mut client, "503 Service Unavailable", &reason).await;
-                    });
-                    continue;
+                let slot = match shares.take(&own) {
+                    Ok(slot) => slot,
+                    Err(reason) => {
+                        tracing::debug!(%server, %reason, "egress connection refused");
+                        tokio::spawn(async move {
+                            let _ = tokio::time::timeout(
+                                STEP_TIMEOUT,
+                                refuse(&mut client, "503 Service Unavailable", &reason),
+                            )
+                            .await;
+                        });
+                        continue;
+                    }
                 };
                 let allowed = allowed.clone();
                 let server = server.clone();
@@ -447,6 +572,45 @@ mod tests {
             answer_dns(&response, &names).is_none(),
             "a reply is not answered"
         );
+    }
+
+    #[test]
+    fn connections_take_a_slot_in_every_pool_and_the_refusal_names_the_full_one() {
+        let gateway = Pool::new(3, "gateway");
+        let session = Pool::new(2, "session");
+        let shares = Shares::gateway(8, gateway.clone());
+        let spare = shares.detached();
+        let (one, two) = (Pool::new(8, "server"), Pool::new(8, "server"));
+        // Before a session takes it over, only the gateway bounds it.
+        let first = spare.take(&one).unwrap();
+        assert_eq!((gateway.in_use(), session.in_use()), (1, 0));
+        spare.adopt(&session);
+        let second = spare.take(&one).unwrap();
+        let in_session = shares.in_session(&session);
+        let third = in_session.take(&two).unwrap();
+        assert_eq!((gateway.in_use(), session.in_use()), (3, 2));
+        assert_eq!(
+            in_session.take(&two).unwrap_err(),
+            "egress connection limit (2 per session) reached"
+        );
+        assert_eq!(two.in_use(), 1, "a refusal holds no slot anywhere");
+        drop(first);
+        let fourth = Shares::gateway(8, gateway.clone())
+            .take(&Pool::new(8, "server"))
+            .unwrap();
+        let over = Shares::gateway(8, gateway.clone()).take(&Pool::new(8, "server"));
+        assert_eq!(
+            over.unwrap_err(),
+            "egress connection limit (3 per gateway) reached"
+        );
+        let own = Pool::new(1, "server");
+        let _only = Shares::default().take(&own).unwrap();
+        assert_eq!(
+            Shares::default().take(&own).unwrap_err(),
+            "egress connection limit (1 per server) reached"
+        );
+        drop((second, third, fourth));
+        assert_eq!((gateway.in_use(), session.in_use()), (0, 0));
     }
 
     #[test]

@@ -67,6 +67,10 @@ struct Generation {
     /// needs each one, so start-up never pays for an instance it throws
     /// away.
     spares: std::sync::Mutex<HashMap<String, Session>>,
+    /// The egress pools of each spare, whose session is given when one
+    /// takes it over.
+    #[cfg(unix)]
+    spare_egress: std::sync::Mutex<HashMap<String, crate::egress::Shares>>,
     /// Set once a reload replaced this generation: the lock read then.
     /// A server that this generation runs and that lock no longer pins
     /// as it is refused here (see [`Generation::stale`]).
@@ -188,18 +192,34 @@ impl Generation {
             host,
             config: Arc::new(config),
             spares: std::sync::Mutex::default(),
+            #[cfg(unix)]
+            spare_egress: std::sync::Mutex::default(),
             superseded: std::sync::RwLock::default(),
         }
     }
 
     /// The instance the name check started for `server`, if it is still
-    /// healthy; each is handed out once.
-    fn take_spare(&self, server: &str) -> Option<Session> {
+    /// healthy; each is handed out once, its egress proxy drawing from
+    /// `egress` (the session's pool) from then on.
+    fn take_spare(
+        &self,
+        server: &str,
+        #[cfg(unix)] egress: &crate::egress::Pool,
+    ) -> Option<Session> {
         let spare = self
             .spares
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(server)?;
+        #[cfg(unix)]
+        if let Some(shares) = self
+            .spare_egress
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(server)
+        {
+            shares.adopt(egress);
+        }
         match spare.shared().fault() {
             None => Some(spare),
             Some(fault) => {
@@ -246,7 +266,19 @@ impl Generation {
     /// start here is logged and left to fail on first use.
     async fn check_names(&self) -> Result<(), GatewayError> {
         for (server, spec) in &self.config.servers {
-            let session = match self.host.connect(spec).await {
+            // Its session's pool is given when one takes it over.
+            #[cfg(unix)]
+            let host = {
+                let shares = self.host.egress().detached();
+                self.spare_egress
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(server.clone(), shares.clone());
+                self.host.with_egress(shares)
+            };
+            #[cfg(not(unix))]
+            let host = &self.host;
+            let session = match host.connect(spec).await {
                 Ok(session) => session,
                 Err(error) => {
                     tracing::warn!(%server, %error, "could not start for the name check");
@@ -364,8 +396,33 @@ impl Generation {
 }
 
 impl Gateway {
-    /// A gateway for `config`'s servers, launched by `host`.
+    /// A gateway for `config`'s servers, launched by `host`. Native
+    /// servers' egress proxies share `[serve] egress_connections` across
+    /// the gateway, at most a quarter of Moat's descriptor limit (each
+    /// connection costs two descriptors).
     pub fn new(host: Host, config: Config, audit: Option<Arc<AuditLog>>) -> Self {
+        #[cfg(unix)]
+        let host = {
+            let configured = config.serve.egress_connections.get();
+            let soft = rustix::process::getrlimit(rustix::process::Resource::Nofile)
+                .current
+                .unwrap_or(u64::MAX);
+            let bound = usize::try_from(soft / 4)
+                .unwrap_or(usize::MAX)
+                .clamp(1, configured);
+            if bound < configured {
+                tracing::warn!(
+                    configured,
+                    bound,
+                    open_files = soft,
+                    "egress_connections is more than a quarter of Moat's descriptor limit: bounded to that"
+                );
+            }
+            host.with_egress(crate::egress::Shares::gateway(
+                config.serve.egress_connections_per_server.get(),
+                crate::egress::Pool::new(bound, "gateway"),
+            ))
+        };
         Self {
             current: Arc::new(std::sync::RwLock::new(Arc::new(Generation::new(
                 1, host, config,
@@ -715,10 +772,18 @@ impl Gateway {
     /// generation.
     pub fn session(&self) -> AgentSession {
         let id = format!("s{}", self.sessions.fetch_add(1, Ordering::SeqCst) + 1);
+        let generation = self.current();
+        #[cfg(unix)]
+        let egress = crate::egress::Pool::new(
+            generation.config.serve.egress_connections_per_session.get(),
+            "session",
+        );
         let state = Arc::new(SessionState {
             id,
+            #[cfg(unix)]
+            egress,
             gateway: self.clone(),
-            generation: self.current(),
+            generation,
             children: Arc::default(),
             restarts: Arc::default(),
             slots: Arc::default(),
@@ -829,6 +894,10 @@ pub struct SessionState {
     listeners: Arc<std::sync::Mutex<Vec<rmcp::service::SubscriptionSink>>>,
     /// Set by the first close; later ones return at once.
     closed: Arc<std::sync::atomic::AtomicBool>,
+    /// The egress connections its native servers may hold at once, all
+    /// together (`[serve] egress_connections_per_session`).
+    #[cfg(unix)]
+    egress: crate::egress::Pool,
 }
 
 /// What a subscription that just opened is told: every list it listens to
@@ -1447,7 +1516,19 @@ impl AgentSession {
             tracing::warn!(%server, restarts, ?backoff, "restarting a crashed server");
             tokio::time::sleep(backoff).await;
         }
-        let session = match (restarts, self.generation.take_spare(server)) {
+        let spare = self.generation.take_spare(
+            server,
+            #[cfg(unix)]
+            &self.egress,
+        );
+        #[cfg(unix)]
+        let host = self
+            .generation
+            .host
+            .with_egress(self.generation.host.egress().in_session(&self.egress));
+        #[cfg(not(unix))]
+        let host = &self.generation.host;
+        let session = match (restarts, spare) {
             (0, Some(spare)) => Arc::new(spare),
             (_, spare) => {
                 if let Some(spare) = spare {
@@ -1455,7 +1536,7 @@ impl AgentSession {
                         let _ = spare.close().await;
                     });
                 }
-                Arc::new(self.generation.host.connect(spec).await?)
+                Arc::new(host.connect(spec).await?)
             }
         };
         let identity = session

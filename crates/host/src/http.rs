@@ -5,11 +5,15 @@
 //! Every limit comes from `[serve]` in the config and answers with a status
 //! the client can act on, plus an audit event (`http_refused`):
 //! - connections (`max_connections`): at the limit the oldest connection
-//!   that has not sent a request yet is closed with 408 to make room, so a
-//!   flood of idle connections cannot keep an agent out; with none to close,
+//!   that has not sent a request yet, or whose request body is still
+//!   arriving, is closed with 408 to make room, so a flood of idle or
+//!   dripping connections cannot keep an agent out; with none to close,
 //!   the new one gets 503;
 //! - request headers (`header_timeout_ms`): a connection that sends none in
 //!   time (or idles that long between requests) gets 408 and is closed;
+//! - whole requests (`request_timeout_ms`): a request whose body has not
+//!   arrived in full that long after its first byte gets 408 and its
+//!   connection is closed, however steadily it drips;
 //! - request bodies (`max_body_bytes`): a larger one gets 413 before it is
 //!   read further;
 //! - sessions (`max_sessions`): an `initialize` beyond it gets 503; a session
@@ -31,9 +35,11 @@
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 use crate::audit::Event;
 use crate::gateway::Gateway;
@@ -79,10 +85,22 @@ pub enum HttpError {
     MetricsNotLoopback { addr: std::net::SocketAddr },
 }
 
-/// A connection that has been admitted but has not sent a request yet: the
-/// first to go when room is needed.
+/// Where a connection is in its life, for eviction: a connection waiting
+/// for its first request, or whose request body is still arriving, can be
+/// closed to make room; one being answered (or that has been, and idles
+/// between requests under `header_timeout_ms`) is not.
+mod phase {
+    /// Admitted; no request head yet.
+    pub const NEW: u8 = 0;
+    /// A request's head has arrived; its body is being read.
+    pub const BODY: u8 = 1;
+    /// Its request is being answered, or has been.
+    pub const ANSWERING: u8 = 2;
+}
+
+/// An admitted connection that may be asked to make room (see [`phase`]).
 struct Waiting {
-    requested: std::sync::Weak<AtomicBool>,
+    phase: std::sync::Weak<AtomicU8>,
     evict: CancellationToken,
 }
 
@@ -102,28 +120,33 @@ impl Admission {
         }
     }
 
-    fn enlist(&self, requested: &Arc<AtomicBool>, evict: &CancellationToken) {
+    fn enlist(&self, phase: &Arc<AtomicU8>, evict: &CancellationToken) {
         let mut waiting = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
         if waiting.len() > 2 * self.max {
-            waiting.retain(|w| w.still_waiting());
+            waiting.retain(Waiting::alive);
         }
         waiting.push_back(Waiting {
-            requested: Arc::downgrade(requested),
+            phase: Arc::downgrade(phase),
             evict: evict.clone(),
         });
     }
 
-    /// Asks the oldest connection that has not sent a request to close.
-    /// Whether there was one.
+    /// Asks the oldest admitted connection that has not sent a request, or
+    /// whose request body is still arriving, to close. Whether there was
+    /// one. Connections being answered stay listed: their next request's
+    /// body may be slow too.
     fn evict_oldest_waiting(&self) -> bool {
         let mut waiting = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
-        while let Some(oldest) = waiting.pop_front() {
-            if oldest.still_waiting() {
-                oldest.evict.cancel();
-                return true;
+        waiting.retain(Waiting::alive);
+        match waiting.iter().position(Waiting::evictable) {
+            Some(at) => {
+                if let Some(oldest) = waiting.remove(at) {
+                    oldest.evict.cancel();
+                }
+                true
             }
+            None => false,
         }
-        false
     }
 
     /// A slot for a new connection: a free one, or one an eviction frees.
@@ -142,12 +165,96 @@ impl Admission {
 }
 
 impl Waiting {
-    fn still_waiting(&self) -> bool {
+    /// Whether its connection is still open.
+    fn alive(&self) -> bool {
+        !self.evict.is_cancelled() && self.phase.strong_count() > 0
+    }
+
+    fn evictable(&self) -> bool {
         !self.evict.is_cancelled()
             && self
-                .requested
+                .phase
                 .upgrade()
-                .is_some_and(|r| !r.load(Ordering::SeqCst))
+                .is_some_and(|p| p.load(Ordering::SeqCst) != phase::ANSWERING)
+    }
+}
+
+/// The socket as hyper reads it, noting when the current request's first
+/// byte arrived (for `request_timeout_ms`).
+struct Marked<T> {
+    inner: T,
+    clock: Arc<RequestClock>,
+}
+
+/// When the request now arriving on a connection began.
+#[derive(Default)]
+struct RequestClock(Mutex<Option<Instant>>);
+
+impl RequestClock {
+    fn mark(&self) {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_or_insert_with(Instant::now);
+    }
+
+    /// When the current request began (now, if no byte of it was seen).
+    fn began(&self) -> Instant {
+        *self
+            .0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_or_insert_with(Instant::now)
+    }
+
+    /// The current request is over: the next byte read begins another.
+    fn reset(&self) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+}
+
+impl<T: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Marked<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            self.clock.mark();
+        }
+        polled
+    }
+}
+
+impl<T: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Marked<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
     }
 }
 
@@ -279,6 +386,7 @@ pub async fn serve(
             expected: expected.clone(),
             admission: admission.clone(),
             header_timeout: Duration::from_millis(settings.header_timeout_ms.get()),
+            request_timeout: Duration::from_millis(settings.request_timeout_ms.get()),
             max_body: settings.max_body_bytes.get(),
             max_sessions,
             hosts: hosts.clone(),
@@ -301,6 +409,7 @@ struct Connection {
     expected: Option<String>,
     admission: Arc<Admission>,
     header_timeout: Duration,
+    request_timeout: Duration,
     max_body: usize,
     max_sessions: usize,
     /// The `Host` values accepted (as rmcp checks them for `/mcp`).
@@ -475,30 +584,48 @@ impl Connection {
         let Ok(stream) = tokio::net::TcpStream::from_std(stream) else {
             return;
         };
-        let requested = Arc::new(AtomicBool::new(false));
+        let phase = Arc::new(AtomicU8::new(phase::NEW));
         let evict = CancellationToken::new();
-        self.admission.enlist(&requested, &evict);
+        self.admission.enlist(&phase, &evict);
         let gateway = self.gateway.clone();
+        let clock = Arc::new(RequestClock::default());
         let this = Arc::new(self);
         let handler = {
-            let requested = requested.clone();
+            let phase = phase.clone();
+            let clock = clock.clone();
             let this = this.clone();
             hyper::service::service_fn(move |request: Request<hyper::body::Incoming>| {
-                requested.store(true, Ordering::SeqCst);
+                phase.store(phase::BODY, Ordering::SeqCst);
+                let deadline = clock.began() + this.request_timeout;
                 let this = this.clone();
-                async move { Ok::<_, Infallible>(this.handle(request).await) }
+                let phase = phase.clone();
+                let clock = clock.clone();
+                async move {
+                    let response = this.handle(request, deadline, &phase).await;
+                    phase.store(phase::ANSWERING, Ordering::SeqCst);
+                    clock.reset();
+                    Ok::<_, Infallible>(response)
+                }
             })
+        };
+        let io = Marked {
+            inner: stream,
+            clock,
         };
         let served = hyper::server::conn::http1::Builder::new()
             .timer(hyper_util::rt::TokioTimer::new())
             .header_read_timeout(this.header_timeout)
-            .serve_connection(hyper_util::rt::TokioIo::new(stream), handler);
+            .serve_connection(hyper_util::rt::TokioIo::new(io), handler);
         let timed_out = tokio::select! {
             result = served => match result {
                 Err(error) if error.is_timeout() => Some("header-timeout"),
                 _ => None,
             },
-            () = evict.cancelled() => Some("evicted-idle"),
+            () = evict.cancelled() => Some(if phase.load(Ordering::SeqCst) == phase::BODY {
+                "evicted-slow-body"
+            } else {
+                "evicted-idle"
+            }),
         };
         if let Some(reason) = timed_out {
             refused(&gateway, reason, StatusCode::REQUEST_TIMEOUT);
@@ -508,9 +635,13 @@ impl Connection {
         }
     }
 
+    /// Answers `request`, whose body must have arrived by `deadline`;
+    /// `phase` becomes [`phase::ANSWERING`] once it has.
     async fn handle(
         &self,
         request: Request<hyper::body::Incoming>,
+        deadline: Instant,
+        phase: &AtomicU8,
     ) -> Response<BoxBody<Bytes, Infallible>> {
         if let Some(response) = observe(
             &request,
@@ -566,7 +697,24 @@ impl Connection {
             return status(StatusCode::SERVICE_UNAVAILABLE);
         }
         let (mut parts, body) = request.into_parts();
-        let body = match Limited::new(body, self.max_body).collect().await {
+        let collected =
+            tokio::time::timeout_at(deadline.into(), Limited::new(body, self.max_body).collect())
+                .await;
+        phase.store(phase::ANSWERING, Ordering::SeqCst);
+        let Ok(collected) = collected else {
+            refused(
+                &self.gateway,
+                "request-timeout",
+                StatusCode::REQUEST_TIMEOUT,
+            );
+            let mut response = status(StatusCode::REQUEST_TIMEOUT);
+            response.headers_mut().insert(
+                hyper::header::CONNECTION,
+                hyper::header::HeaderValue::from_static("close"),
+            );
+            return response;
+        };
+        let body = match collected {
             Ok(collected) => collected.to_bytes(),
             Err(error) if error.is::<http_body_util::LengthLimitError>() => {
                 refused(
@@ -673,8 +821,14 @@ mod tests {
     #[tokio::test]
     async fn a_full_house_evicts_the_oldest_connection_that_has_not_asked_anything() {
         let admission = Arc::new(Admission::new(2));
-        let silent = (Arc::new(AtomicBool::new(false)), CancellationToken::new());
-        let asking = (Arc::new(AtomicBool::new(true)), CancellationToken::new());
+        let silent = (
+            Arc::new(AtomicU8::new(phase::NEW)),
+            CancellationToken::new(),
+        );
+        let asking = (
+            Arc::new(AtomicU8::new(phase::ANSWERING)),
+            CancellationToken::new(),
+        );
         let held_by_silent = admission.admit().await.unwrap();
         let _held_by_asking = admission.admit().await.unwrap();
         admission.enlist(&silent.0, &silent.1);
@@ -691,9 +845,41 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_connection_whose_body_is_still_arriving_is_evicted_too() {
+        let admission = Arc::new(Admission::new(2));
+        let answered = (
+            Arc::new(AtomicU8::new(phase::ANSWERING)),
+            CancellationToken::new(),
+        );
+        let dripping = (
+            Arc::new(AtomicU8::new(phase::BODY)),
+            CancellationToken::new(),
+        );
+        let _held_by_answered = admission.admit().await.unwrap();
+        let held_by_dripping = admission.admit().await.unwrap();
+        admission.enlist(&answered.0, &answered.1);
+        admission.enlist(&dripping.0, &dripping.1);
+        let evicted = dripping.1.clone();
+        tokio::spawn(async move {
+            evicted.cancelled().await;
+            drop(held_by_dripping);
+        });
+        assert!(admission.admit().await.is_some(), "room was made");
+        assert!(dripping.1.is_cancelled(), "the dripping one was evicted");
+        assert!(!answered.1.is_cancelled());
+        // The answered one stays listed: once its next body drips, it goes.
+        answered.0.store(phase::BODY, Ordering::SeqCst);
+        assert!(admission.evict_oldest_waiting());
+        assert!(answered.1.is_cancelled());
+    }
+
+    #[tokio::test]
     async fn with_no_silent_connection_to_evict_a_new_one_is_refused() {
         let admission = Admission::new(1);
-        let asking = (Arc::new(AtomicBool::new(true)), CancellationToken::new());
+        let asking = (
+            Arc::new(AtomicU8::new(phase::ANSWERING)),
+            CancellationToken::new(),
+        );
         let _held = admission.admit().await.unwrap();
         admission.enlist(&asking.0, &asking.1);
         assert!(admission.admit().await.is_none());

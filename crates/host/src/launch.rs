@@ -104,12 +104,13 @@ pub enum Planned {
 
 /// Plans `spec` on the launcher its kind names; its bytes must meet
 /// `expected`. `learn`, for a native server, runs it unconfined and records
-/// what it uses.
+/// what it uses; `egress`, the pools its egress proxy shares.
 pub fn plan(
     wasm: &WasmEngine,
     spec: &ServerSpec,
     expected: Expectation,
     #[cfg(unix)] learn: Option<Arc<std::sync::Mutex<crate::native::learn::Observed>>>,
+    #[cfg(unix)] egress: crate::egress::Shares,
 ) -> Result<Planned, LaunchError> {
     match &spec.kind {
         ServerKind::Wasm { source, .. } => Ok(Planned::Wasm {
@@ -143,6 +144,7 @@ pub fn plan(
                 learn,
                 sealer: wasm.sealer(),
                 writers: spec.writers.clone(),
+                egress,
             })))
         }
         #[cfg(not(unix))]

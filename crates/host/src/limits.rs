@@ -1,6 +1,7 @@
 //! Limits: what bounds one server, with the reason each limit exists and its
 //! default. A limit that is hit surfaces as [`LimitHit`], naming the limit and
-//! its configured value.
+//! its configured value. Also Moat's own descriptor limit
+//! ([`raise_open_files`]), which its proxies and listeners spend.
 
 use std::fmt;
 use std::time::Duration;
@@ -242,4 +243,68 @@ impl fmt::Display for LimitHit {
             ),
         }
     }
+}
+
+/// Moat's own RLIMIT_NOFILE, soft and hard, after [`raise_open_files`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OpenFiles {
+    /// The soft limit Moat started with.
+    pub was: u64,
+    /// The soft limit now (the hard limit, unless raising it failed).
+    pub soft: u64,
+    /// The hard limit.
+    pub hard: u64,
+}
+
+/// Why Moat's descriptor limit could not be raised.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenFilesError {
+    #[error(
+        "setrlimit(RLIMIT_NOFILE) raising the soft limit from {from} to the hard limit {to}: {source}"
+    )]
+    Raise {
+        from: u64,
+        to: u64,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Raises Moat's soft RLIMIT_NOFILE to its hard limit: every proxied
+/// connection of a native server, every HTTP connection and every server's
+/// pipes cost Moat descriptors, and the soft default (often 1,024) is
+/// spent by a few busy servers. Servers do not inherit it: a native
+/// server's RLIMIT_NOFILE is set to its own `open_files` (soft and hard)
+/// before it runs.
+#[cfg(unix)]
+pub fn raise_open_files() -> Result<OpenFiles, OpenFilesError> {
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    let now = getrlimit(Resource::Nofile);
+    // `None` is RLIM_INFINITY.
+    let was = now.current.unwrap_or(u64::MAX);
+    let hard = now.maximum.unwrap_or(u64::MAX);
+    if now.current == now.maximum {
+        return Ok(OpenFiles {
+            was,
+            soft: was,
+            hard,
+        });
+    }
+    setrlimit(
+        Resource::Nofile,
+        Rlimit {
+            current: now.maximum,
+            maximum: now.maximum,
+        },
+    )
+    .map_err(|errno| OpenFilesError::Raise {
+        from: was,
+        to: hard,
+        source: errno.into(),
+    })?;
+    Ok(OpenFiles {
+        was,
+        soft: hard,
+        hard,
+    })
 }

@@ -653,3 +653,102 @@ async fn a_wasm_guest_looks_up_only_the_names_net_lists() {
     neighbour.close().await.unwrap();
     stop(port, server);
 }
+
+/// A host service for many connections at once: each gets `pong` for each
+/// line it sends and is held until its client closes it.
+fn pong_many() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 64];
+                while let Ok(n) = stream.read(&mut buf) {
+                    if n == 0 || stream.write_all(b"pong").is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    port
+}
+
+/// Issue 32, item 2: native servers flooding Moat's egress proxy with
+/// connections they hold spend Moat's descriptors (two each). Each server's
+/// connections are bounded (`egress_connections_per_server`), each agent
+/// session's (`..._per_session`) and the gateway's (`egress_connections`):
+/// two flooding servers get the limit beyond their bound, a third server
+/// still connects, and a connection beyond the session's or the gateway's
+/// bound is refused naming it. The first session's flooder is the instance
+/// the name check started: taken over, it counts against that session.
+#[tokio::test]
+async fn egress_connections_are_bounded_per_server_session_and_gateway() {
+    use moat_host::config::{Config, ServeSettings};
+    use moat_host::gateway::Gateway;
+    use std::num::NonZeroUsize;
+    let port = pong_many();
+    let addr = format!("127.0.0.1:{port}");
+    let server = |name: &str| {
+        let mut spec = spec(Launcher::Native, guests::PROBE);
+        spec.name = name.into();
+        // Three processes: the gateway runs identical servers as one.
+        spec.env.insert("PROBE".into(), name.into());
+        spec.net = vec![NetGrant {
+            host: "127.0.0.1".into(),
+            port,
+        }];
+        (name.to_owned(), spec)
+    };
+    let config = Config {
+        path: "moat.toml".into(),
+        servers: [server("flood_a"), server("flood_b"), server("third")].into(),
+        serve: ServeSettings {
+            egress_connections: NonZeroUsize::new(13).unwrap(),
+            egress_connections_per_session: NonZeroUsize::new(10).unwrap(),
+            egress_connections_per_server: NonZeroUsize::new(4).unwrap(),
+            ..Default::default()
+        },
+        wasm: Default::default(),
+    };
+    let gateway = Gateway::new(Host::new(Some(cache())).unwrap(), config, None);
+    gateway.check_names().await.unwrap();
+    let hold = |session: &moat_host::gateway::AgentSession, server: &str, count: u64| {
+        let session = session.clone();
+        let tool = format!("{server}__attack");
+        let arguments = args(json!({"op": "hold", "addr": addr, "count": count}));
+        async move {
+            let result = session.call(&tool, arguments).await.unwrap();
+            let report: serde_json::Value = serde_json::from_str(&text(&result)).unwrap();
+            match report["ok"].as_bool() {
+                Some(true) => Ok(report["data"].as_str().unwrap().to_owned()),
+                _ => Err(report["error"].as_str().unwrap().to_owned()),
+            }
+        }
+    };
+    let refused = |held: usize, limit: &str| {
+        Err(format!(
+            "held {held}, then: HTTP/1.1 503 Service Unavailable moat: egress connection limit ({limit}) reached"
+        ))
+    };
+    let first = gateway.session();
+    assert_eq!(hold(&first, "flood_a", 6).await, refused(4, "4 per server"));
+    assert_eq!(hold(&first, "flood_b", 6).await, refused(4, "4 per server"));
+    // The flooders hold 8: a third server of the same session connects.
+    assert_eq!(hold(&first, "third", 1).await, Ok("held 1".to_owned()));
+    assert_eq!(hold(&first, "third", 2).await, refused(1, "10 per session"));
+    // Another session's servers have a share of their own, up to the
+    // gateway's bound.
+    let second = gateway.session();
+    assert_eq!(
+        hold(&second, "flood_a", 6).await,
+        refused(3, "13 per gateway")
+    );
+    // Moat survives and still serves: the flooders' connections go with
+    // their sessions.
+    for session in [first, second] {
+        assert!(session.close().await.is_empty());
+    }
+    assert!(gateway.close_all().await.is_empty());
+}

@@ -55,6 +55,7 @@ fn pinned_launch(name: &str, path: &Path, digest: Digest, cwd: PathBuf) -> Nativ
         learn: None,
         sealer: None,
         writers: Vec::new(),
+        egress: Default::default(),
     }
 }
 

@@ -123,6 +123,9 @@ pub struct NativeLaunch {
     /// [`crate::config::ServerSpec::writers`]): none may overlap what this
     /// server runs or measures. Its own `rw` grants are checked as well.
     pub writers: Vec<crate::config::Writer>,
+    /// What its egress proxy's connections count against beside the
+    /// server's own bound: its session's and its gateway's.
+    pub egress: crate::egress::Shares,
 }
 
 /// The executable, opened without following links, with its digest when
@@ -915,6 +918,7 @@ fn spawn(
                 std::net::TcpListener::from(listener),
                 std::net::UdpSocket::from(dns),
                 launch.net.clone(),
+                launch.egress.clone(),
             )
             .map_err(|source| NativeError::Io {
                 syscall: "registering the egress listener",

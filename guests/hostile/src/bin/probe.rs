@@ -1,12 +1,46 @@
 //! Tries what it is told to and reports what happened, so tests can check
 //! that a grant works and a denial fails. `attack` arguments:
-//! `{"op": "read" | "write" | "list" | "connect" | "env" | "swap" | "resolve" | "proxy", "path":
-//! "...", "addr": "host:port", "name": "VAR", "target": "..."}`. `swap`
+//! `{"op": "read" | "write" | "list" | "connect" | "env" | "swap" | "resolve" | "proxy" | "hold",
+//! "path": "...", "addr": "host:port", "name": "VAR", "target": "..."}`. `swap`
 //! moves `path` aside and puts a link to `target` in its place (unix only);
 //! `resolve` looks `addr` up `count` times; `proxy` reaches `addr` through
-//! `CONNECT` on `$HTTPS_PROXY` and pings it. The answer is JSON text:
+//! `CONNECT` on `$HTTPS_PROXY` and pings it; `hold` opens `count` such
+//! tunnels and keeps them open until the server exits (it stops at the
+//! first refusal, saying how many it holds). The answer is JSON text:
 //! `{"ok": true, "data": "..."}` or `{"ok": false, "error": "..."}`.
 use std::io::{Read, Write};
+use std::sync::Mutex;
+
+/// The tunnels `hold` keeps open.
+static HELD: Mutex<Vec<std::net::TcpStream>> = Mutex::new(Vec::new());
+
+/// A tunnel to `addr` through `CONNECT` on `$HTTPS_PROXY`, or the proxy's
+/// status line and reason.
+fn tunnel(addr: &str) -> Result<std::net::TcpStream, String> {
+    let proxy = std::env::var("HTTPS_PROXY").map_err(|e| format!("HTTPS_PROXY: {e}"))?;
+    let proxy = proxy.trim_start_matches("http://").trim_end_matches('/');
+    let mut stream = std::net::TcpStream::connect(proxy).map_err(|e| e.to_string())?;
+    write!(stream, "CONNECT {addr} HTTP/1.1\r\nHost: {addr}\r\n\r\n").map_err(|e| e.to_string())?;
+    let mut answer = Vec::new();
+    let mut byte = [0u8; 1];
+    while !answer.ends_with(b"\r\n\r\n") {
+        match stream.read(&mut byte) {
+            Ok(1) => answer.push(byte[0]),
+            _ => break,
+        }
+    }
+    let head = String::from_utf8_lossy(&answer).into_owned();
+    if !head.starts_with("HTTP/1.1 200") {
+        let mut body = String::new();
+        let _ = stream.read_to_string(&mut body);
+        return Err(format!(
+            "{} {}",
+            head.lines().next().unwrap_or_default(),
+            body.trim()
+        ));
+    }
+    Ok(stream)
+}
 
 use serde_json::{Value, json};
 
@@ -36,32 +70,23 @@ fn run(arguments: &Value) -> Result<String, String> {
             Ok(String::from_utf8_lossy(&reply[..n]).into_owned())
         }
         "env" => std::env::var(text("name")).map_err(|e| e.to_string()),
-        "proxy" => {
-            // CONNECT `addr` through $HTTPS_PROXY, then ping it.
-            let proxy = std::env::var("HTTPS_PROXY").map_err(|e| format!("HTTPS_PROXY: {e}"))?;
-            let proxy = proxy.trim_start_matches("http://").trim_end_matches('/');
-            let mut stream = std::net::TcpStream::connect(proxy).map_err(|e| e.to_string())?;
-            let addr = text("addr");
-            write!(stream, "CONNECT {addr} HTTP/1.1\r\nHost: {addr}\r\n\r\n")
-                .map_err(|e| e.to_string())?;
-            let mut answer = Vec::new();
-            let mut byte = [0u8; 1];
-            while !answer.ends_with(b"\r\n\r\n") {
-                match stream.read(&mut byte) {
-                    Ok(1) => answer.push(byte[0]),
-                    _ => break,
+        "hold" => {
+            let count = arguments["count"].as_u64().unwrap_or(1);
+            let mut held = HELD.lock().unwrap_or_else(|e| e.into_inner());
+            let before = held.len();
+            for _ in 0..count {
+                match tunnel(&text("addr")) {
+                    Ok(stream) => held.push(stream),
+                    Err(error) => {
+                        return Err(format!("held {}, then: {error}", held.len() - before));
+                    }
                 }
             }
-            let head = String::from_utf8_lossy(&answer).into_owned();
-            if !head.starts_with("HTTP/1.1 200") {
-                let mut body = String::new();
-                let _ = stream.read_to_string(&mut body);
-                return Err(format!(
-                    "{} {}",
-                    head.lines().next().unwrap_or_default(),
-                    body.trim()
-                ));
-            }
+            Ok(format!("held {}", held.len() - before))
+        }
+        "proxy" => {
+            // CONNECT `addr` through $HTTPS_PROXY, then ping it.
+            let mut stream = tunnel(&text("addr"))?;
             stream.write_all(b"ping\n").map_err(|e| e.to_string())?;
             let mut reply = [0u8; 16];
             let n = stream.read(&mut reply).map_err(|e| e.to_string())?;
