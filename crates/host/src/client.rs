@@ -441,6 +441,8 @@ impl Host {
             expected,
             #[cfg(unix)]
             None,
+            #[cfg(unix)]
+            &self.protected,
         )?;
         Ok(planned.transport(&spec.name, spec.limits.clone()))
     }
@@ -469,7 +471,13 @@ impl Host {
         let observed = Arc::new(std::sync::Mutex::new(
             crate::native::learn::Observed::default(),
         ));
-        let planned = crate::launch::plan(&self.wasm, spec, expected, Some(observed.clone()))?;
+        let planned = crate::launch::plan(
+            &self.wasm,
+            spec,
+            expected,
+            Some(observed.clone()),
+            &self.protected,
+        )?;
         let executable = match &planned {
             crate::launch::Planned::Native(launch) => launch.resolved.target.clone(),
             _ => {
@@ -509,6 +517,12 @@ impl Host {
                 dirs: &spec.dirs,
                 package_paths,
                 protected: self.protected.iter().map(|p| p.path.clone()).collect(),
+                roots: crate::sandbox::implicit_roots(
+                    &executable,
+                    None,
+                    &crate::grants::Kept::from_env(&self.protected),
+                )
+                .granted,
             },
         );
         Ok((proposal, outcome))

@@ -104,12 +104,14 @@ pub enum Planned {
 
 /// Plans `spec` on the launcher its kind names; its bytes must meet
 /// `expected`. `learn`, for a native server, runs it unconfined and records
-/// what it uses.
+/// what it uses; `protected` is what no grant may overlap, and what the
+/// grants made without listing keep clear of.
 pub fn plan(
     wasm: &WasmEngine,
     spec: &ServerSpec,
     expected: Expectation,
     #[cfg(unix)] learn: Option<Arc<std::sync::Mutex<crate::native::learn::Observed>>>,
+    #[cfg(unix)] protected: &[crate::grants::Protected],
 ) -> Result<Planned, LaunchError> {
     match &spec.kind {
         ServerKind::Wasm { source, .. } => Ok(Planned::Wasm {
@@ -142,6 +144,7 @@ pub fn plan(
                 sandbox: spec.sandbox,
                 learn,
                 sealer: wasm.sealer(),
+                kept: crate::grants::Kept::from_env(protected),
             })))
         }
         #[cfg(not(unix))]

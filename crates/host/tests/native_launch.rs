@@ -54,6 +54,7 @@ fn pinned_launch(name: &str, path: &Path, digest: Digest, cwd: PathBuf) -> Nativ
         sandbox: Default::default(),
         learn: None,
         sealer: None,
+        kept: Default::default(),
     }
 }
 
