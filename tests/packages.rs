@@ -400,3 +400,149 @@ fn update_shows_the_diff_and_re_pins_only_when_asked() {
     assert!(tools.contains("read_graph"), "{tools}");
     assert!(!tools.contains("drifted"), "{tools}");
 }
+
+/// The real file of the `python3` on PATH (a pyenv shim resolved).
+fn python() -> PathBuf {
+    let output = Command::new("python3")
+        .args([
+            "-c",
+            "import os, sys; print(os.path.realpath(sys.executable))",
+        ])
+        .output()
+        .expect("python3 on PATH");
+    PathBuf::from(succeeded(output, "python3").trim())
+}
+
+/// A module that is an MCP server by itself (stdio, no dependencies): its
+/// one tool `where` answers with the file it runs from.
+const LOCAL_SERVER: &str = r#"import json, os, sys
+for line in sys.stdin:
+    message = json.loads(line)
+    if "id" not in message:
+        continue
+    method = message.get("method")
+    if method == "initialize":
+        result = {"protocolVersion": message["params"]["protocolVersion"], "capabilities": {"tools": {}}, "serverInfo": {"name": "local", "version": "1"}}
+    elif method == "tools/list":
+        result = {"tools": [{"name": "where", "description": "The file this server runs from", "inputSchema": {"type": "object"}}]}
+    elif method == "tools/call":
+        result = {"content": [{"type": "text", "text": os.path.realpath(__file__)}]}
+    else:
+        print(json.dumps({"jsonrpc": "2.0", "id": message["id"], "error": {"code": -32601, "message": "not here"}}), flush=True)
+        continue
+    print(json.dumps({"jsonrpc": "2.0", "id": message["id"], "result": result}), flush=True)
+"#;
+
+/// Issue 32, item 2: `python -m MOD` with a `MOD.py` importable from where
+/// it runs is local code, not a package: `moat import` and `moat add` keep
+/// it as a native server running that file (its directory measured and
+/// granted read-only, its working directory kept), say so, and install
+/// nothing from PyPI, where a package of the same name would have run with
+/// the entry's secrets.
+#[test]
+fn python_dash_m_of_a_local_module_stays_local_and_installs_nothing() {
+    const MODULE: &str = "moat_issue32_local_server";
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = std::fs::canonicalize(tmp.path()).unwrap();
+    let project = dir.join("project");
+    std::fs::create_dir(&project).unwrap();
+    let file = project.join(format!("{MODULE}.py"));
+    std::fs::write(&file, LOCAL_SERVER).unwrap();
+    let python = python();
+    let client = dir.join("claude_desktop_config.json");
+    std::fs::write(
+        &client,
+        serde_json::json!({"mcpServers": {"local": {
+            "command": python, "args": ["-m", MODULE], "env": {"API_TOKEN": "not for an index package"}
+        }}})
+        .to_string(),
+    )
+    .unwrap();
+    // Run from the project, as the client would run the server.
+    let in_project = || {
+        let mut command = moat(&project);
+        command.env("MOAT_DATA_DIR", dir.join("data"));
+        command
+    };
+    let output = in_project().arg("import").arg(&client).output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    let toml = succeeded(output, "moat import");
+    let kept = format!(
+        "moat: import: `local`: {} -m {MODULE}: kept local: {} is importable from cwd {}; not installed from PyPI; runs in {}, and {} is measured and granted read-only",
+        python.file_name().unwrap().to_string_lossy(),
+        file.display(),
+        project.display(),
+        project.display(),
+        project.display(),
+    );
+    assert!(stderr.lines().any(|l| l == kept), "{kept}\n{stderr}");
+    assert!(
+        !stderr.contains("PyPI:") && !stderr.contains("installed "),
+        "{stderr}"
+    );
+    assert!(!dir.join("data/store").exists(), "nothing was installed");
+
+    let config_path = dir.join("moat.toml");
+    std::fs::write(&config_path, &toml).unwrap();
+    let config = Config::load(&config_path).unwrap();
+    let spec = config.server("local").unwrap();
+    assert!(spec.package.is_none(), "{toml}");
+    assert_eq!(spec.args, ["-m", MODULE]);
+    assert_eq!(spec.env_passthrough, ["API_TOKEN"]);
+    let ServerKind::Native {
+        command,
+        cwd,
+        measure,
+        ..
+    } = &spec.kind
+    else {
+        panic!("native: {toml}");
+    };
+    assert_eq!(Path::new(command), python);
+    assert_eq!(cwd, &project);
+    assert_eq!(measure, std::slice::from_ref(&project));
+    assert!(
+        spec.dirs
+            .iter()
+            .any(|d| d.host == project && d.mode == moat_host::config::DirMode::Ro),
+        "{toml}"
+    );
+    // The entry runs the local file, under the required sandbox.
+    let output = moat(&dir)
+        .args(["call", "--config"])
+        .arg(&config_path)
+        .args(["local", "where", "{}"])
+        .env("API_TOKEN", "t")
+        .output()
+        .unwrap();
+    let result: serde_json::Value = serde_json::from_str(&succeeded(output, "moat call")).unwrap();
+    assert_eq!(
+        result["content"][0]["text"],
+        serde_json::json!(file.display().to_string())
+    );
+
+    // `moat add` takes the same path.
+    let added = dir.join("added.toml");
+    let output = in_project()
+        .args(["add", "--config"])
+        .arg(&added)
+        .arg("--")
+        .arg(&python)
+        .args(["-m", MODULE])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    succeeded(output, "moat add");
+    assert!(
+        stderr.contains(&format!(
+            "kept local: {} is importable from cwd",
+            file.display()
+        )),
+        "{stderr}"
+    );
+    let added = Config::load(&added).unwrap();
+    let spec = added.servers.values().next().unwrap();
+    assert!(spec.package.is_none());
+    assert!(matches!(&spec.kind, ServerKind::Native { cwd, .. } if cwd == &project));
+    assert!(!dir.join("data/store").exists(), "nothing was installed");
+}

@@ -321,4 +321,41 @@ impl Drop for HostIpc {
             libc::msgctl(self.msq, libc::IPC_RMID, std::ptr::null_mut());
         }
     }
+/// Issue 32, item 1: with `HOME` a directory of its own, a console script
+/// in `$HOME/.local/bin` (whose `lib/` beside makes `$HOME/.local` its
+/// installation root) cannot read Moat's state in `$HOME/.local/state/moat`
+/// (the key is readable by the user: only the sandbox refuses it), while it
+/// runs and reads itself.
+#[test]
+fn an_install_root_in_home_local_never_reaches_moats_state() {
+    let setup = Setup::new(9);
+    // `call` runs Moat with HOME set to the setup directory.
+    let local = setup.path(".local");
+    for dir in ["bin", "lib/python3.12/site-packages", "state/moat"] {
+        std::fs::create_dir_all(local.join(dir)).unwrap();
+    }
+    let key = local.join("state/moat/audit.key");
+    std::fs::write(&key, "the audit key").unwrap();
+    let script = local.join("bin/x");
+    std::fs::write(&script, format!("#!{}\n", setup.path("probe").display())).unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let config = setup.path("moat.toml");
+    let mut text = std::fs::read_to_string(&config).unwrap();
+    text.push_str(&format!(
+        "\n[servers.local]\ncommand = {:?}\nallow_unmeasured = true\nsandbox = \"required\"\n",
+        script.display().to_string()
+    ));
+    std::fs::write(&config, text).unwrap();
+    assert_eq!(
+        setup.call("local", json!({"op": "read", "path": key})),
+        json!({"ok": false, "error": "Permission denied (os error 13)"}),
+        "Moat's audit key was read"
+    );
+    assert_eq!(
+        setup.call("local", json!({"op": "list", "path": local})),
+        json!({"ok": false, "error": "Permission denied (os error 13)"}),
+        "$HOME/.local was listed"
+    );
+    let own = setup.call("local", json!({"op": "read", "path": script}));
+    assert_eq!(own["ok"], json!(true), "{own}");
 }

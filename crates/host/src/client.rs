@@ -466,6 +466,7 @@ impl Host {
             None,
             #[cfg(unix)]
             self.egress.clone(),
+            &self.protected,
         )?;
         Ok(planned.transport(&spec.name, spec.limits.clone()))
     }
@@ -500,6 +501,7 @@ impl Host {
             expected,
             Some(observed.clone()),
             self.egress.clone(),
+            &self.protected,
         )?;
         let executable = match &planned {
             crate::launch::Planned::Native(launch) => launch.resolved.target.clone(),
@@ -540,6 +542,12 @@ impl Host {
                 dirs: &spec.dirs,
                 package_paths,
                 protected: self.protected.iter().map(|p| p.path.clone()).collect(),
+                roots: crate::sandbox::implicit_roots(
+                    &executable,
+                    None,
+                    &crate::grants::Kept::from_env(&self.protected),
+                )
+                .granted,
             },
         );
         Ok((proposal, outcome))

@@ -30,9 +30,24 @@ pub fn state() -> Option<PathBuf> {
     resolve("MOAT_STATE_DIR", "XDG_STATE_HOME", ".local/state/moat")
 }
 
+/// Moat's data (the store): `$MOAT_DATA_DIR`, else `$XDG_DATA_HOME/moat`,
+/// else `$HOME/.local/share/moat`.
+pub fn data() -> Option<PathBuf> {
+    resolve("MOAT_DATA_DIR", "XDG_DATA_HOME", ".local/share/moat")
+}
+
 /// The store of installed packages and pulled components:
 /// `$MOAT_DATA_DIR/store`, else `$XDG_DATA_HOME/moat/store`, else
 /// `$HOME/.local/share/moat/store`.
 pub fn store() -> Option<PathBuf> {
-    resolve("MOAT_DATA_DIR", "XDG_DATA_HOME", ".local/share/moat").map(|data| data.join("store"))
+    data().map(|data| data.join("store"))
+}
+
+/// Moat's configuration directory, should a user keep configs there:
+/// `$XDG_CONFIG_HOME/moat`, else `$HOME/.config/moat` (Moat itself reads
+/// `moat.toml` from where it is told). Only kept clear of implicit grants.
+pub fn config() -> Option<PathBuf> {
+    set("XDG_CONFIG_HOME")
+        .map(|dir| PathBuf::from(dir).join("moat"))
+        .or_else(|| set("HOME").map(|home| PathBuf::from(home).join(".config/moat")))
 }

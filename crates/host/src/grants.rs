@@ -109,11 +109,131 @@ pub struct Protected {
 pub const CACHE: &str = "compiled-component cache";
 /// The name under which the audit key's directory is protected.
 pub const AUDIT_KEY: &str = "audit key";
+/// Moat's state directory (where the audit key is made by default).
+pub const STATE_DIR: &str = "state directory (the audit key)";
+/// Moat's data directory (the package and component store).
+pub const DATA_DIR: &str = "data directory (the package store)";
+/// Moat's configuration directory.
+pub const CONFIG_DIR: &str = "configuration directory";
 
 impl Protected {
     /// Whether it holds one of Moat's keys (the cache's or the audit log's).
     fn holds_a_key(&self) -> bool {
-        self.what == CACHE || self.what == AUDIT_KEY
+        self.what == CACHE || self.what == AUDIT_KEY || self.what == STATE_DIR
+    }
+
+    /// Whether it is one of Moat's own directories.
+    fn is_a_dir(&self) -> bool {
+        self.what == DATA_DIR || self.what == CONFIG_DIR
+    }
+}
+
+/// What a grant Moat makes without the user listing it (an executable's
+/// installation root, an interpreter's, the executable and interpreter
+/// files themselves) must keep clear of: whatever holds a key (the cache,
+/// the audit key), Moat's own state, data, cache and configuration
+/// directories, and the home directory and `$HOME/.local` as wholes. Such a root may lie inside the
+/// data directory (an install in the store), never around it, and never
+/// inside anything that holds a key.
+#[derive(Clone, Debug, Default)]
+pub struct Kept {
+    items: Vec<Protected>,
+    home: Option<PathBuf>,
+}
+
+impl Kept {
+    /// `protected` and `home` alone (what the tests choose).
+    pub fn new(protected: &[Protected], home: Option<PathBuf>) -> Self {
+        Self {
+            items: protected.to_vec(),
+            home,
+        }
+    }
+
+    /// `protected`, Moat's own directories as this process finds them
+    /// ([`crate::dirs`]), and `$HOME`.
+    pub fn from_env(protected: &[Protected]) -> Self {
+        let mut kept = Self::new(
+            protected,
+            std::env::var_os("HOME")
+                .filter(|h| !h.is_empty())
+                .map(PathBuf::from),
+        );
+        let own = [
+            (STATE_DIR, crate::dirs::state()),
+            (CACHE, crate::dirs::cache()),
+            (DATA_DIR, crate::dirs::data()),
+            (CONFIG_DIR, crate::dirs::config()),
+        ];
+        for (what, path) in own {
+            if let Some(path) = path {
+                kept.items.push(Protected { what, path });
+            }
+        }
+        kept
+    }
+
+    /// Why `path` may not be granted implicitly, or `None` when it may.
+    pub fn refusal(&self, path: &Path) -> Option<String> {
+        let real_path = real(path);
+        if real_path.parent().is_none() {
+            return Some("it is the root directory".to_owned());
+        }
+        if let Some(home) = &self.home {
+            let home = real(home);
+            if real_path == home {
+                return Some(format!("it is the home directory {}", home.display()));
+            }
+            if real_path == home.join(".local") {
+                return Some(format!(
+                    "it is {} as a whole, where Moat and other programs keep their state",
+                    home.join(".local").display()
+                ));
+            }
+        }
+        // Implicit grants are read-only: reading the config, lock or log
+        // does no harm (as for `measure` paths); reading a key, or
+        // anything of Moat's directories, is refused.
+        for item in self
+            .items
+            .iter()
+            .filter(|p| p.holds_a_key() || p.is_a_dir())
+        {
+            let kept = real(&item.path);
+            if kept.starts_with(&real_path) {
+                return Some(format!(
+                    "it holds Moat's {} at {}",
+                    item.what,
+                    item.path.display()
+                ));
+            }
+            if item.holds_a_key() && real_path.starts_with(&kept) {
+                return Some(format!(
+                    "it lies inside Moat's {} at {}",
+                    item.what,
+                    item.path.display()
+                ));
+            }
+        }
+        None
+    }
+
+    /// Refuses an implicit file grant (an executable, an interpreter) of
+    /// `server` that lies inside, or is, something holding a key.
+    pub fn check_file(&self, server: &str, path: &Path) -> Result<(), GrantError> {
+        let real_path = real(path);
+        for item in self.items.iter().filter(|p| p.holds_a_key()) {
+            let kept = real(&item.path);
+            if real_path.starts_with(&kept) || kept.starts_with(&real_path) {
+                return Err(GrantError::Protected {
+                    server: server.to_owned(),
+                    path: path.to_owned(),
+                    what: item.what,
+                    protected: item.path.clone(),
+                });
+            }
+        }
+        Ok(())
     }
 }
 

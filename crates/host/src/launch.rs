@@ -104,13 +104,16 @@ pub enum Planned {
 
 /// Plans `spec` on the launcher its kind names; its bytes must meet
 /// `expected`. `learn`, for a native server, runs it unconfined and records
-/// what it uses; `egress`, the pools its egress proxy shares.
+/// what it uses; `egress`, the pools its egress proxy shares; `protected`
+/// is what no grant may overlap, and what the grants made without listing
+/// keep clear of.
 pub fn plan(
     wasm: &WasmEngine,
     spec: &ServerSpec,
     expected: Expectation,
     #[cfg(unix)] learn: Option<Arc<std::sync::Mutex<crate::native::learn::Observed>>>,
     #[cfg(unix)] egress: crate::egress::Shares,
+    #[cfg(unix)] protected: &[crate::grants::Protected],
 ) -> Result<Planned, LaunchError> {
     match &spec.kind {
         ServerKind::Wasm { source, .. } => Ok(Planned::Wasm {
@@ -145,6 +148,7 @@ pub fn plan(
                 sealer: wasm.sealer(),
                 writers: spec.writers.clone(),
                 egress,
+                kept: crate::grants::Kept::from_env(protected),
             })))
         }
         #[cfg(not(unix))]

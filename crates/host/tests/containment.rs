@@ -525,4 +525,63 @@ async fn sockets_open_only_in_the_allowed_families() {
     );
     server.close().await.unwrap();
     neighbour.close().await;
+/// Issue 32, item 1: a console script in `~/.local/bin` (its `lib/` beside
+/// makes `~/.local` its installation root) cannot read Moat's audit key
+/// under `~/.local/state/moat`: the root Moat would have granted without
+/// listing holds the key, so it is not granted (and the evidence says so),
+/// while the script itself still runs. The neighbour answers throughout.
+#[tokio::test]
+async fn an_implicit_install_root_never_reaches_moats_audit_key() {
+    let neighbour = Neighbour::start().await;
+    // Outside /tmp: the server has a private /tmp of its own.
+    let home = tempfile::tempdir_in("/var/tmp").unwrap();
+    let home = std::fs::canonicalize(home.path()).unwrap();
+    let local = home.join(".local");
+    for dir in ["bin", "lib/python3.12/site-packages", "state/moat"] {
+        std::fs::create_dir_all(local.join(dir)).unwrap();
+    }
+    let key = local.join("state/moat/audit.key");
+    std::fs::write(&key, "the audit key").unwrap();
+    let script = local.join("bin/x");
+    std::fs::write(&script, format!("#!{}\n", guests::PROBE_NATIVE)).unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let host = moat_host::Host::new(Some(
+        std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("component-cache"),
+    ))
+    .unwrap()
+    .protect(moat_host::grants::AUDIT_KEY, local.join("state/moat"));
+    let mut spec = ServerSpec::native("x", script.to_str().unwrap());
+    spec.allow_unmeasured = true;
+    let server = host.connect(&spec).await.expect("the script runs");
+    let read = attack(&server, json!({"op": "read", "path": key})).await;
+    assert_eq!(
+        read,
+        json!({"ok": false, "error": "Permission denied (os error 13)"}),
+        "the audit key was read"
+    );
+    let listed = attack(&server, json!({"op": "list", "path": local})).await;
+    assert_eq!(
+        listed,
+        json!({"ok": false, "error": "Permission denied (os error 13)"}),
+        "~/.local was listed"
+    );
+    let rules = server
+        .shared()
+        .identity()
+        .unwrap()
+        .sandbox
+        .lines()
+        .join("\n");
+    assert!(
+        rules.contains(&format!(
+            "enforced: not granted: the installation root {} of {} (it holds Moat's audit key at {})",
+            local.display(),
+            script.display(),
+            local.join("state/moat").display()
+        )),
+        "{rules}"
+    );
+    server.close().await.unwrap();
+    neighbour.close().await;
+    common::host_still_serves_everything(common::Launcher::Native).await;
 }

@@ -56,6 +56,7 @@ fn pinned_launch(name: &str, path: &Path, digest: Digest, cwd: PathBuf) -> Nativ
         sealer: None,
         writers: Vec::new(),
         egress: Default::default(),
+        kept: Default::default(),
     }
 }
 

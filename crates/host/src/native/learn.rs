@@ -383,12 +383,14 @@ pub struct Granted<'a> {
     pub package_paths: Vec<PathBuf>,
     /// What no grant may overlap.
     pub protected: Vec<PathBuf>,
+    /// The installation roots granted without listing.
+    pub roots: Vec<PathBuf>,
 }
 
 /// Turns what a watched run saw into grants (see the module's docs).
 pub fn propose(observed: &Observed, granted: &Granted<'_>) -> Proposal {
     let covered = |path: &Path, write: bool| {
-        crate::sandbox::granted_to_start(path, granted.executable) && !write
+        crate::sandbox::granted_to_start(path, granted.executable, &granted.roots) && !write
             // What it writes under /tmp lands in its private /tmp; what it
             // reads there of the host's must be granted.
             || (path.starts_with("/tmp") && write)
@@ -507,6 +509,7 @@ mod tests {
                 measure: &[],
                 dirs: &[],
                 protected: Vec::new(),
+                roots: Vec::new(),
                 package_paths: vec![site.clone()],
             },
         );

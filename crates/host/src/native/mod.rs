@@ -126,6 +126,9 @@ pub struct NativeLaunch {
     /// What its egress proxy's connections count against beside the
     /// server's own bound: its session's and its gateway's.
     pub egress: crate::egress::Shares,
+    /// What the grants Moat makes without listing (the executable, its
+    /// interpreter, their installation roots) must keep clear of.
+    pub kept: crate::grants::Kept,
 }
 
 /// The executable, opened without following links, with its digest when
@@ -744,6 +747,20 @@ fn spawn(
         measured.push((interpreter.path.clone(), digest));
     }
     let dirs = crate::grants::open_all(&launch.name, &launch.dirs)?;
+    // What is granted without listing goes through the same check as what
+    // is listed: never a key, never Moat's directories, never $HOME or
+    // $HOME/.local whole.
+    let interpreter_path = executable
+        .interpreter
+        .as_ref()
+        .map(|interpreter| interpreter.path.as_path());
+    for file in std::iter::once(path.as_path()).chain(interpreter_path) {
+        launch.kept.check_file(&launch.name, file)?;
+    }
+    let roots = crate::sandbox::implicit_roots(path, interpreter_path, &launch.kept);
+    for line in &roots.held_back {
+        tracing::warn!(server = %launch.name, "{line}");
+    }
     let proxied = proxied(launch);
     let sandbox = crate::sandbox::plan(&crate::sandbox::Grants {
         proxy_port: proxied.then_some(crate::egress::PROXY_PORT),
@@ -753,12 +770,13 @@ fn spawn(
             .interpreter
             .as_ref()
             .map(|interpreter| (interpreter.fd.as_fd(), interpreter.path.as_path())),
+        roots: &roots,
         measure: &launch.measure,
         dirs: &dirs,
         net: &launch.net,
         sandbox: launch.sandbox,
     })?;
-    let mut isolation = isolation(launch)?;
+    let mut isolation = isolation(launch, &roots)?;
     let cstring = |what: &'static str, text: &str| {
         std::ffi::CString::new(text).map_err(|_| NativeError::Nul {
             what,
@@ -1076,7 +1094,10 @@ impl Drop for AbortOnDrop {
 }
 
 /// `sandbox = "required"`, what cannot be enforced, naming it.
-fn isolation(launch: &NativeLaunch) -> Result<Isolation, NativeError> {
+fn isolation(
+    launch: &NativeLaunch,
+    roots: &crate::sandbox::ImplicitRoots,
+) -> Result<Isolation, NativeError> {
     use crate::sandbox::SandboxError;
     let required = launch.sandbox == crate::config::Sandbox::Required;
     let mut enforced = Vec::new();
@@ -1172,7 +1193,7 @@ fn isolation(launch: &NativeLaunch) -> Result<Isolation, NativeError> {
                 .map(|d| d.host.clone())
                 .chain(launch.measure.iter().cloned())
                 .chain([launch.resolved.target.clone()])
-                .chain(crate::sandbox::install_root(&launch.resolved.target))
+                .chain(roots.granted.iter().cloned())
                 .filter(|p| p.starts_with("/tmp") && p != Path::new("/tmp"))
                 .collect();
             granted.sort();

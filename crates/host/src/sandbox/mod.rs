@@ -121,21 +121,18 @@ const SYSTEM_DIRS: &[&str] = &["/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbi
 const DEVICES_RO: &[&str] = &["/dev/zero", "/dev/urandom", "/dev/random"];
 
 /// The installation root of an interpreter or runtime outside the system
-/// directories (pyenv, uv, conda, nvm, asdf): the prefix that holds the
-/// executable's `bin/` and a `lib/`, so its standard library is readable.
-/// Never `/` or the home directory itself, and nothing for an executable
-/// that is not in a `bin/` beside a `lib/`.
-pub fn install_root(executable: &Path) -> Option<PathBuf> {
+/// directories (pyenv, uv, conda, nvm, asdf, a virtualenv): the prefix that
+/// holds the executable's `bin/` and a `lib/`, so its standard library is
+/// readable. `None` for an executable that is not in a `bin/` beside a
+/// `lib/`, or under the system directories (granted anyway). Whether it
+/// may be granted is [`implicit_roots`]' question.
+fn install_root(executable: &Path) -> Option<PathBuf> {
     let bin = executable.parent()?;
     if bin.file_name()? != "bin" {
         return None;
     }
     let root = bin.parent()?;
-    let home = std::env::var_os("HOME").map(PathBuf::from);
-    if root == Path::new("/")
-        || home.as_deref() == Some(root)
-        || SYSTEM_DIRS.iter().any(|dir| root.starts_with(dir))
-    {
+    if SYSTEM_DIRS.iter().any(|dir| root.starts_with(dir)) {
         return None;
     }
     ["lib", "lib64"]
@@ -144,15 +141,126 @@ pub fn install_root(executable: &Path) -> Option<PathBuf> {
         .then(|| root.to_owned())
 }
 
+/// The read-only roots a launch is granted without the user listing them,
+/// and the ones held back.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ImplicitRoots {
+    /// Granted read-only.
+    pub granted: Vec<PathBuf>,
+    /// One line per installation root not granted: which, why, and what was
+    /// granted instead.
+    pub held_back: Vec<String>,
+}
+
+/// The Python version directory name an executable or interpreter named
+/// `name` reads its libraries from: `python3.12` for `python3.12`; `None`
+/// (any `python3.*`) for `python3` or `python`; no match at all for a name
+/// that is not Python's.
+fn python_version(name: &str) -> Option<Option<&str>> {
+    let version = name.strip_prefix("python")?;
+    if version.is_empty() || version == "3" {
+        return Some(None);
+    }
+    let mut parts = version.split('.');
+    let numeric =
+        |p: Option<&str>| p.is_some_and(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()));
+    (numeric(parts.next()) && numeric(parts.next()) && parts.next().is_none()).then_some(Some(name))
+}
+
+/// The installation roots to grant read-only for `executable` and its
+/// `#!` interpreter (both with every link resolved). Each goes through
+/// `kept` ([`crate::grants::Kept::refusal`]): a root that is `/`, the home
+/// directory, `$HOME/.local` as a whole, or holds Moat's state, data, cache
+/// or configuration (or lies inside what holds a key) is not granted.
+/// For such a root, the narrowest part Python needs is granted instead
+/// when the program is Python's (a `pip --user` console script in
+/// `~/.local/bin` reads `~/.local/lib/pythonX.Y`, X.Y its interpreter's),
+/// and nothing otherwise; each held-back root is said, for the evidence.
+pub fn implicit_roots(
+    executable: &Path,
+    interpreter: Option<&Path>,
+    kept: &crate::grants::Kept,
+) -> ImplicitRoots {
+    let mut roots = ImplicitRoots::default();
+    let name = |path: &Path| {
+        path.file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    };
+    // Whose libraries each root's programs read: the interpreter's, for a
+    // script.
+    let runs = name(interpreter.unwrap_or(executable));
+    let programs = std::iter::once((executable, runs.clone()))
+        .chain(interpreter.map(|path| (path, name(path))));
+    for (program, runs) in programs {
+        let Some(root) = install_root(program) else {
+            continue;
+        };
+        if roots.granted.contains(&root) {
+            continue;
+        }
+        let Some(why) = kept.refusal(&root) else {
+            roots.granted.push(root);
+            continue;
+        };
+        let mut instead = Vec::new();
+        if let Some(version) = python_version(&runs) {
+            for lib in ["lib", "lib64"] {
+                let Ok(entries) = std::fs::read_dir(root.join(lib)) else {
+                    continue;
+                };
+                let mut found: Vec<PathBuf> = entries
+                    .flatten()
+                    .filter(|entry| entry.file_type().is_ok_and(|t| t.is_dir()))
+                    .filter(|entry| {
+                        let dir = entry.file_name().to_string_lossy().into_owned();
+                        match version {
+                            Some(exact) => dir == exact,
+                            None => python_version(&dir).is_some_and(|v| v.is_some()),
+                        }
+                    })
+                    .map(|entry| entry.path())
+                    .filter(|dir| kept.refusal(dir).is_none())
+                    .collect();
+                found.sort();
+                instead.append(&mut found);
+            }
+        }
+        roots.held_back.push(format!(
+            "not granted: the installation root {} of {} ({why}); {}; grant what the server needs there with a `dirs` entry",
+            root.display(),
+            program.display(),
+            if instead.is_empty() {
+                "nothing granted instead".to_owned()
+            } else {
+                format!(
+                    "granted instead, read-only: {}",
+                    instead
+                        .iter()
+                        .map(|p| p.display().to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            }
+        ));
+        for dir in instead {
+            if !roots.granted.contains(&dir) {
+                roots.granted.push(dir);
+            }
+        }
+    }
+    roots
+}
+
 /// Whether `path` is readable by every native server without a grant: what
 /// starting needs (the system directories, /etc less its secrets, the
-/// devices, the executable and its installation root).
-pub fn granted_to_start(path: &Path, executable: &Path) -> bool {
+/// devices, the executable and the installation `roots` granted for it).
+pub fn granted_to_start(path: &Path, executable: &Path, roots: &[PathBuf]) -> bool {
     if SYSTEM_DIRS.iter().any(|dir| path.starts_with(dir))
         || DEVICES_RO.iter().any(|dev| path == Path::new(dev))
         || path == Path::new("/dev/null")
         || path == executable
-        || install_root(executable).is_some_and(|root| path.starts_with(root))
+        || roots.iter().any(|root| path.starts_with(root))
     {
         return true;
     }
@@ -170,9 +278,11 @@ pub struct Grants<'a> {
     /// will run, not whatever the path names now.
     pub executable: BorrowedFd<'a>,
     pub executable_path: &'a Path,
-    /// A script's interpreter: its descriptor (read and execute) and path
-    /// (its installation root is readable, as the executable's is).
+    /// A script's interpreter: its descriptor (read and execute) and path.
     pub interpreter: Option<(BorrowedFd<'a>, &'a Path)>,
+    /// The installation roots granted read-only without listing (see
+    /// [`implicit_roots`]), and those held back.
+    pub roots: &'a ImplicitRoots,
     pub measure: &'a [PathBuf],
     pub dirs: &'a [crate::grants::OpenedGrant],
     pub net: &'a [NetGrant],
@@ -302,8 +412,8 @@ pub fn plan_for_abi(grants: &Grants<'_>, version: i32) -> Result<Plan, SandboxEr
     for path in grants.measure {
         rules.push((path.clone(), read, false, false));
     }
-    if let Some(root) = install_root(grants.executable_path) {
-        rules.push((root, read, true, true));
+    for root in &grants.roots.granted {
+        rules.push((root.clone(), read, true, true));
     }
     if let Some((fd, path)) = grants.interpreter {
         let fd = fd
@@ -321,9 +431,6 @@ pub fn plan_for_abi(grants: &Grants<'_>, version: i32) -> Result<Plan, SandboxEr
                 detail: error.to_string(),
             })?;
         starting.push(format!("the #! interpreter {}", path.display()));
-        if let Some(root) = install_root(path) {
-            rules.push((root, read, true, true));
-        }
     }
     // Grants: the descriptors opened once, without following links, by
     // `grants::open_all`; the rule is bound to the inode that was checked.
@@ -404,6 +511,7 @@ pub fn plan_for_abi(grants: &Grants<'_>, version: i32) -> Result<Plan, SandboxEr
         starting.join(", "),
         ETC_SECRETS.join(", ")
     ));
+    plan.enforced.extend(grants.roots.held_back.iter().cloned());
     if !grants.measure.is_empty() {
         plan.enforced.push(format!(
             "read-only (measure): {}",
@@ -539,10 +647,15 @@ mod tests {
     use super::*;
 
     fn grants<'a>(fd: BorrowedFd<'a>, net: &'a [NetGrant], sandbox: Sandbox) -> Grants<'a> {
+        static ROOTS: ImplicitRoots = ImplicitRoots {
+            granted: Vec::new(),
+            held_back: Vec::new(),
+        };
         Grants {
             executable: fd,
             executable_path: Path::new("/bin/sh"),
             interpreter: None,
+            roots: &ROOTS,
             proxy_port: None,
             measure: &[],
             dirs: &[],
@@ -589,5 +702,107 @@ mod tests {
         if Path::new("/etc/ssl/openssl.cnf").exists() {
             assert!(paths.iter().any(|p| p == Path::new("/etc/ssl/openssl.cnf")));
         }
+    }
+
+    /// Issue 32, item 1: the root a `~/.local/bin` console script would
+    /// have brought (`~/.local`, holding Moat's state and data) is never
+    /// granted; the interpreter's own site directory is, and nothing of
+    /// Moat's. A pipx venv is granted whole; `$HOME` and a root holding a
+    /// protected path never are.
+    #[test]
+    fn implicit_roots_keep_clear_of_home_local_and_moats_directories() {
+        let home = tempfile::tempdir().unwrap();
+        let home = std::fs::canonicalize(home.path()).unwrap();
+        let local = home.join(".local");
+        for dir in [
+            "bin",
+            "lib/python3.12/site-packages",
+            "lib/python3.11/site-packages",
+            "lib/other",
+            "share/moat/store",
+            "state/moat",
+            "share/pipx/venvs/tool/bin",
+            "share/pipx/venvs/tool/lib/python3.12/site-packages",
+        ] {
+            std::fs::create_dir_all(local.join(dir)).unwrap();
+        }
+        std::fs::write(local.join("state/moat/audit.key"), "k").unwrap();
+        let state = local.join("state/moat");
+        let kept = crate::grants::Kept::new(
+            &[
+                crate::grants::Protected {
+                    what: crate::grants::STATE_DIR,
+                    path: state.clone(),
+                },
+                crate::grants::Protected {
+                    what: crate::grants::DATA_DIR,
+                    path: local.join("share/moat"),
+                },
+            ],
+            Some(home.clone()),
+        );
+        let script = local.join("bin/server");
+        // A pip --user script run by python3.12: its own site directory.
+        let roots = implicit_roots(&script, Some(Path::new("/usr/bin/python3.12")), &kept);
+        assert_eq!(roots.granted, [local.join("lib/python3.12")]);
+        assert_eq!(roots.held_back.len(), 1, "{roots:?}");
+        assert!(
+            roots.held_back[0].starts_with(&format!(
+                "not granted: the installation root {} of {}",
+                local.display(),
+                script.display()
+            )) && roots.held_back[0].contains("as a whole"),
+            "{}",
+            roots.held_back[0]
+        );
+        // Run by an unversioned python3: every version's, nothing else.
+        let roots = implicit_roots(&script, Some(Path::new("/usr/bin/python3")), &kept);
+        assert_eq!(
+            roots.granted,
+            [local.join("lib/python3.11"), local.join("lib/python3.12")]
+        );
+        // A binary that is not Python's: nothing instead, and said.
+        let roots = implicit_roots(&script, None, &kept);
+        assert!(roots.granted.is_empty(), "{roots:?}");
+        assert!(roots.held_back[0].contains("nothing granted instead"));
+        // A pipx venv is granted whole.
+        let venv = local.join("share/pipx/venvs/tool");
+        let roots = implicit_roots(
+            &venv.join("bin/tool"),
+            Some(&venv.join("bin/python")),
+            &kept,
+        );
+        assert_eq!(roots.granted, [venv.clone()]);
+        assert!(roots.held_back.is_empty());
+        // The home directory itself, and a root holding Moat's state.
+        std::fs::create_dir_all(home.join("bin")).unwrap();
+        std::fs::create_dir_all(home.join("lib")).unwrap();
+        let roots = implicit_roots(&home.join("bin/x"), None, &kept);
+        assert!(roots.granted.is_empty());
+        assert!(
+            roots.held_back[0].contains("it is the home directory"),
+            "{roots:?}"
+        );
+        let other = crate::grants::Kept::new(
+            &[crate::grants::Protected {
+                what: crate::grants::STATE_DIR,
+                path: state,
+            }],
+            None,
+        );
+        let roots = implicit_roots(&script, None, &other);
+        assert!(roots.granted.is_empty());
+        assert!(
+            roots.held_back[0].contains("it holds Moat's state directory (the audit key)"),
+            "{roots:?}"
+        );
+        // Inside what holds a key: refused too.
+        assert!(
+            other
+                .refusal(&local.join("state/moat/sub"))
+                .is_some_and(|why| why.contains("lies inside"))
+        );
+        // Inside the store (not a key): a package's venv may be granted.
+        assert_eq!(kept.refusal(&local.join("share/moat/store/x")), None);
     }
 }
