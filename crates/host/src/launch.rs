@@ -103,13 +103,13 @@ pub enum Planned {
 }
 
 /// Plans `spec` on the launcher its kind names; its bytes must meet
-/// `expected`. `learn`, for a native server, runs it unconfined and records
-/// what it uses.
+/// `expected`. `learn`, for a native server, runs it watched, with
+/// everything readable, and records what it uses.
 pub fn plan(
     wasm: &WasmEngine,
     spec: &ServerSpec,
     expected: Expectation,
-    #[cfg(unix)] learn: Option<Arc<std::sync::Mutex<crate::native::learn::Observed>>>,
+    #[cfg(unix)] learn: Option<crate::native::learn::Run>,
 ) -> Result<Planned, LaunchError> {
     match &spec.kind {
         ServerKind::Wasm { source, .. } => Ok(Planned::Wasm {
