@@ -184,17 +184,24 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Run a native server once without its file and network rules, record
-    /// the files it opens and the addresses it connects to, and print the
-    /// `dirs` and `net` entries that would let it run under the sandbox.
+    /// Run a native server once, able to read every file and reach the
+    /// network but to write only its private /tmp (and --write
+    /// directories), record the files it opens and the addresses it connects
+    /// to, and print the `dirs` and `net` entries that would let it run
+    /// under the sandbox.
     Learn {
         /// The config file.
         #[arg(long, short, env = "MOAT_CONFIG", default_value = "moat.toml")]
         config: PathBuf,
-        /// Consent without asking: the server runs once without its file
-        /// and network rules.
+        /// Consent without asking: the server runs once able to read every
+        /// file the user can and to reach the network.
         #[arg(long)]
         yes: bool,
+        /// Let the run write under DIR (repeatable); what it writes there is
+        /// proposed `rw`. Refused for system directories, the home
+        /// directory itself and Moat's own files.
+        #[arg(long = "write", value_name = "DIR")]
+        write: Vec<PathBuf>,
         /// The server, as named in the config.
         server: String,
     },
@@ -487,8 +494,9 @@ async fn run(command: Command) -> Result<ExitCode> {
         Command::Learn {
             config,
             yes,
+            write,
             server,
-        } => learn(&config, &server, yes).await,
+        } => learn(&config, &server, yes, &write).await,
         Command::Import {
             file,
             component: Some(component),
@@ -1318,14 +1326,25 @@ async fn serve(
     Ok(close_status(&failures))
 }
 
-/// `moat learn`: asks for consent (unless `--yes`), runs the server once
-/// unconfined by file and network rules, and prints the grants as TOML.
-async fn learn(config: &Path, server: &str, yes: bool) -> Result<ExitCode> {
+/// `moat learn`: asks for consent (unless `--yes`), runs the server once,
+/// watched, able to read everything but to write only its private /tmp and
+/// the `--write` directories, and prints the grants as TOML: `rw` only where
+/// it wrote, writes it wanted and did not do as lines to confirm, and what
+/// is never proposed with why.
+async fn learn(config: &Path, server: &str, yes: bool, write: &[PathBuf]) -> Result<ExitCode> {
     let loaded = Config::load(config)?;
     let spec = loaded.server(server)?;
+    let writes = std::iter::once("its private /tmp".to_owned())
+        .chain(
+            write
+                .iter()
+                .map(|dir| printable(&dir.display().to_string())),
+        )
+        .collect::<Vec<_>>()
+        .join(", ");
     if !yes {
         eprint!(
-            "moat learn runs `{}` once WITHOUT its file and network rules (namespaces, capabilities and seccomp stay), and records what it opens and connects to. Continue? [y/N] ",
+            "moat learn runs `{}` once able to READ EVERY FILE you can and to reach the network (it may write only {writes}; namespaces, capabilities and seccomp stay), and records what it opens and connects to. Continue? [y/N] ",
             printable(server)
         );
         let mut answer = String::new();
@@ -1336,27 +1355,72 @@ async fn learn(config: &Path, server: &str, yes: bool) -> Result<ExitCode> {
         }
     }
     let host = new_host(config)?;
-    let (proposal, outcome) = host.learn(spec).await?;
+    let (proposal, outcome) = host.learn(spec, write).await?;
     if let Err(error) = &outcome {
         eprintln!(
-            "moat learn: `{}` failed even without file and network rules: {error}",
+            "moat learn: `{}` failed during the learn run (which lets it read everything but write only {writes}): {error}",
             printable(server)
         );
     }
     let name = toml_key(server);
+    let shown = |path: &Path| printable(&path.display().to_string());
     println!(
         "# `moat learn {}`: what the server used beyond its grants. Append to {}:",
         printable(server),
         printable(&config.display().to_string())
     );
-    if proposal.dirs.is_empty() && proposal.net.is_empty() {
+    if proposal.dirs.is_empty() && proposal.net.is_empty() && proposal.confirm.is_empty() {
         println!("# nothing: its grants already cover what it used");
     }
     for (dir, write) in &proposal.dirs {
+        if *write {
+            println!("# it wrote here during the run");
+        }
         println!(
             "[[servers.{name}.dirs]]\nhost = {}\nmode = \"{}\"",
             moat_host::importer::toml_string(&dir.display().to_string()),
             if *write { "rw" } else { "ro" }
+        );
+    }
+    for (dir, how) in &proposal.confirm {
+        let mut what = Vec::new();
+        if how.denied {
+            what.push("tried to write there and was refused");
+        }
+        if how.unwritten {
+            what.push("opened files there for writing and wrote nothing");
+        }
+        println!(
+            "# to confirm, NOT proposed: it {} ({}); grant it read-write only if the server should write there, or run `moat learn --write {} {}` to let it and see:",
+            what.join(" and "),
+            shown(dir),
+            shown(dir),
+            printable(server)
+        );
+        println!(
+            "# [[servers.{name}.dirs]]\n# host = {}\n# mode = \"rw\"",
+            moat_host::importer::toml_string(&dir.display().to_string()),
+        );
+    }
+    for (path, how, why) in &proposal.refused {
+        let mut what = Vec::new();
+        if how.read {
+            what.push("read there");
+        }
+        if how.written {
+            what.push("wrote there");
+        }
+        if how.denied {
+            what.push("tried to write there and was refused");
+        }
+        if how.unwritten {
+            what.push("opened files there for writing and wrote nothing");
+        }
+        println!(
+            "# refused, not proposed: {} {} (it {}): {why}",
+            shown(path),
+            if how.wants_write() { "rw" } else { "ro" },
+            what.join(", "),
         );
     }
     if !proposal.net.is_empty() {
@@ -1373,20 +1437,20 @@ async fn learn(config: &Path, server: &str, yes: bool) -> Result<ExitCode> {
     for probe in &proposal.probes {
         println!(
             "# it also read {} (a runtime's probe; grant it only if the server needs it)",
-            printable(&probe.display().to_string())
+            shown(probe)
         );
     }
     for (path, kept) in &proposal.withheld {
         println!(
             "# it also used {}, which would overlap Moat's own {} (not proposed: such a grant is refused; keep the config and lock apart from the server's files if it needs them)",
-            printable(&path.display().to_string()),
-            printable(&kept.display().to_string())
+            shown(path),
+            shown(kept)
         );
     }
     for socket in &proposal.unix {
         println!(
             "# it tried the Unix socket {}, which no grant opens",
-            printable(&socket.display().to_string())
+            shown(socket)
         );
     }
     Ok(if outcome.is_ok() {

@@ -9,6 +9,11 @@
 //! UTS and cgroup namespaces), and opens sockets in the allowed families
 //! only; a server with a `net` grant reaches its listed host through Moat's
 //! egress proxy and nothing else.
+//! process behind, writes to a private /tmp and reaches no host socket; a
+//! server with a `net` grant reaches its listed host through Moat's egress
+//! proxy and nothing else. `moat learn` run as the user lets a server
+//! write nothing outside its private /tmp, even in a directory the user may
+//! write to.
 #![cfg(target_os = "linux")]
 
 use std::os::unix::fs::PermissionsExt;
@@ -358,4 +363,56 @@ fn an_install_root_in_home_local_never_reaches_moats_state() {
     );
     let own = setup.call("local", json!({"op": "read", "path": script}));
     assert_eq!(own["ok"], json!(true), "{own}");
+#[test]
+fn an_unprivileged_learn_run_writes_nothing_the_user_could_write() {
+    let setup = Setup::new(9);
+    // A directory the user may write to, outside any grant.
+    let open_dir = setup.path("open");
+    std::fs::create_dir(&open_dir).unwrap();
+    std::fs::set_permissions(&open_dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let marker = open_dir.join("moat-learn-marker");
+    let ops = json!([
+        {"op": "write", "path": marker, "text": "learned"},
+        {"op": "write", "path": "/tmp/scratch.txt", "text": "learned"},
+    ]);
+    let config = setup.path("learn.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[servers.scribbler]\ncommand = \"./breakout\"\nargs = [\"at-start\", {:?}]\nallow_unmeasured = true\n",
+            ops.to_string()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&config, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let output = as_user(
+        Command::new(setup.path("moat"))
+            .args(["learn", "--yes", "--config"])
+            .arg(&config)
+            .arg("scribbler")
+            .env_clear()
+            .env("MOAT_CACHE_DIR", setup.path("cache"))
+            .env("HOME", setup.path("home"))
+            .stdin(Stdio::null()),
+    )
+    .output()
+    .expect("running moat learn");
+    let proposal = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(!marker.exists(), "the learn run wrote {}", marker.display());
+    assert!(
+        !proposal.lines().any(|line| line == "mode = \"rw\""),
+        "{proposal}"
+    );
+    assert!(
+        proposal.contains(&format!(
+            "# to confirm, NOT proposed: it tried to write there and was refused ({})",
+            open_dir.display()
+        )),
+        "{proposal}"
+    );
 }

@@ -123,6 +123,9 @@ pub enum ClientError {
     },
     #[error(transparent)]
     Lock(#[from] crate::lock::LockError),
+    #[cfg(unix)]
+    #[error(transparent)]
+    Learn(#[from] crate::native::learn::LearnError),
     #[error("server `{server}` is not in {lock}: run `moat lock` to approve it")]
     NotLocked { server: String, lock: String },
     #[error(
@@ -471,16 +474,21 @@ impl Host {
         Ok(planned.transport(&spec.name, spec.limits.clone()))
     }
 
-    /// `moat learn`: runs the native server `spec` once without its file and
-    /// network rules, completes the handshake and lists its tools (and its
+    /// `moat learn`: runs the native server `spec` once, watched, able to
+    /// read everything and reach the network but to write only its private
+    /// /tmp, its `rw` dirs and `writable` (the user's `--write`
+    /// directories), completes the handshake and lists its tools (and its
     /// prompts and resources, where it has them), closes it, and proposes
     /// the grants that would let it do the same under the sandbox. The run's
     /// own outcome comes back beside the proposal: a server that fails even
-    /// unconfined still shows what it tried to use.
+    /// so still shows what it tried to use. A `writable` directory that is
+    /// a system directory, the home directory (or holds it) or overlaps
+    /// Moat's own files is refused before anything runs.
     #[cfg(unix)]
     pub async fn learn(
         &self,
         spec: &ServerSpec,
+        writable: &[PathBuf],
     ) -> Result<(crate::native::learn::Proposal, Result<(), ClientError>), ClientError> {
         let ServerKind::Native { cwd, measure, .. } = &spec.kind else {
             return Err(ClientError::Protocol {
@@ -492,14 +500,40 @@ impl Host {
         let expected = spec.expectation().ok_or_else(|| LaunchError::Unmeasured {
             server: spec.name.clone(),
         })?;
-        let observed = Arc::new(std::sync::Mutex::new(
-            crate::native::learn::Observed::default(),
-        ));
+        let home = std::env::var_os("HOME")
+            .filter(|home| !home.is_empty())
+            .map(|home| std::fs::canonicalize(&home).unwrap_or_else(|_| PathBuf::from(home)));
+        let mut run = crate::native::learn::Run::default();
+        for path in writable {
+            let real = std::fs::canonicalize(path).map_err(|source| {
+                crate::native::learn::LearnError::Writable {
+                    path: path.clone(),
+                    source,
+                }
+            })?;
+            if let Some(why) = crate::native::learn::refusal(&real, true, home.as_deref()) {
+                return Err(crate::native::learn::LearnError::Refused { path: real, why }.into());
+            }
+            run.writable.push(real);
+        }
+        let as_grants: Vec<crate::config::DirGrant> = run
+            .writable
+            .iter()
+            .map(|host| crate::config::DirGrant {
+                host: host.clone(),
+                guest: host.display().to_string(),
+                mode: crate::config::DirMode::Rw,
+                inode: None,
+            })
+            .collect();
+        crate::grants::check_protected(&spec.name, &as_grants, &[], &self.protected)
+            .map_err(LaunchError::from)?;
+        let observed = run.observed.clone();
         let planned = crate::launch::plan(
             &self.wasm,
             spec,
             expected,
-            Some(observed.clone()),
+            Some(run),
             self.egress.clone(),
             &self.protected,
         )?;
@@ -521,7 +555,8 @@ impl Host {
             listed.and(closed)
         }
         .await;
-        let observed = observed.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let mut observed = observed.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        observed.settle();
         let package_paths = spec
             .environment()
             .iter()
@@ -548,6 +583,7 @@ impl Host {
                     &crate::grants::Kept::from_env(&self.protected),
                 )
                 .granted,
+                home,
             },
         );
         Ok((proposal, outcome))

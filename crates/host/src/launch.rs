@@ -103,15 +103,15 @@ pub enum Planned {
 }
 
 /// Plans `spec` on the launcher its kind names; its bytes must meet
-/// `expected`. `learn`, for a native server, runs it unconfined and records
-/// what it uses; `egress`, the pools its egress proxy shares; `protected`
-/// is what no grant may overlap, and what the grants made without listing
-/// keep clear of.
+/// `expected`. `learn`, for a native server, runs it watched, with
+/// everything readable, and records what it uses; `egress`, the pools its
+/// egress proxy shares; `protected` is what no grant may overlap, and what
+/// the grants made without listing keep clear of.
 pub fn plan(
     wasm: &WasmEngine,
     spec: &ServerSpec,
     expected: Expectation,
-    #[cfg(unix)] learn: Option<Arc<std::sync::Mutex<crate::native::learn::Observed>>>,
+    #[cfg(unix)] learn: Option<crate::native::learn::Run>,
     #[cfg(unix)] egress: crate::egress::Shares,
     #[cfg(unix)] protected: &[crate::grants::Protected],
 ) -> Result<Planned, LaunchError> {

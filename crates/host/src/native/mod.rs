@@ -112,9 +112,10 @@ pub struct NativeLaunch {
     pub net: Vec<crate::config::NetGrant>,
     /// Whether a rule the kernel cannot enforce refuses the launch.
     pub sandbox: crate::config::Sandbox,
-    /// A learn run (`moat learn`): no file or network rules, and every file
-    /// and address the server names is recorded here.
-    pub learn: Option<Arc<std::sync::Mutex<learn::Observed>>>,
+    /// A learn run (`moat learn`): everything readable, writes only to its
+    /// private /tmp, its `rw` dirs and the run's `--write` directories, no
+    /// network rules; every file and address the server names is recorded.
+    pub learn: Option<learn::Run>,
     /// Seals of executables' digests: an executable or interpreter
     /// unchanged since it was hashed is not hashed again (a script is
     /// always read, into its sealed copy).
@@ -762,21 +763,64 @@ fn spawn(
         tracing::warn!(server = %launch.name, "{line}");
     }
     let proxied = proxied(launch);
-    let sandbox = crate::sandbox::plan(&crate::sandbox::Grants {
-        proxy_port: proxied.then_some(crate::egress::PROXY_PORT),
-        executable: executable.fd.as_fd(),
-        executable_path: path,
-        interpreter: executable
-            .interpreter
-            .as_ref()
-            .map(|interpreter| (interpreter.fd.as_fd(), interpreter.path.as_path())),
-        roots: &roots,
-        measure: &launch.measure,
-        dirs: &dirs,
-        net: &launch.net,
-        sandbox: launch.sandbox,
-    })?;
     let mut isolation = isolation(launch, &roots)?;
+    // A learn run without a private /tmp writes in a scratch directory of
+    // its own instead, removed when it stops.
+    let scratch = match &launch.learn {
+        Some(_)
+            if isolation
+                .namespaces
+                .as_ref()
+                .is_none_or(|ns| ns.tmp.is_none()) =>
+        {
+            Some(
+                tempfile::Builder::new()
+                    .prefix("moat-learn-")
+                    .tempdir()
+                    .map_err(|source| NativeError::Io {
+                        syscall: "mkdtemp of the learn run's scratch directory",
+                        path: std::env::temp_dir(),
+                        source,
+                    })?,
+            )
+        }
+        _ => None,
+    };
+    let sandbox = match &launch.learn {
+        Some(run) => {
+            let writable: Vec<crate::config::DirGrant> = run
+                .writable
+                .iter()
+                .map(|host| crate::config::DirGrant {
+                    host: host.clone(),
+                    guest: host.display().to_string(),
+                    mode: crate::config::DirMode::Rw,
+                    inode: None,
+                })
+                .collect();
+            let writable = crate::grants::open_all(&launch.name, &writable)?;
+            crate::sandbox::learn_plan(&crate::sandbox::LearnGrants {
+                dirs: &dirs,
+                writable: &writable,
+                scratch: scratch.as_ref().map(tempfile::TempDir::path),
+                sandbox: launch.sandbox,
+            })?
+        }
+        None => crate::sandbox::plan(&crate::sandbox::Grants {
+            proxy_port: proxied.then_some(crate::egress::PROXY_PORT),
+            executable: executable.fd.as_fd(),
+            executable_path: path,
+            interpreter: executable
+                .interpreter
+                .as_ref()
+                .map(|interpreter| (interpreter.fd.as_fd(), interpreter.path.as_path())),
+            roots: &roots,
+            measure: &launch.measure,
+            dirs: &dirs,
+            net: &launch.net,
+            sandbox: launch.sandbox,
+        })?,
+    };
     let cstring = |what: &'static str, text: &str| {
         std::ffi::CString::new(text).map_err(|_| NativeError::Nul {
             what,
@@ -850,16 +894,20 @@ fn spawn(
     }
     // Behind the egress proxy, the proxy variables are Moat's, whatever the
     // config says.
-    let proxy_env = if proxied {
+    let mut moat_env = if proxied {
         crate::egress::proxy_environment()
     } else {
         Vec::new()
     };
+    // A learn run's scratch directory is its TMPDIR.
+    if let Some(scratch) = &scratch {
+        moat_env.push(("TMPDIR".to_owned(), scratch.path().display().to_string()));
+    }
     let env = launch
         .env
         .iter()
-        .filter(|(k, _)| !proxy_env.iter().any(|(p, _)| p == k))
-        .chain(&proxy_env)
+        .filter(|(k, _)| !moat_env.iter().any(|(p, _)| p == k))
+        .chain(&moat_env)
         .map(|(k, v)| cstring("an environment variable", &format!("{k}={v}")))
         .collect::<Result<Vec<_>, _>>()?;
     let channel = if proxied {
@@ -893,7 +941,6 @@ fn spawn(
         rlimits: rlimits(&launch.limits),
         namespaces: isolation.namespaces,
         landlock: crate::sandbox::ruleset_fd(&sandbox)
-            .filter(|_| launch.learn.is_none())
             .map(|ruleset| (ruleset, sandbox.proc_self_access, sandbox.tmp_access)),
         drop_bounding: isolation.drop_bounding,
         seccomp: isolation.seccomp,
@@ -907,8 +954,8 @@ fn spawn(
         source: std::io::Error::other(failure.to_string()),
     };
     let (child, learn_exit) = match &launch.learn {
-        Some(observed) => {
-            let (child, exit) = learn::start(plan, observed.clone()).map_err(spawn_error)?;
+        Some(run) => {
+            let (child, exit) = learn::start(plan, run.observed.clone()).map_err(spawn_error)?;
             (child, Some(exit))
         }
         None => {
@@ -947,18 +994,14 @@ fn spawn(
         }
         None => None,
     };
-    // A learn run applies no Landlock ruleset: its lines would be untrue.
-    let landlock_lines: &[String] = if launch.learn.is_some() {
-        &[]
-    } else {
-        &sandbox.enforced
-    };
-    for rule in landlock_lines.iter().chain(&isolation.enforced) {
+    for rule in sandbox.enforced.iter().chain(&isolation.enforced) {
         report.enforced(rule.clone());
     }
     for rule in sandbox.not_enforced.iter().chain(&isolation.not_enforced) {
         report.not_enforced(rule.clone());
     }
+    // A learn run's ruleset reads everything: a failure under it is not the
+    // sandbox's doing.
     report.kernel_filesystem = sandbox.ruleset.is_some() && launch.learn.is_none();
     drop(sandbox);
     let spawn::Child {
@@ -1006,6 +1049,8 @@ fn spawn(
             let _guard = guard;
             // The proxy serves the server for as long as it runs.
             let _egress = egress;
+            // A learn run's scratch directory goes when the server has.
+            let _scratch = scratch;
             let status = match learn_exit {
                 Some(exit) => exit
                     .await
@@ -1121,9 +1166,8 @@ fn isolation(
                 format!("{gid} {gid} 1\n").into_bytes(),
             )
         });
-        // A learn run sees the host's /tmp: what it reads there is to be
-        // learned, and what it writes there a private /tmp would take.
-        let tmp = (Path::new("/tmp").is_dir() && launch.learn.is_none()).then(|| {
+        // A learn run has its private /tmp too: it is where it may write.
+        let tmp = Path::new("/tmp").is_dir().then(|| {
             std::ffi::CString::new(format!("size={},mode=1777", launch.limits.tmp_bytes))
                 .unwrap_or_default()
         });
@@ -1272,10 +1316,6 @@ fn isolation(
                 detail,
             })
         })?);
-        not_enforced.push(
-            "filesystem and network rules: this is a `moat learn` run, which records what the server uses instead"
-                .to_owned(),
-        );
     }
     let drop_bounding = support.available && support.user || root;
     enforced.push(if drop_bounding {

@@ -21,10 +21,17 @@
 //! - `socketpair` `{family, type}`: socketpair(2), closed at once.
 //! - `ns`: this process's namespaces (readlink of /proc/self/ns/*).
 //! - `hostname` `{name}`: sethostname, then the hostname it now sees.
+//! - `write` `{path, text}`: create (or truncate) the file and write `text`.
+//! - `open-write` `{path}`: open(O_WRONLY) an existing file and close it
+//!   without writing a byte.
 //! - `escape` `{token, deaf}`: with `deaf`, the server itself ignores
 //!   SIGTERM, SIGHUP and stdin EOF from then on; then it double-forks a grandchild that calls setsid (and
 //!   setpgid), ignores SIGTERM and SIGHUP, holds stdout and stderr open and
 //!   sleeps with `token` in its argv; answers with its host pid.
+//!
+//! `breakout at-start OPS`, with `OPS` a JSON array of such arguments, runs
+//! each of them before serving (for `moat learn`, which only starts a server
+//! and lists its tools) and reports each outcome as a line on stderr.
 //!
 //! Native only: on wasm32-wasip2 it serves `attack` and answers that nothing
 //! of this exists there.
@@ -316,6 +323,17 @@ mod native {
                     let end = buf.iter().position(|b| *b == 0).unwrap_or(buf.len());
                     Ok(json!(String::from_utf8_lossy(&buf[..end])))
                 }
+                "write" => std::fs::write(text("path"), text("text"))
+                    .map(|()| json!("written"))
+                    .map_err(os_error),
+                "open-write" => std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(text("path"))
+                    .map(|file| {
+                        drop(file);
+                        json!("opened")
+                    })
+                    .map_err(os_error),
                 "escape" => {
                     if arguments["deaf"] == json!(true) {
                         // Deaf from now on: SIGTERM and SIGHUP are ignored,
@@ -338,6 +356,21 @@ mod native {
         if args.get(1).map(String::as_str) == Some("escaper") {
             let fd = args.get(3).and_then(|f| f.parse().ok()).unwrap_or(-1);
             escaper(fd);
+        }
+        if args.get(1).map(String::as_str) == Some("at-start") {
+            let ops: Vec<Value> = args
+                .get(2)
+                .and_then(|ops| serde_json::from_str(ops).ok())
+                .unwrap_or_default();
+            for op in &ops {
+                let report = match run(op) {
+                    Ok(data) => json!({"op": op, "ok": true, "data": data}),
+                    Err((error, errno)) => {
+                        json!({"op": op, "ok": false, "error": error, "errno": errno})
+                    }
+                };
+                eprintln!("{report}");
+            }
         }
         hostile::serve_with_arguments("breakout", "Tries to break out", |id, arguments| {
             let report = match run(arguments) {
