@@ -7,6 +7,7 @@
 use std::io::{BufRead as _, Read as _, Write as _};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use moat_host::Digest;
@@ -154,7 +155,12 @@ impl Workspace {
     }
 
     fn moat(&self, args: &[&str]) -> Output {
-        Command::new(env!("CARGO_BIN_EXE_moat"))
+        self.command(args).output().expect("running moat")
+    }
+
+    fn command(&self, args: &[&str]) -> Command {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_moat"));
+        command
             .args(args)
             .arg("--config")
             .arg(self.config())
@@ -163,9 +169,59 @@ impl Workspace {
                 "MOAT_CACHE_DIR",
                 Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-cache"),
             )
+            .env_remove("RUST_LOG");
+        command
+    }
+
+    /// Runs `moat args`, which must fail: its stderr and its peak resident
+    /// memory in KiB. The kernel counts into a child's peak (`ru_maxrss`)
+    /// the peak of the process it was forked from, up to its exec; this
+    /// test process is large, so moat is started by a fresh, small copy of
+    /// this test binary running only [`measure_helper`], which waits for it
+    /// with `wait4` and prints the peak.
+    fn fails_measured(&self, args: &[&str]) -> (String, u64) {
+        let moat = self.command(args);
+        let output = Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "measure_helper",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(
+                MEASURE,
+                moat.get_args()
+                    .map(|a| a.to_str().unwrap())
+                    .collect::<Vec<_>>()
+                    .join("\x1f"),
+            )
+            .envs(moat.get_envs().filter_map(|(k, v)| Some((k, v?))))
             .env_remove("RUST_LOG")
+            .stderr(Stdio::inherit())
             .output()
-            .expect("running moat")
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let peak = stdout
+            .lines()
+            .find_map(|line| line.strip_prefix("peak-kib "))
+            .unwrap_or_else(|| panic!("the helper did not report: {stdout}"));
+        let stderr = stdout
+            .split_once("stderr-begin\n")
+            .and_then(|(_, rest)| rest.split_once("stderr-end\n"))
+            .map(|(stderr, _)| stderr.to_owned())
+            .unwrap();
+        (stderr, peak.parse().unwrap())
+    }
+
+    /// The files in the store's blob directory (none when it is absent).
+    fn blobs(&self) -> Vec<String> {
+        match std::fs::read_dir(self.store().join("blobs/sha256")) {
+            Ok(entries) => entries
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+            Err(e) => panic!("{e}"),
+        }
     }
 
     /// Runs `moat args`, which must succeed; its stdout.
@@ -189,6 +245,49 @@ impl Workspace {
         );
         String::from_utf8_lossy(&output.stderr).into_owned()
     }
+}
+
+/// The environment variable that makes [`measure_helper`] run moat.
+const MEASURE: &str = "MOAT_OCI_TEST_MEASURE";
+
+/// Not a test of its own: in the copy of this binary that
+/// [`Workspace::fails_measured`] starts, runs moat with the arguments in
+/// `MOAT_OCI_TEST_MEASURE` (separated by U+001F), which must fail, and
+/// prints its stderr and peak resident memory; without the variable, it
+/// does nothing.
+#[test]
+fn measure_helper() {
+    let Ok(args) = std::env::var(MEASURE) else {
+        return;
+    };
+    let mut child = Command::new(env!("CARGO_BIN_EXE_moat"))
+        .args(args.split('\x1f'))
+        .env_remove(MEASURE)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("running moat");
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    let pid = i32::try_from(child.id()).unwrap();
+    let mut status = 0;
+    // SAFETY: an all-zero rusage is a valid value of the plain C struct.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `pid` is this process's child, not reaped yet (std's Child
+    // never waited on it); `status` and `usage` are valid for writes.
+    let reaped = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+    assert_eq!(reaped, pid, "{}", std::io::Error::last_os_error());
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) != 0,
+        "moat {args:?} did not fail (wait status {status}): {stderr}"
+    );
+    println!("\npeak-kib {}", usage.ru_maxrss);
+    print!("stderr-begin\n{stderr}stderr-end\n");
 }
 
 fn digest_of(path: &str) -> Digest {
@@ -436,7 +535,14 @@ fn a_registry_serving_other_bytes_than_its_manifest_names_is_refused() {
     let refused = work.fails(&["tools", "tool"]);
     assert!(
         refused.contains(&format!(
-            "pulling {reference}: component: Invalid digest. Expected sha256:{layer}, got sha256:"
+            "pulling {reference}: the layer's bytes are {} bytes hashing to sha256:",
+            component.len()
+        )),
+        "{refused}"
+    );
+    assert!(
+        refused.contains(&format!(
+            ", not the layer sha256:{layer} the manifest names: refused"
         )),
         "{refused}"
     );
@@ -451,7 +557,7 @@ fn a_registry_serving_other_bytes_than_its_manifest_names_is_refused() {
     let refused = work.fails(&["tools", "tool"]);
     assert!(
         refused.contains(&format!(
-            "pulling {wrong}: manifest: Digest error: Invalid digest. Expected sha256:{layer}, got sha256:{honest}"
+            "pulling {wrong}: the registry's manifest hashes to sha256:{honest}, not the digest the reference names (sha256:{layer}): refused"
         )),
         "{refused}"
     );
@@ -504,4 +610,308 @@ fn a_registry_off_loopback_is_reached_over_https_only() {
         "every connection opened with a TLS handshake record, never plain HTTP: {first:?}"
     );
     assert!(!work.store().exists());
+}
+
+/// A registry on 127.0.0.1 that answers every request by `answer(path,
+/// stream)`, each connection on its own thread; its address.
+fn scripted_registry(
+    answer: impl Fn(&str, &mut std::net::TcpStream) + Send + Sync + 'static,
+) -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let answer = Arc::new(answer);
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let answer = answer.clone();
+            std::thread::spawn(move || {
+                let mut head = Vec::new();
+                let mut byte = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") {
+                    match stream.read(&mut byte) {
+                        Ok(1) => head.push(byte[0]),
+                        _ => return,
+                    }
+                }
+                let head = String::from_utf8_lossy(&head);
+                let path = head.split(' ').nth(1).unwrap_or("").to_owned();
+                answer(&path, &mut stream);
+            });
+        }
+    });
+    addr
+}
+
+/// Answers 200 with `body`.
+fn answer_with(stream: &mut std::net::TcpStream, kind: &str, body: &[u8]) {
+    let _ = write!(
+        stream,
+        "HTTP/1.1 200 OK\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    let _ = stream.write_all(body);
+}
+
+/// What an endless answer sends at most: far above every cap, so a client
+/// that reads it whole holds at least this much.
+const ENDLESS: u64 = 128 << 20;
+
+/// The peak resident memory a refused pull may reach, in KiB: the caps
+/// (4 MiB at most) and the process itself (about 35 MiB), half of
+/// [`ENDLESS`].
+const PEAK_KIB: u64 = 64 << 10;
+
+/// What an endless answer may have sent when moat stopped reading at a
+/// cap of at most 4 MiB: that, plus what loopback's socket buffers hold.
+const CUT_OFF: u64 = 32 << 20;
+
+/// Answers 200 with a chunked body of spaces that goes on (up to
+/// [`ENDLESS`] bytes, or until the client hangs up), counting into `sent`.
+fn answer_endless(stream: &mut std::net::TcpStream, kind: &str, sent: &AtomicU64) {
+    if write!(
+        stream,
+        "HTTP/1.1 200 OK\r\nContent-Type: {kind}\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+    )
+    .is_err()
+    {
+        return;
+    }
+    let chunk = vec![b' '; 64 << 10];
+    while sent.load(Ordering::SeqCst) < ENDLESS {
+        let framed = write!(stream, "{:x}\r\n", chunk.len())
+            .and_then(|()| stream.write_all(&chunk))
+            .and_then(|()| stream.write_all(b"\r\n"));
+        if framed.is_err() {
+            return;
+        }
+        sent.fetch_add(chunk.len() as u64, Ordering::SeqCst);
+    }
+    let _ = stream.write_all(b"0\r\n\r\n");
+}
+
+/// A listener on this machine's non-loopback address that records every
+/// connection made to it; `connections()` is read after the pull ended.
+struct Elsewhere {
+    listener: std::net::TcpListener,
+    addr: std::net::SocketAddr,
+}
+
+impl Elsewhere {
+    fn new() -> Self {
+        let listener = std::net::TcpListener::bind((non_loopback_address(), 0)).unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let addr = listener.local_addr().unwrap();
+        Self { listener, addr }
+    }
+
+    /// Connections made so far (the kernel completes them in the backlog
+    /// before anyone accepts, so this sees every one made by a process that
+    /// has exited).
+    fn connections(&self) -> usize {
+        std::iter::from_fn(|| self.listener.accept().ok()).count()
+    }
+}
+
+fn component_manifest(layer: Digest, size: usize) -> Vec<u8> {
+    format!(
+        r#"{{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","config":{{"mediaType":"application/vnd.wasm.config.v0+json","digest":"sha256:{layer}","size":2}},"layers":[{{"mediaType":"application/wasm","digest":"sha256:{layer}","size":{size}}}]}}"#
+    )
+    .into_bytes()
+}
+
+#[test]
+fn an_endless_manifest_is_refused_at_its_cap_in_bounded_memory() {
+    let sent = Arc::new(AtomicU64::new(0));
+    let counted = sent.clone();
+    let addr = scripted_registry(move |path, stream| {
+        if path.contains("/manifests/") {
+            answer_endless(
+                stream,
+                "application/vnd.oci.image.manifest.v1+json",
+                &counted,
+            );
+        } else {
+            answer_with(stream, "application/json", b"{}");
+        }
+    });
+    let work = Workspace::new();
+    let reference = format!("oci://{addr}/moat/endless:v1");
+    let (refused, peak) = work.fails_measured(&["pull", &reference]);
+    assert!(
+        refused.contains(&format!(
+            "pulling {reference}: manifest: the answer from http://{addr}/v2/moat/endless/manifests/v1 runs past {} bytes (the manifest limit): refused",
+            moat_host::oci::MAX_MANIFEST_BYTES
+        )),
+        "{refused}"
+    );
+    assert!(
+        peak < PEAK_KIB,
+        "moat's peak resident memory was {peak} KiB, above {PEAK_KIB} KiB"
+    );
+    let sent = sent.load(Ordering::SeqCst);
+    assert!(sent < CUT_OFF, "moat read on: {sent} bytes were sent");
+    assert_eq!(work.blobs(), Vec::<String>::new(), "nothing is stored");
+}
+
+#[test]
+fn an_endless_token_answer_is_refused_at_its_cap_in_bounded_memory() {
+    let sent = Arc::new(AtomicU64::new(0));
+    let counted = sent.clone();
+    let addr = Arc::new(Mutex::new(String::new()));
+    let realm = addr.clone();
+    let registry = scripted_registry(move |path, stream| {
+        if path.starts_with("/token") {
+            answer_endless(stream, "application/json", &counted);
+        } else {
+            let _ = write!(
+                stream,
+                "HTTP/1.1 401 Unauthorized\r\nWWW-Authenticate: Bearer realm=\"http://{}/token\",service=\"moat-test\"\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+                realm.lock().unwrap()
+            );
+        }
+    });
+    *addr.lock().unwrap() = registry.clone();
+    let work = Workspace::new();
+    let reference = format!("oci://{registry}/moat/endless:v1");
+    let (refused, peak) = work.fails_measured(&["pull", &reference]);
+    assert!(
+        refused.contains(&format!(
+            "pulling {reference}: token: the answer from http://{registry}/token?scope=repository%3Amoat%2Fendless%3Apull&service=moat-test runs past {} bytes (the token answer limit): refused",
+            moat_host::oci::MAX_TOKEN_BYTES
+        )),
+        "{refused}"
+    );
+    assert!(
+        peak < PEAK_KIB,
+        "moat's peak resident memory was {peak} KiB, above {PEAK_KIB} KiB"
+    );
+    let sent = sent.load(Ordering::SeqCst);
+    assert!(sent < CUT_OFF, "moat read on: {sent} bytes were sent");
+    assert_eq!(work.blobs(), Vec::<String>::new(), "nothing is stored");
+}
+
+#[test]
+fn a_blob_longer_than_its_manifest_declares_is_refused_at_the_declared_size() {
+    let component = std::fs::read(guests::EVERYTHING_WASM).unwrap();
+    let layer = Digest::of(&component);
+    let manifest = component_manifest(layer, component.len());
+    let honest = Digest::of(&manifest);
+    let sent = Arc::new(AtomicU64::new(0));
+    let counted = sent.clone();
+    let addr = scripted_registry(move |path, stream| {
+        if path.contains("/manifests/") {
+            answer_with(
+                stream,
+                "application/vnd.oci.image.manifest.v1+json",
+                &manifest,
+            );
+        } else if path.contains("/blobs/") {
+            // The component's bytes would do; an endless answer shows
+            // that nothing past the declared size is read.
+            answer_endless(stream, "application/octet-stream", &counted);
+        } else {
+            answer_with(stream, "application/json", b"{}");
+        }
+    });
+    let work = Workspace::new();
+    let reference = format!("oci://{addr}/moat/everything@sha256:{honest}");
+    let (refused, peak) = work.fails_measured(&["pull", &reference]);
+    assert!(
+        refused.contains(&format!(
+            "pulling {reference}: component: the answer from http://{addr}/v2/moat/everything/blobs/sha256:{layer} runs past {} bytes (the size the manifest declares): refused",
+            component.len()
+        )),
+        "{refused}"
+    );
+    assert!(
+        peak < PEAK_KIB,
+        "moat's peak resident memory was {peak} KiB, above {PEAK_KIB} KiB"
+    );
+    let sent = sent.load(Ordering::SeqCst);
+    assert!(sent < CUT_OFF, "moat read on: {sent} bytes were sent");
+    assert_eq!(
+        work.blobs(),
+        vec![honest.to_string()],
+        "the verified manifest is kept; no component, no temporary file"
+    );
+}
+
+#[test]
+fn a_redirect_to_plain_http_off_loopback_is_refused_before_it_is_followed() {
+    let elsewhere = Elsewhere::new();
+    let target = elsewhere.addr;
+    let component = std::fs::read(guests::EVERYTHING_WASM).unwrap();
+    let layer = Digest::of(&component);
+    let manifest = component_manifest(layer, component.len());
+    let honest = Digest::of(&manifest);
+    let addr = scripted_registry(move |path, stream| {
+        let redirect = |stream: &mut std::net::TcpStream| {
+            let _ = write!(
+                stream,
+                "HTTP/1.1 307 Temporary Redirect\r\nLocation: http://{target}{path}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+            );
+        };
+        if path.contains("/manifests/v1") || path.contains("/blobs/") {
+            redirect(stream);
+        } else if path.contains("/manifests/") {
+            answer_with(
+                stream,
+                "application/vnd.oci.image.manifest.v1+json",
+                &manifest,
+            );
+        } else {
+            answer_with(stream, "application/json", b"{}");
+        }
+    });
+    let work = Workspace::new();
+
+    // The manifest, sent elsewhere over plain http.
+    let reference = format!("oci://{addr}/moat/everything:v1");
+    let refused = work.fails(&["pull", &reference]);
+    let from = format!("http://{addr}/v2/moat/everything/manifests/v1");
+    let to = format!("http://{target}/v2/moat/everything/manifests/v1");
+    assert!(
+        refused.contains(&format!(
+            "pulling {reference}: manifest: refused the redirect from {from} to {to}: plain http is used on loopback only"
+        )),
+        "{refused}"
+    );
+    assert_eq!(elsewhere.connections(), 0, "nothing reached {target}");
+
+    // The component, sent elsewhere over plain http (as a CDN would be, on https).
+    let reference = format!("oci://{addr}/moat/everything@sha256:{honest}");
+    let refused = work.fails(&["pull", &reference]);
+    let from = format!("http://{addr}/v2/moat/everything/blobs/sha256:{layer}");
+    let to = format!("http://{target}/v2/moat/everything/blobs/sha256:{layer}");
+    assert!(
+        refused.contains(&format!(
+            "pulling {reference}: component: refused the redirect from {from} to {to}: plain http is used on loopback only"
+        )),
+        "{refused}"
+    );
+    assert_eq!(elsewhere.connections(), 0, "nothing reached {target}");
+    assert!(!work.store().join(format!("blobs/sha256/{layer}")).exists());
+}
+
+#[test]
+fn a_token_realm_on_plain_http_off_loopback_is_refused_by_name() {
+    let elsewhere = Elsewhere::new();
+    let target = elsewhere.addr;
+    let addr = scripted_registry(move |_, stream| {
+        let _ = write!(
+            stream,
+            "HTTP/1.1 401 Unauthorized\r\nWWW-Authenticate: Bearer realm=\"http://{target}/token\",service=\"moat-test\"\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        );
+    });
+    let work = Workspace::new();
+    let reference = format!("oci://{addr}/moat/everything:v1");
+    let refused = work.fails(&["pull", &reference]);
+    assert!(
+        refused.contains(&format!(
+            "pulling {reference}: manifest: refused the token realm http://{target}/token: a token realm must be https (plain http only on the host of a registry on loopback)"
+        )),
+        "{refused}"
+    );
+    assert_eq!(elsewhere.connections(), 0, "nothing reached {target}");
+    assert_eq!(work.blobs(), Vec::<String>::new());
 }

@@ -1,7 +1,7 @@
 //! Components from OCI registries: the reference syntax
 //! (`oci://HOST/REPO[:TAG][@sha256:DIGEST]`), the content-addressed store
-//! they are pulled into, and the pull itself, by the ecosystem's registry
-//! client (oci-client).
+//! they are pulled into, and the pull itself, by Moat's own registry client
+//! ([`registry`]; oci-client's manifest types parse what it fetches).
 //!
 //! The artifact layout is the one wkg, oras and Wassette's publishing
 //! write: an OCI image manifest with exactly one layer of media type
@@ -20,20 +20,25 @@
 //!
 //! Transport rules: https, verified against the platform's roots, except
 //! that a registry on loopback (`localhost`, `127.0.0.0/8`, `[::1]`) is
-//! reached over plain http. Nothing else is ever fetched over plain http:
-//! the `urls` a manifest may list for a layer (which the client would try
-//! when the registry fails) are dropped, so a manifest cannot send the pull
-//! elsewhere. Pulls are anonymous.
+//! reached over plain http. A redirect never leaves https for plain http,
+//! and plain http never leaves loopback; a token realm is https, or plain
+//! http on the loopback registry's own host. The `urls` a manifest may list
+//! for a layer are never fetched, so a manifest cannot send the pull
+//! elsewhere. Every answer is read with a cap as it streams (a manifest at
+//! [`MAX_MANIFEST_BYTES`], a token answer at [`MAX_TOKEN_BYTES`],
+//! a component at its declared size). Pulls are anonymous.
 
 use std::fmt;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
-use futures::StreamExt as _;
 use sha2::Digest as _;
 
 use crate::identity::Digest;
+
+mod registry;
+pub use registry::MAX_TOKEN_BYTES;
 
 /// The media type of the one layer of a wasm component artifact.
 pub const WASM_LAYER_MEDIA_TYPE: &str = "application/wasm";
@@ -69,6 +74,38 @@ pub enum OciError {
         reference: String,
         operation: &'static str,
         detail: String,
+    },
+    #[error("pulling {reference}: {operation}: {url}: {detail}")]
+    Http {
+        reference: String,
+        operation: &'static str,
+        url: String,
+        detail: String,
+    },
+    #[error(
+        "pulling {reference}: {operation}: the answer from {url} runs past {limit} bytes ({bound}): refused"
+    )]
+    AnswerTooLarge {
+        reference: String,
+        operation: &'static str,
+        url: String,
+        limit: u64,
+        bound: &'static str,
+    },
+    #[error("pulling {reference}: {operation}: refused the redirect from {from} to {to}: {why}")]
+    Redirect {
+        reference: String,
+        operation: &'static str,
+        from: String,
+        to: String,
+        why: &'static str,
+    },
+    #[error("pulling {reference}: {operation}: refused the token realm {realm}: {why}")]
+    Realm {
+        reference: String,
+        operation: &'static str,
+        realm: String,
+        why: String,
     },
     #[error(
         "pulling {reference}: the registry's manifest hashes to sha256:{actual}, not the digest the reference names (sha256:{expected}): refused"
@@ -304,23 +341,6 @@ impl OciRef {
             ..self.clone()
         }
     }
-
-    fn client_reference(&self) -> oci_client::Reference {
-        let (registry, repository) = (self.registry.clone(), self.repository.clone());
-        match (&self.tag, self.digest) {
-            (Some(tag), Some(digest)) => oci_client::Reference::with_tag_and_digest(
-                registry,
-                repository,
-                tag.clone(),
-                format!("sha256:{digest}"),
-            ),
-            (None, Some(digest)) => {
-                oci_client::Reference::with_digest(registry, repository, format!("sha256:{digest}"))
-            }
-            (Some(tag), None) => oci_client::Reference::with_tag(registry, repository, tag.clone()),
-            (None, None) => oci_client::Reference::with_tag(registry, repository, "latest".into()),
-        }
-    }
 }
 
 /// A component resolved to the store: its reference (with the manifest's
@@ -417,33 +437,20 @@ impl Store {
             return Ok(pulled);
         }
         let shown = reference.to_string();
-        let registry_error =
-            |operation, error: oci_client::errors::OciDistributionError| OciError::Registry {
-                reference: shown.clone(),
-                operation,
-                detail: crate::text::error_chain(&error),
-            };
-        let client = client_for(reference).map_err(|e| registry_error("client", e))?;
-        let target = reference.client_reference();
-        let auth = oci_client::secrets::RegistryAuth::Anonymous;
+        let mut registry = registry::Registry::new(reference)?;
+        let target = match (reference.digest, &reference.tag) {
+            (Some(digest), _) => format!("sha256:{digest}"),
+            (None, Some(tag)) => tag.clone(),
+            (None, None) => "latest".to_owned(),
+        };
         tracing::info!(reference = %shown, "fetching manifest");
-        let (raw, _) = client
-            .pull_manifest_raw(
+        let raw = registry
+            .manifest(
                 &target,
-                &auth,
-                &[OCI_MANIFEST_MEDIA_TYPE, OCI_INDEX_MEDIA_TYPE],
+                &format!("{OCI_MANIFEST_MEDIA_TYPE}, {OCI_INDEX_MEDIA_TYPE}"),
+                MAX_MANIFEST_BYTES as u64,
             )
-            .await
-            .map_err(|e| registry_error("manifest", e))?;
-        if raw.len() > MAX_MANIFEST_BYTES {
-            return Err(OciError::Layout {
-                reference: shown,
-                detail: format!(
-                    "its manifest is {} bytes, above {MAX_MANIFEST_BYTES}",
-                    raw.len()
-                ),
-            });
-        }
+            .await?;
         let manifest = Digest::of(&raw);
         if let Some(expected) = reference.digest
             && expected != manifest
@@ -460,43 +467,18 @@ impl Store {
         if let Some(pulled) = self.stored(&resolved)? {
             return Ok(pulled);
         }
-        let descriptor = oci_client::manifest::OciDescriptor {
-            media_type: WASM_LAYER_MEDIA_TYPE.into(),
-            digest: format!("sha256:{layer}"),
-            size: size as i64,
-            urls: None,
-            annotations: None,
-            artifact_type: None,
-        };
         let progress = Progress::start(&shown, size);
-        let mut stream = client
-            .pull_blob_stream(&target, &descriptor)
-            .await
-            .map_err(|e| registry_error("component", e))?;
         let mut file = self.new_blob()?;
-        let io = |source| OciError::Io {
-            path: self.blobs(),
-            source,
-        };
         let mut hasher = sha2::Sha256::new();
-        let mut received: u64 = 0;
-        while let Some(chunk) = stream.next().await {
-            let chunk = chunk.map_err(|e| OciError::Registry {
-                reference: shown.clone(),
-                operation: "component",
-                detail: e.to_string(),
-            })?;
-            received += chunk.len() as u64;
-            if received > size {
-                return Err(OciError::Layer {
-                    reference: shown,
-                    expected: layer,
-                    detail: format!("run past the {size} bytes it declares"),
-                });
-            }
-            hasher.update(&chunk);
-            file.write_all(&chunk).map_err(io)?;
-        }
+        let received = registry
+            .blob(&format!("sha256:{layer}"), size, |chunk| {
+                hasher.update(chunk);
+                file.write_all(chunk).map_err(|source| OciError::Io {
+                    path: file.path().to_owned(),
+                    source,
+                })
+            })
+            .await?;
         let actual = Digest::from_bytes(hasher.finalize().into());
         if received != size || actual != layer {
             return Err(OciError::Layer {
@@ -612,29 +594,6 @@ fn wasm_layer(reference: &OciRef, raw: &[u8]) -> Result<(Digest, u64), OciError>
         });
     }
     Ok((digest, size))
-}
-
-/// The registry client: https (the platform's roots) except to a loopback
-/// registry; an image index is refused rather than resolved to a platform.
-fn client_for(
-    reference: &OciRef,
-) -> Result<oci_client::Client, oci_client::errors::OciDistributionError> {
-    // reqwest is built without a default crypto provider; ring is the one
-    // Moat links. Installing fails only when one is installed already.
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let protocol = if reference.is_loopback() {
-        oci_client::client::ClientProtocol::HttpsExcept(vec![reference.registry.clone()])
-    } else {
-        oci_client::client::ClientProtocol::Https
-    };
-    oci_client::Client::try_from(oci_client::client::ClientConfig {
-        protocol,
-        platform_resolver: None,
-        connect_timeout: Some(std::time::Duration::from_secs(10)),
-        read_timeout: Some(std::time::Duration::from_secs(60)),
-        user_agent: concat!("moat/", env!("CARGO_PKG_VERSION")),
-        ..Default::default()
-    })
 }
 
 fn create_dir(path: &Path) -> Result<(), OciError> {
