@@ -112,12 +112,13 @@ pub struct ServeSettings {
     /// once across the gateway (every session and server together): each
     /// costs Moat two descriptors. At most a quarter of Moat's descriptor
     /// limit is used, whatever this says. Beyond it, the proxy answers 503
-    /// naming the limit.
+    /// naming the limit. Read at start: a reload does not change it.
     pub egress_connections: NonZeroUsize,
     /// The same, per agent session (all its native servers together).
     pub egress_connections_per_session: NonZeroUsize,
-    /// The same, per native server: with the defaults, four servers at
-    /// their bound leave a session's other servers half its share.
+    /// The same, per native server: with the defaults, two servers at
+    /// their bound leave a session's other servers half its share. Read at
+    /// start, as `egress_connections` is.
     pub egress_connections_per_server: NonZeroUsize,
     /// `--http`: the largest request body accepted; a larger one gets 413.
     /// MCP requests are small JSON; this bounds what one request can make
