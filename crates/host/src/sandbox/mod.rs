@@ -819,6 +819,36 @@ mod tests {
     }
 
     #[test]
+    fn a_required_learn_run_needs_landlock_and_says_what_it_may_write() {
+        let learn = |sandbox| LearnGrants {
+            dirs: &[],
+            writable: &[],
+            scratch: None,
+            sandbox,
+        };
+        match learn_plan_for_abi(&learn(Sandbox::Required), 0) {
+            Err(SandboxError::Unsupported { feature }) => {
+                assert!(
+                    feature.contains("`moat learn` run could write"),
+                    "{feature}"
+                )
+            }
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+        if kernel_abi() >= 1 {
+            let plan = learn_plan(&learn(Sandbox::Required)).unwrap();
+            assert!(plan.ruleset.is_some());
+            assert!(
+                plan.enforced.iter().any(|line| line.ends_with(
+                    "reads and executes anything; writes only its private /tmp, /dev/null: a write anywhere else fails with EACCES and is recorded, not done"
+                )),
+                "{:?}",
+                plan.enforced
+            );
+        }
+    }
+
+    #[test]
     fn etc_grants_leave_the_secrets_out() {
         let mut paths = Vec::new();
         etc_grants(Path::new("/etc"), "", &mut paths);
