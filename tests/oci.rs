@@ -256,6 +256,10 @@ const MEASURE: &str = "MOAT_OCI_TEST_MEASURE";
 /// prints its stderr and peak resident memory; without the variable, it
 /// does nothing.
 #[test]
+#[expect(
+    clippy::zombie_processes,
+    reason = "the child is reaped by wait4, which std's Child cannot call"
+)]
 fn measure_helper() {
     let Ok(args) = std::env::var(MEASURE) else {
         return;
