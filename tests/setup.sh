@@ -31,6 +31,16 @@ if ! command -v docker-registry >/dev/null; then
     fi
 fi
 
+# openssl makes the test CA and certificate of tests/oci.rs's https registry.
+if ! command -v openssl >/dev/null; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssl >/dev/null
+    else
+        echo "tests/setup.sh: openssl is needed (Debian: apt-get install openssl)" >&2
+        exit 1
+    fi
+fi
+
 # The reference MCP server (run by the native tests) and the official
 # TypeScript SDK (the agent that drives `moat serve`), pinned.
 # componentize-js builds the JavaScript typed component in guests/js (the
