@@ -64,10 +64,23 @@ impl Setup {
             std::fs::copy(from, &to).unwrap();
             open(&to, 0o755);
         }
+        // A `#!` script run by `breakout` as its interpreter, writable by
+        // the user through a hard link inside the script server's rw grant.
+        let script = dir.path().join("script");
+        std::fs::write(
+            &script,
+            format!("#!{}\n# AAAAAAAA\n", dir.path().join("breakout").display()),
+        )
+        .unwrap();
+        open(&script, 0o777);
+        std::fs::create_dir(dir.path().join("rw")).unwrap();
+        open(&dir.path().join("rw"), 0o777);
+        std::fs::hard_link(&script, dir.path().join("rw/alias")).unwrap();
+        let digest = moat_host::Digest::of(&std::fs::read(&script).unwrap());
         let config = dir.path().join("moat.toml");
         std::fs::write(
             &config,
-            format!("[servers.breakout]\ncommand = \"./breakout\"\nallow_unmeasured = true\nsandbox = \"required\"\n\n[servers.breakout.limits]\nclose_grace_ms = 400\n\n[servers.probe]\ncommand = \"./probe\"\nallow_unmeasured = true\nsandbox = \"required\"\nnet = [\"127.0.0.1:{port}\"]\n"),
+            format!("[servers.script]\ncommand = \"./script\"\nsha256 = \"{digest}\"\nsandbox = \"required\"\n[[servers.script.dirs]]\nhost = \"{rw}\"\nmode = \"rw\"\n\n[servers.breakout]\ncommand = \"./breakout\"\nallow_unmeasured = true\nsandbox = \"required\"\n\n[servers.breakout.limits]\nclose_grace_ms = 400\n\n[servers.probe]\ncommand = \"./probe\"\nallow_unmeasured = true\nsandbox = \"required\"\nnet = [\"127.0.0.1:{port}\"]\n", rw = dir.path().join("rw").display()),
         )
         .unwrap();
         open(&config, 0o644);
@@ -248,6 +261,21 @@ fn the_native_promises_hold_for_an_unprivileged_moat() {
         assert_ne!(ns["data"][name], json!(ours.display().to_string()), "{ns}");
     }
     drop(ipc);
+
+    // A script rewritten in place (same inode) after its measurement, by
+    // its own interpreter: what the interpreter reads is the measured copy.
+    let alias = setup.path("rw/alias");
+    let rewritten = setup.call("script", json!({"op": "rewrite-script", "alias": alias}));
+    assert_eq!(
+        rewritten,
+        json!({"ok": true, "data": {"given": setup.path("script"), "read": format!("#!{}\n# AAAAAAAA\n", setup.path("breakout").display())}})
+    );
+    assert!(
+        std::fs::read_to_string(setup.path("script"))
+            .unwrap()
+            .ends_with("# BBBBBBBB\n"),
+        "the file itself was rewritten"
+    );
 
     let tmp = setup.attack(json!({"op": "tmp"}));
     assert_eq!(
