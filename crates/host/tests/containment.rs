@@ -525,6 +525,8 @@ async fn sockets_open_only_in_the_allowed_families() {
     );
     server.close().await.unwrap();
     neighbour.close().await;
+}
+
 /// Issue 32, item 1: a console script in `~/.local/bin` (its `lib/` beside
 /// makes `~/.local` its installation root) cannot read Moat's audit key
 /// under `~/.local/state/moat`: the root Moat would have granted without
