@@ -326,6 +326,8 @@ impl Drop for HostIpc {
             libc::msgctl(self.msq, libc::IPC_RMID, std::ptr::null_mut());
         }
     }
+}
+
 /// Issue 32, item 1: with `HOME` a directory of its own, a console script
 /// in `$HOME/.local/bin` (whose `lib/` beside makes `$HOME/.local` its
 /// installation root) cannot read Moat's state in `$HOME/.local/state/moat`
@@ -363,6 +365,8 @@ fn an_install_root_in_home_local_never_reaches_moats_state() {
     );
     let own = setup.call("local", json!({"op": "read", "path": script}));
     assert_eq!(own["ok"], json!(true), "{own}");
+}
+
 #[test]
 fn an_unprivileged_learn_run_writes_nothing_the_user_could_write() {
     let setup = Setup::new(9);
