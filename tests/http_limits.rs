@@ -525,6 +525,8 @@ fn an_audit_log_that_cannot_be_written_stops_admitting_calls() {
         .collect();
     assert_eq!(said.len(), 1, "{said:?}");
     assert!(said[0].contains(&expected), "{said:?}");
+}
+
 /// A POST whose body is announced and then sent a byte at a time, as the
 /// test says: once its `100 Continue` has come back, Moat has read its
 /// head and is waiting for its body.
