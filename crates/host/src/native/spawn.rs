@@ -3,7 +3,9 @@
 //! before exec, every containment step in a fixed order.
 //!
 //! This module owns the child side of the native launch: the namespaces, the
-//! uid and gid maps, the private `/tmp`, rlimits, no_new_privs, Landlock, the
+//! uid and gid maps, the server's own root (built by `sandbox::root`, which
+//! holds its private `/tmp`; without one, a private `/tmp` over the host's
+//! root), rlimits, no_new_privs, Landlock, the
 //! descriptor sweep, the capability drop and the seccomp filters. The
 //! standard library's `Command` cannot start a process in a new PID
 //! namespace, so the process is made here with a raw `clone` (no `CLONE_VM`:
