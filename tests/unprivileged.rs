@@ -8,12 +8,10 @@
 //! none of the host's SysV shared memory or message queues (its own IPC,
 //! UTS and cgroup namespaces), and opens sockets in the allowed families
 //! only; a server with a `net` grant reaches its listed host through Moat's
-//! egress proxy and nothing else.
-//! process behind, writes to a private /tmp and reaches no host socket; a
-//! server with a `net` grant reaches its listed host through Moat's egress
-//! proxy and nothing else. `moat learn` run as the user lets a server
-//! write nothing outside its private /tmp, even in a directory the user may
-//! write to.
+//! egress proxy and nothing else; it sees no host name outside its own root
+//! (no stat, no inotify watch, no host pid in its /proc). `moat learn` run
+//! as the user lets a server write nothing outside its private /tmp, even
+//! in a directory the user may write to.
 #![cfg(target_os = "linux")]
 
 use std::os::unix::fs::PermissionsExt;
@@ -288,8 +286,58 @@ fn the_native_promises_hold_for_an_unprivileged_moat() {
     let token = format!("moat-unprivileged-escape-{}", std::process::id());
     let escaped = setup.attack(json!({"op": "escape", "token": token, "deaf": true}));
     assert_eq!(escaped["ok"], json!(true), "{escaped}");
-    let pid: u32 = escaped["data"].as_str().unwrap().parse().unwrap();
-    assert!(!running(pid), "the grandchild {pid} outlived `moat call`");
+    // The server's /proc is its own PID namespace's: the grandchild is
+    // looked for on the host by its token.
+    assert_eq!(
+        processes_with(&token),
+        Vec::<u32>::new(),
+        "the grandchild outlived `moat call`"
+    );
+}
+
+/// Host pids of live processes whose argv holds `token`.
+fn processes_with(token: &str) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|entry| {
+            let entry = entry.ok()?;
+            let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+            let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
+            (running(pid) && String::from_utf8_lossy(&cmdline).contains(token)).then_some(pid)
+        })
+        .collect()
+}
+
+/// The server of an unprivileged Moat has a root of its own too: a host
+/// directory and file the user can read, beside the server's own files,
+/// do not exist for it (inotify_add_watch and stat: ENOENT), and its /proc
+/// lists no pid of the host.
+#[test]
+fn no_host_name_outside_its_own_root_exists_for_a_server_of_an_unprivileged_moat() {
+    let setup = Setup::new(9);
+    let hidden = setup.path("hidden");
+    std::fs::create_dir(&hidden).unwrap();
+    std::fs::set_permissions(&hidden, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let file = hidden.join("the-users-file");
+    std::fs::write(&file, "readable by the user").unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    refused(
+        &setup.attack(json!({"op": "inotify", "path": hidden})),
+        libc::ENOENT,
+        "inotify_add_watch on an ungranted directory",
+    );
+    refused(
+        &setup.attack(json!({"op": "stat", "path": file})),
+        libc::ENOENT,
+        "stat of an ungranted file",
+    );
+    let mut neighbour = as_user(Command::new("sleep").arg("600")).spawn().unwrap();
+    let pids = setup.attack(json!({"op": "pids", "pids": [std::process::id(), neighbour.id(), 1]}));
+    neighbour.kill().unwrap();
+    neighbour.wait().unwrap();
+    assert_eq!(pids["ok"], json!(true), "{pids}");
+    assert_eq!(pids["data"]["exists"], json!([1]), "{pids}");
+    assert_eq!(pids["data"]["self"], json!("1"), "{pids}");
 }
 
 /// A SysV shared memory segment and message queue of the host (this test

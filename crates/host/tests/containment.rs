@@ -4,8 +4,9 @@
 //! no descriptor, cannot leave a process behind or make close wait, and with
 //! no `net` grant reaches no socket of the host (TCP, UDP, pathname or
 //! abstract Unix), reaches none of the host's SysV shared memory or message
-//! queues, and opens sockets in the allowed families only. Each refusal is
-//! asserted by its errno.
+//! queues, opens sockets in the allowed families only, and sees no host name
+//! outside its own root (no stat, no inotify watch, no host pid in /proc).
+//! Each refusal is asserted by its errno.
 #![cfg(target_os = "linux")]
 
 mod common;
@@ -197,9 +198,12 @@ async fn a_grandchild_that_leaves_its_session_dies_with_the_server_and_close_is_
     )
     .await;
     assert_eq!(report["ok"], json!(true), "{report}");
-    let pid: u32 = report["data"].as_str().unwrap().parse().unwrap();
+    // The server's /proc is its own PID namespace's: the grandchild is
+    // found on the host by its token.
+    let found = processes_with(&token);
+    assert_eq!(found.len(), 1, "one grandchild: {found:?}");
+    let pid = found[0];
     assert!(running(pid), "the grandchild runs before close");
-    assert_eq!(processes_with(&token), [pid]);
     neighbour.answers().await;
     let started = Instant::now();
     server.close().await.unwrap();
@@ -586,4 +590,87 @@ async fn an_implicit_install_root_never_reaches_moats_audit_key() {
     server.close().await.unwrap();
     neighbour.close().await;
     common::host_still_serves_everything(common::Launcher::Native).await;
+}
+
+/// Landlock refuses what an ungranted path holds, not its name: in a root of
+/// its own, a host path outside the server's grants does not exist, so it
+/// can neither be watched with inotify nor stat'ed, and the server's /proc
+/// is its own PID namespace's. A granted directory beside it still works.
+#[tokio::test]
+async fn no_host_name_outside_the_servers_own_root_exists_for_it() {
+    use moat_host::config::{DirGrant, DirMode};
+    let neighbour = Neighbour::start().await;
+    // Outside /tmp (which is private anyway).
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let hidden = dir.path().join("hidden");
+    std::fs::create_dir(&hidden).unwrap();
+    let file = hidden.join("the-users-file");
+    std::fs::write(&file, "sixteen bytes...").unwrap();
+    let granted = dir.path().join("granted");
+    std::fs::create_dir(&granted).unwrap();
+    std::fs::write(granted.join("note"), "from the host").unwrap();
+    let mut spec = breakout();
+    spec.dirs = vec![DirGrant {
+        host: granted.clone(),
+        guest: granted.display().to_string(),
+        mode: DirMode::Rw,
+        inode: None,
+    }];
+    let server = host().connect(&spec).await.unwrap();
+    let watch = attack(&server, json!({"op": "inotify", "path": hidden})).await;
+    refused(
+        &watch,
+        libc::ENOENT,
+        "inotify_add_watch on an ungranted directory",
+    );
+    let stat = attack(&server, json!({"op": "stat", "path": file})).await;
+    refused(&stat, libc::ENOENT, "stat of an ungranted file");
+    neighbour.answers().await;
+    // Moat runs in this test process: its pid is not in the server's /proc.
+    let moat = std::process::id();
+    let pids = attack(&server, json!({"op": "pids", "pids": [moat, 1]})).await;
+    assert_eq!(pids["ok"], json!(true), "{pids}");
+    assert_eq!(pids["data"]["exists"], json!([1]), "{pids}");
+    assert_eq!(pids["data"]["self"], json!("1"), "{pids}");
+    // Listing /proc stays refused by Landlock, the second layer.
+    assert_eq!(
+        pids["data"]["listed"],
+        json!({"errno": libc::EACCES}),
+        "{pids}"
+    );
+    // The grant is there, at its own path, with its mode.
+    let seen = attack(&server, json!({"op": "stat", "path": granted.join("note")})).await;
+    assert_eq!(seen["ok"], json!(true), "{seen}");
+    let identity = server.shared().identity().unwrap();
+    assert!(
+        identity
+            .sandbox
+            .lines()
+            .iter()
+            .any(|l| l.starts_with("enforced: own root: the server's / is a tmpfs of its own")),
+        "{:#?}",
+        identity.sandbox
+    );
+    server.close().await.unwrap();
+
+    let mut probe = ServerSpec::native("probe", guests::PROBE_NATIVE);
+    probe.allow_unmeasured = true;
+    probe.dirs = spec.dirs.clone();
+    let probe = host().connect(&probe).await.unwrap();
+    let read = attack(&probe, json!({"op": "read", "path": granted.join("note")})).await;
+    assert_eq!(read, json!({"ok": true, "data": "from the host"}));
+    let write = attack(&probe, json!({"op": "write", "path": granted.join("new")})).await;
+    assert_eq!(write, json!({"ok": true, "data": "written"}));
+    let beside = attack(&probe, json!({"op": "read", "path": file})).await;
+    assert_eq!(beside["ok"], json!(false), "{beside}");
+    assert!(
+        beside["error"].as_str().unwrap().contains("No such file"),
+        "{beside}"
+    );
+    probe.close().await.unwrap();
+    assert_eq!(
+        std::fs::read_to_string(granted.join("new")).unwrap(),
+        "written by probe"
+    );
+    neighbour.close().await;
 }

@@ -479,16 +479,24 @@ async fn concurrent_sessions_have_their_own_children_and_answers(launcher: Launc
     let (report_a, report_b) = (report(a.clone()).await, report(b.clone()).await);
     match launcher {
         Launcher::Native => {
-            let (pid_a, pid_b) = (
-                report_a["pid"].as_u64().unwrap(),
-                report_b["pid"].as_u64().unwrap(),
+            // Each server is PID 1 of its own namespace: told apart, and
+            // found on the host, by that namespace.
+            let (ns_a, ns_b) = (
+                report_a["pid_ns"].as_str().unwrap().to_owned(),
+                report_b["pid_ns"].as_str().unwrap().to_owned(),
             );
-            assert_ne!(pid_a, pid_b, "one process served two sessions");
-            assert!(Path::new(&format!("/proc/{pid_a}")).exists());
+            assert_ne!(ns_a, ns_b, "one process served two sessions");
+            let alive = |ns: &str| {
+                std::fs::read_dir("/proc").unwrap().any(|entry| {
+                    let path = entry.unwrap().path().join("ns/pid");
+                    std::fs::read_link(path).is_ok_and(|link| link == Path::new(ns))
+                })
+            };
+            assert!(alive(&ns_a));
             assert!(a.close().await.is_empty());
             // a's child is gone (reaped), b's is still there and answering.
-            assert!(!Path::new(&format!("/proc/{pid_a}")).exists());
-            assert!(Path::new(&format!("/proc/{pid_b}")).exists());
+            assert!(!alive(&ns_a));
+            assert!(alive(&ns_b));
         }
         Launcher::Wasm => {
             assert!(report_a["pid"].is_null());

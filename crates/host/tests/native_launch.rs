@@ -169,18 +169,41 @@ async fn replacing_the_file_after_the_check_still_runs_the_measured_bytes() {
 /// A process is gone when /proc no longer has it, or it is a zombie
 /// waiting for its reaper.
 
+/// Host pids of live processes whose argv holds `token`.
+fn processes_with(token: &str) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|entry| {
+            let entry = entry.ok()?;
+            let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+            let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
+            (running(pid) && String::from_utf8_lossy(&cmdline).contains(token)).then_some(pid)
+        })
+        .collect()
+}
+
 #[tokio::test]
 async fn children_and_grandchildren_are_gone_after_close() {
     let mut spec = ServerSpec::native("fork-tree", guests::FORK_TREE_NATIVE);
     spec.allow_unmeasured = true;
     spec.limits.close_grace_ms = 200;
+    // The server's /proc is its own PID namespace's: its processes are
+    // found on the host by a token in their argv.
+    let token = format!("moat-fork-tree-{}", std::process::id());
+    spec.args = vec![token.clone()];
     let session = host().connect(&spec).await.unwrap();
     let result = session.call_tool("attack", None).await.unwrap();
-    let pids: Vec<u32> = text(&result)
+    let answered: Vec<u32> = text(&result)
         .split_whitespace()
         .map(|p| p.parse().unwrap())
         .collect();
-    assert_eq!(pids.len(), 2, "child and grandchild");
+    assert_eq!(answered.len(), 2, "child and grandchild");
+    let pids = processes_with(&token);
+    assert_eq!(
+        pids.len(),
+        3,
+        "the server, its child and grandchild: {pids:?}"
+    );
     for pid in &pids {
         assert!(running(*pid), "{pid} should be running before close");
     }

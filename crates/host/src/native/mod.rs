@@ -77,6 +77,8 @@ pub enum NativeError {
     },
     #[error(transparent)]
     Sandbox(#[from] crate::sandbox::SandboxError),
+    #[error(transparent)]
+    Root(#[from] crate::sandbox::root::RootError),
     #[error("{path}: {what} contains a NUL byte")]
     Nul { what: &'static str, path: PathBuf },
     #[error("spawning {path}: {source}")]
@@ -821,6 +823,26 @@ fn spawn(
             sandbox: launch.sandbox,
         })?,
     };
+    if isolation.own_root
+        && let Some(ns) = isolation.namespaces.as_mut()
+        && let Some(tmp_options) = &ns.tmp
+    {
+        let root = crate::sandbox::root::plan(&crate::sandbox::root::RootInputs {
+            executable: path,
+            interpreter: executable
+                .interpreter
+                .as_ref()
+                .map(|interpreter| interpreter.path.as_path()),
+            roots: &roots.granted,
+            measure: &launch.measure,
+            dirs: &dirs,
+            cwd: &launch.cwd,
+            tmp_options,
+            resolv_conf: ns.resolv,
+        })?;
+        isolation.enforced.push(root.summary.clone());
+        ns.root = Some(root);
+    }
     let cstring = |what: &'static str, text: &str| {
         std::ffi::CString::new(text).map_err(|_| NativeError::Nul {
             what,
@@ -1116,6 +1138,9 @@ fn spawn(
 /// the lines that say what they enforce.
 struct Isolation {
     namespaces: Option<spawn::Namespaces>,
+    /// The server gets a root of its own (planned once its grants are
+    /// open).
+    own_root: bool,
     drop_bounding: bool,
     seccomp: Vec<seccompiler::BpfProgram>,
     enforced: Vec<String>,
@@ -1157,6 +1182,7 @@ fn isolation(
     };
     let support = spawn::namespace_support();
     let root = rustix::process::geteuid().is_root();
+    let mut own_root = false;
     let namespaces = if support.available {
         let user = support.user.then(|| {
             let uid = rustix::process::geteuid().as_raw();
@@ -1224,10 +1250,28 @@ fn isolation(
                 );
             }
         }
+        // A root of the server's own, built on the private /tmp's place:
+        // not for a learn run, which is to see what the host holds.
+        if launch.learn.is_none() {
+            let why = match (&tmp, crate::sandbox::root::support(support.user)) {
+                (Some(_), Ok(())) => None,
+                (Some(_), Err(unsupported)) => Some(unsupported.to_string()),
+                (None, _) => Some("the host has no /tmp to build it on".to_owned()),
+            };
+            match why {
+                None => own_root = true,
+                Some(why) => missing(
+                    format!(
+                        "a root of the server's own, hiding every host path outside its grants ({why})"
+                    ),
+                    &mut not_enforced,
+                )?,
+            }
+        }
         // Granted paths under /tmp stay where they were: each is bound into
-        // the private /tmp.
+        // the private /tmp (used only without a root of the server's own).
         let mut binds = Vec::new();
-        if tmp.is_some() {
+        if tmp.is_some() && !own_root {
             // Everything the server is granted or runs from (the
             // executable, its installation root, dirs, measure paths) keeps
             // its place; a path inside another is bound with it.
@@ -1275,6 +1319,7 @@ fn isolation(
             binds,
             resolv,
             script: None,
+            root: None,
         })
     } else {
         let why = std::io::Error::from_raw_os_error(support.errno);
@@ -1329,6 +1374,7 @@ fn isolation(
     );
     Ok(Isolation {
         namespaces,
+        own_root,
         drop_bounding,
         seccomp,
         enforced,

@@ -3,7 +3,9 @@
 //! the child and before exec, every containment step in a fixed order.
 //!
 //! This module owns the child side of the native launch: the namespaces, the
-//! uid and gid maps, the private `/tmp`, rlimits, no_new_privs, Landlock, the
+//! uid and gid maps, the server's own root (built by `sandbox::root`, which
+//! holds its private `/tmp`; without one, a private `/tmp` over the host's
+//! root), rlimits, no_new_privs, Landlock, the
 //! descriptor sweep, the capability drop and the seccomp filters. The
 //! standard library's `Command` cannot start a process in a new PID
 //! namespace, so the process is made here with a raw `clone` (no `CLONE_VM`:
@@ -138,10 +140,18 @@ pub enum Step {
     DnsListen,
     Resolv,
     BindScript,
+    RootSource,
+    RootMount,
+    RootPlace,
+    RootBind,
+    RootReadOnly,
+    RootProc,
+    PivotRoot,
+    DetachOldRoot,
 }
 
 impl Step {
-    const ALL: [Step; 28] = [
+    const ALL: [Step; 36] = [
         Step::Stdio,
         Step::DeathSignal,
         Step::ParentGone,
@@ -170,6 +180,14 @@ impl Step {
         Step::DnsListen,
         Step::Resolv,
         Step::BindScript,
+        Step::RootSource,
+        Step::RootMount,
+        Step::RootPlace,
+        Step::RootBind,
+        Step::RootReadOnly,
+        Step::RootProc,
+        Step::PivotRoot,
+        Step::DetachOldRoot,
     ];
 
     /// The system call and what it was for.
@@ -207,6 +225,14 @@ impl Step {
             Step::ProxyLoopback => "ioctl(SIOCSIFFLAGS) bringing up lo for the egress proxy",
             Step::ProxyListen => "bind and listen on 127.0.0.1 for the egress proxy",
             Step::ProxyHandOver => "sendmsg(SCM_RIGHTS) of the egress listener to Moat",
+            Step::RootSource => "open(O_PATH) of a path to place in the server's own root",
+            Step::RootMount => "mount(tmpfs) in the server's own root",
+            Step::RootPlace => "mkdir, creat, symlink or chdir in the server's own root",
+            Step::RootBind => "mount(MS_BIND|MS_REC) into the server's own root",
+            Step::RootReadOnly => "mount(MS_REMOUNT|MS_BIND|MS_RDONLY) in the server's own root",
+            Step::RootProc => "mount(proc) of the server's PID namespace in its own root",
+            Step::PivotRoot => "pivot_root into the server's own root (built on /tmp)",
+            Step::DetachOldRoot => "umount2(MNT_DETACH) of the host's root",
         }
     }
 
@@ -234,6 +260,9 @@ pub struct Namespaces {
     /// A `#!` script, with a private /tmp: its sealed copy is bound
     /// read-only over its path, where its interpreter reads it.
     pub script: Option<ScriptBind>,
+    /// The server's own root (with its private /tmp, its binds, /proc and
+    /// /dev): `tmp` and `binds` are then not used.
+    pub root: Option<crate::sandbox::root::RootPlan>,
 }
 
 /// A script's sealed copy and the path it is shown at. A memfd cannot be a
@@ -246,6 +275,22 @@ pub struct ScriptBind {
     pub copy: RawFd,
     /// The script's path, as its interpreter is given it.
     pub target: CString,
+}
+
+impl Step {
+    fn of_root(step: crate::sandbox::root::RootStep) -> Step {
+        use crate::sandbox::root::RootStep;
+        match step {
+            RootStep::Source => Step::RootSource,
+            RootStep::Mount => Step::RootMount,
+            RootStep::Place => Step::RootPlace,
+            RootStep::Bind => Step::RootBind,
+            RootStep::ReadOnly => Step::RootReadOnly,
+            RootStep::Proc => Step::RootProc,
+            RootStep::Pivot => Step::PivotRoot,
+            RootStep::Detach => Step::DetachOldRoot,
+        }
+    }
 }
 
 /// What a server behind the egress proxy finds in /etc/resolv.conf.
@@ -643,6 +688,9 @@ pub enum SpawnFailure {
     Parent(&'static str, std::io::Error),
     /// In the child, before exec: the step, and its errno.
     Child(Step, std::io::Error),
+    /// In the child, before exec: the step, the host path it was placing in
+    /// the server's own root, and its errno.
+    ChildAt(Step, std::path::PathBuf, std::io::Error),
 }
 
 impl std::fmt::Display for SpawnFailure {
@@ -651,6 +699,14 @@ impl std::fmt::Display for SpawnFailure {
             SpawnFailure::Parent(call, error) => write!(f, "{call}: {error}"),
             SpawnFailure::Child(step, error) => {
                 write!(f, "in the child, {}: {error}", step.describe())
+            }
+            SpawnFailure::ChildAt(step, path, error) => {
+                write!(
+                    f,
+                    "in the child, {} of {}: {error}",
+                    step.describe(),
+                    path.display()
+                )
             }
         }
     }
@@ -696,12 +752,14 @@ pub fn spawn_gated(
 pub struct Pending {
     report: OwnedFd,
     life: OwnedFd,
+    /// The host paths of the root's entries, to name one in an error.
+    subjects: Vec<std::path::PathBuf>,
 }
 
 impl Pending {
     /// Blocks until the child has exec'd (`Ok`) or failed a step.
     pub fn finish(self) -> Result<(), SpawnFailure> {
-        let report = read_report(&self.report);
+        let report = read_report(&self.report, &self.subjects);
         drop(self.life);
         report.map_or(Ok(()), Err)
     }
@@ -813,6 +871,12 @@ fn spawn_inner(
     let pending = Pending {
         report: report_read,
         life: life_write,
+        subjects: plan
+            .namespaces
+            .as_ref()
+            .and_then(|ns| ns.root.as_ref())
+            .map(|root| root.subjects().to_vec())
+            .unwrap_or_default(),
     };
     if gated {
         // A tracer reaps the child; the caller reads the outcome.
@@ -829,9 +893,11 @@ fn spawn_inner(
     Ok((child, None))
 }
 
-/// Reads the child's report: nothing (EOF at exec) or (step, errno).
-fn read_report(fd: &OwnedFd) -> Option<SpawnFailure> {
-    let mut buf = [0u8; 8];
+/// Reads the child's report: nothing (EOF at exec) or (step, errno,
+/// subject): the subject, an entry of the server's root, is named by its
+/// host path.
+fn read_report(fd: &OwnedFd, subjects: &[std::path::PathBuf]) -> Option<SpawnFailure> {
+    let mut buf = [0u8; 12];
     let mut filled = 0;
     while filled < buf.len() {
         match rustix::io::read(fd, &mut buf[filled..]) {
@@ -851,10 +917,13 @@ fn read_report(fd: &OwnedFd) -> Option<SpawnFailure> {
     }
     let step = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]);
     let errno = i32::from_le_bytes([buf[4], buf[5], buf[6], buf[7]]);
-    Some(SpawnFailure::Child(
-        Step::from_raw(step).unwrap_or(Step::Execve),
-        std::io::Error::from_raw_os_error(errno),
-    ))
+    let subject = u32::from_le_bytes([buf[8], buf[9], buf[10], buf[11]]);
+    let step = Step::from_raw(step).unwrap_or(Step::Execve);
+    let error = std::io::Error::from_raw_os_error(errno);
+    match subjects.get(subject as usize) {
+        Some(path) => Some(SpawnFailure::ChildAt(step, path.to_owned(), error)),
+        None => Some(SpawnFailure::Child(step, error)),
+    }
 }
 
 struct ChildFds {
@@ -874,10 +943,22 @@ struct ChildFds {
 ///
 /// Only in the cloned child.
 unsafe fn fail(report: RawFd, step: Step, errno: i32) -> ! {
-    let mut buf = [0u8; 8];
+    // SAFETY: see the contract.
+    unsafe { fail_at(report, step, errno, u32::MAX) }
+}
+
+/// Reports `step` failing with `errno` at entry `subject` of the server's
+/// root (`u32::MAX`: none), and leaves.
+///
+/// # Safety
+///
+/// Only in the cloned child.
+unsafe fn fail_at(report: RawFd, step: Step, errno: i32, subject: u32) -> ! {
+    let mut buf = [0u8; 12];
     buf[..4].copy_from_slice(&(step as u32).to_le_bytes());
-    buf[4..].copy_from_slice(&errno.to_le_bytes());
-    // SAFETY: writes 8 bytes from the stack, then leaves without running
+    buf[4..8].copy_from_slice(&errno.to_le_bytes());
+    buf[8..].copy_from_slice(&subject.to_le_bytes());
+    // SAFETY: writes 12 bytes from the stack, then leaves without running
     // destructors (the parent's state is not ours to tear down).
     unsafe {
         libc::write(report, buf.as_ptr().cast(), buf.len());
@@ -986,7 +1067,30 @@ unsafe fn child(
                 ) == 0,
                 Step::MountPrivate,
             );
-            if let Some(options) = &ns.tmp {
+            if let Some(root) = &ns.root {
+                let failed = |(step, entry, errno): crate::sandbox::root::Failure| {
+                    fail_at(
+                        report,
+                        Step::of_root(step),
+                        errno,
+                        entry.map_or(u32::MAX, |e| e as u32),
+                    )
+                };
+                if let Err(failure) = crate::sandbox::root::build(root) {
+                    failed(failure);
+                }
+                if ns.resolv {
+                    bind_resolv_conf(report);
+                }
+                // The script's sealed copy over its path in the new root,
+                // through the root's private /tmp, before / is sealed.
+                if let Some(script) = &ns.script {
+                    bind_script(script, report);
+                }
+                if let Err(failure) = crate::sandbox::root::seal(root) {
+                    failed(failure);
+                }
+            } else if let Some(options) = &ns.tmp {
                 // Open every granted path under /tmp while it is still
                 // visible, in this mount namespace.
                 let mut bound = [-1i32; MAX_BINDS];

@@ -21,6 +21,7 @@ use landlock::{
     RulesetCreatedAttr, Scope,
 };
 
+pub mod root;
 pub mod seccomp;
 
 use crate::config::{DirMode, NetGrant, Sandbox};

@@ -8,7 +8,13 @@
 //! - `bpf`: bpf(BPF_MAP_CREATE); `klogctl`: syslog(SYSLOG_ACTION_SIZE_BUFFER).
 //! - `ptrace` `{pid}`, `unshare` (a user namespace), `keyctl`.
 //! - `caps`: the Cap* lines of /proc/self/status; `host-pid`: this
-//!   process's pid as the host sees it.
+//!   process's pid as its /proc names it (the host's pid only where /proc
+//!   is the host's).
+//! - `inotify` `{path}`: inotify_add_watch on a path (does its name exist,
+//!   and could its changes be watched?).
+//! - `stat` `{path}`: stat(2) of a path (its existence, size and times).
+//! - `pids` `{pids}`: which of `pids` /proc has an entry for, what listing
+//!   /proc shows (its numeric entries, or the errno), and /proc/self.
 //! - `fd` `{fd}`: read and write an inherited descriptor.
 //! - `udp` `{addr}`: send a datagram; `tcp` `{addr}`: connect and send.
 //! - `unix` `{path}` and `abstract` `{name}`: connect to a Unix socket and send.
@@ -74,8 +80,8 @@ mod native {
         }
     }
 
-    /// The host's pid of this process: /proc is the host's, so /proc/self
-    /// names it even inside a PID namespace.
+    /// This process's pid as its /proc names it: the host's pid where /proc
+    /// is the host's, even inside a PID namespace.
     pub fn host_pid() -> String {
         std::fs::read_link("/proc/self")
             .map(|p| p.display().to_string())
@@ -209,6 +215,47 @@ mod native {
                     Ok(Value::Object(caps))
                 }
                 "host-pid" => Ok(json!(host_pid())),
+                "inotify" => {
+                    let fd = libc::inotify_init1(libc::IN_CLOEXEC);
+                    if fd < 0 {
+                        return Err(os_error(std::io::Error::last_os_error()));
+                    }
+                    let path = std::ffi::CString::new(text("path")).unwrap_or_default();
+                    let watch = libc::inotify_add_watch(
+                        fd,
+                        path.as_ptr(),
+                        libc::IN_CREATE | libc::IN_OPEN | libc::IN_ACCESS | libc::IN_MODIFY,
+                    );
+                    let outcome = check(watch as libc::c_long);
+                    libc::close(fd);
+                    outcome
+                }
+                "stat" => std::fs::metadata(text("path"))
+                    .map(|meta| {
+                        use std::os::unix::fs::MetadataExt;
+                        json!({"size": meta.len(), "mtime": meta.mtime()})
+                    })
+                    .map_err(os_error),
+                "pids" => {
+                    let exists: Vec<i64> = arguments["pids"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter_map(Value::as_i64)
+                        .filter(|pid| std::fs::symlink_metadata(format!("/proc/{pid}")).is_ok())
+                        .collect();
+                    let listed = match std::fs::read_dir("/proc") {
+                        Ok(entries) => {
+                            let mut pids: Vec<u64> = entries
+                                .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                                .collect();
+                            pids.sort_unstable();
+                            json!(pids)
+                        }
+                        Err(error) => json!({"errno": error.raw_os_error()}),
+                    };
+                    Ok(json!({"exists": exists, "listed": listed, "self": host_pid()}))
+                }
                 "fd" => {
                     let fd = int("fd") as i32;
                     let mut buf = [0u8; 64];

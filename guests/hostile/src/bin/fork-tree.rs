@@ -1,5 +1,7 @@
 //! On `attack`, forks a child that forks a grandchild; both then sleep
-//! forever. Answers with their pids as the host sees them. The host must leave none behind when it
+//! forever, with the server's own arguments after their role in their argv
+//! (so a test can find them on the host by a token). Answers with their
+//! pids as the server's /proc names them. The host must leave none behind when it
 //! closes the session. (Native only: wasm has no processes.) Leaving them
 //! unreaped is the point.
 #![allow(clippy::zombie_processes)]
@@ -14,8 +16,14 @@ fn sleep_forever() -> ! {
 
 fn spawn_self(role: &str) -> std::process::Child {
     let exe = std::env::current_exe().expect("current_exe");
+    // The server's own arguments go along (after the role, for a child).
+    let passed: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| a != "child" && a != "grandchild")
+        .collect();
     Command::new(exe)
         .arg(role)
+        .args(passed)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -23,8 +31,7 @@ fn spawn_self(role: &str) -> std::process::Child {
         .expect("spawn")
 }
 
-/// This process's pid as the host sees it: /proc is the host's, so
-/// /proc/self names it even inside a PID namespace.
+/// This process's pid as its /proc names it.
 fn host_pid() -> String {
     std::fs::read_link("/proc/self")
         .map(|p| p.display().to_string())
