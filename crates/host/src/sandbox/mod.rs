@@ -928,7 +928,7 @@ mod tests {
             Some(&venv.join("bin/python")),
             &kept,
         );
-        assert_eq!(roots.granted, [venv.clone()]);
+        assert_eq!(roots.granted, [venv]);
         assert!(roots.held_back.is_empty());
         // The home directory itself, and a root holding Moat's state.
         std::fs::create_dir_all(home.join("bin")).unwrap();
