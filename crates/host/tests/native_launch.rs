@@ -166,9 +166,6 @@ async fn replacing_the_file_after_the_check_still_runs_the_measured_bytes() {
     session.close().await.unwrap();
 }
 
-/// A process is gone when /proc no longer has it, or it is a zombie
-/// waiting for its reaper.
-
 /// Host pids of live processes whose argv holds `token`.
 fn processes_with(token: &str) -> Vec<u32> {
     std::fs::read_dir("/proc")
