@@ -9,6 +9,9 @@
 //!   wasm32-wasip2, its component already in the cache, without and with a
 //!   lock;
 //! - `serve → native child`: `moat serve` in front of the native guest;
+//! - `serve → native script`: the same, as a `#!` script whose interpreter
+//!   is the native guest: what a script server adds at launch (the sealed
+//!   copy of the script bound over its path in the server's root);
 //! - `serve → typed, per call` and `serve → typed, session`: `moat serve` in
 //!   front of the typed tool component `kinds` (calls of `greet`), a fresh
 //!   instance per call and one per session, with their call p50 against the
@@ -35,6 +38,9 @@
 //!   first session that fails (and says why): each wasm instance holds
 //!   several mappings, so the kernel's `vm.max_map_count` bounds the
 //!   sessions a process can hold.
+//!
+//! `MOAT_BENCH_STDIO_ONLY=1` stops after the stdio table and the compile
+//! cache (the start figures, without the HTTP runs).
 //!
 //! `cargo bench --bench serve`; `MOAT_BENCH_MOAT=PATH` runs the same
 //! bench against another `moat` binary (the `dist` profile's, say:
@@ -528,6 +534,22 @@ allocator = \"pooling\"\npool_instances = {instances}\n",
             digest(guests::EVERYTHING_NATIVE)
         ),
     );
+    // A `#!` script run by the native guest (which ignores its argv).
+    let script = dir.path().join("everything-script");
+    std::fs::write(&script, format!("#!{}\n", guests::EVERYTHING_NATIVE)).unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let native_script = write_config(
+        dir.path(),
+        "native-script",
+        &format!(
+            "[servers.everything]\ncommand = {:?}\nsha256 = {:?}\n",
+            script.to_str().unwrap(),
+            digest(script.to_str().unwrap())
+        ),
+    );
     // Warm the component cache, and lock one copy.
     let status = Command::new(moat_binary())
         .args(["lock", "--config"])
@@ -571,6 +593,9 @@ allocator = \"pooling\"\npool_instances = {instances}\n",
         measure("serve → native child", "everything__echo", &|| {
             moat(&native, &cache, &state)
         }),
+        measure("serve → native script", "everything__echo", &|| {
+            moat(&native_script, &cache, &state)
+        }),
         measure("serve → typed, per call", "kinds__greet", &|| {
             moat(&typed_call, &cache, &state)
         }),
@@ -607,7 +632,7 @@ allocator = \"pooling\"\npool_instances = {instances}\n",
         "(start: median of {STARTS} runs; calls: {CALLS} sequential `echo`, or `greet` for typed; RSS: VmHWM of the process tree)"
     );
     let stdio = &rows[1];
-    for typed in [&rows[4], &rows[5], &rows[7]] {
+    for typed in [&rows[5], &rows[6], &rows[8]] {
         println!(
             "{}: call p50 {:.2}× the stdio component's (target ≤ 2×)",
             typed.name,
@@ -615,6 +640,9 @@ allocator = \"pooling\"\npool_instances = {instances}\n",
         );
     }
     compile_cache(&dir.path().join("cold-cache"), &state, &digest);
+    if std::env::var_os("MOAT_BENCH_STDIO_ONLY").is_some_and(|v| v != "0") {
+        return;
+    }
 
     // Over streamable HTTP.
     raise_open_files();

@@ -79,9 +79,10 @@ enum Command {
         /// SERVER, SERVER__TOOL or sha256:DIGEST.
         target: String,
     },
-    /// Serve every configured server to an agent as one MCP server on stdio:
-    /// tools exposed as `server__tool`, servers started on first use and
-    /// closed with the session. (Work in progress: stdio only.)
+    /// Serve every configured server to an agent as one MCP server, on
+    /// stdio or (`--http`) streamable HTTP: tools exposed as `server__tool`,
+    /// servers started on first use and closed with the session; a server
+    /// that cannot start is left out and tried again.
     Serve {
         /// The config file.
         #[arg(long, short, env = "MOAT_CONFIG", default_value = "moat.toml")]
@@ -430,7 +431,10 @@ fn init_logging(
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    // Colour only for a person at a terminal: a log file or an agent app
+    // reading stderr gets no escape codes.
     let logs = tracing_subscriber::fmt::layer()
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr)
         .with_filter(filter);
     let spans = traces.map(|provider| {
@@ -577,6 +581,7 @@ async fn run(command: Command) -> Result<ExitCode> {
                 revoked: previous.revoked.clone(),
                 ..Lock::default()
             };
+            let mut failures = Vec::new();
             for (name, spec) in &loaded.servers {
                 if let Some(revocation) = revoked.of_name(name, None) {
                     // A revoked server is not started to be measured; its
@@ -591,10 +596,20 @@ async fn run(command: Command) -> Result<ExitCode> {
                     continue;
                 }
                 eprintln!("moat: measuring `{name}`");
-                let locked = host
-                    .measure(spec)
-                    .await
-                    .with_context(|| format!("locking server `{name}`"))?;
+                let locked = match host.measure(spec).await {
+                    Ok(locked) => locked,
+                    Err(error) => {
+                        // Every server is measured; the failures are
+                        // reported together at the end. A failed server
+                        // keeps the entry it had.
+                        eprintln!("moat: `{name}` could not be measured (reported at the end)");
+                        if let Some(old) = previous.servers.get(name) {
+                            lock.servers.insert(name.clone(), old.clone());
+                        }
+                        failures.push((name.clone(), error));
+                        continue;
+                    }
+                };
                 println!(
                     "{name}: {} sha256 {} identity {} ({} tools, {} prompts, {} resources)",
                     locked.evidence,
@@ -632,7 +647,18 @@ async fn run(command: Command) -> Result<ExitCode> {
                 None => "created",
             };
             println!("wrote {} ({state})", path.display());
-            Ok(ExitCode::SUCCESS)
+            if failures.is_empty() {
+                return Ok(ExitCode::SUCCESS);
+            }
+            eprintln!(
+                "moat: error: {} of {} servers could not be measured (each kept the entry it had, if any; fix them and run `moat lock` again):",
+                failures.len(),
+                loaded.servers.len()
+            );
+            for (name, error) in &failures {
+                eprintln!("  {name}: {}", printable(&error.to_string()));
+            }
+            Ok(ExitCode::FAILURE)
         }
         Command::Tools {
             config,
@@ -893,7 +919,9 @@ fn host_for(config_path: &Path, locked: bool) -> Result<Host> {
     let lock_path = Lock::path_for(config_path);
     match Lock::load(&lock_path)? {
         Some(lock) => {
-            moat_host::gateway::check_lock_names(&lock)?;
+            for problem in moat_host::gateway::check_lock_names(&lock) {
+                eprintln!("moat: warning: {problem}");
+            }
             host = host.with_lock(lock, lock_path)
         }
         None if locked => bail!(
@@ -1139,6 +1167,17 @@ async fn gateway_for(
     audit: Option<&Path>,
 ) -> Result<moat_host::gateway::Gateway> {
     let config = Config::load(config_path)?;
+    // A pass-through variable that is unset here is not set for the server
+    // either: said once, at start, before a server fails for want of it.
+    for (name, spec) in &config.servers {
+        for var in &spec.env_passthrough {
+            if std::env::var_os(var).is_none() {
+                tracing::warn!(
+                    "server `{name}`: env_passthrough names {var}, which is not set in Moat's environment: the server starts without it"
+                );
+            }
+        }
+    }
     let mut host = host_for(config_path, locked)?;
     if let Some(audit) = audit {
         host = host
@@ -1149,7 +1188,7 @@ async fn gateway_for(
     let pinned = host.is_locked();
     let gateway = moat_host::gateway::Gateway::new(host, config, open_audit(audit)?);
     if !pinned {
-        gateway.check_names().await?;
+        gateway.check_names().await;
     }
     Ok(gateway)
 }

@@ -426,8 +426,11 @@ fn a_report_into_a_closed_pipe_ends_quietly_without_a_panic() {
     assert!(!stderr(&output).contains("panicked"), "{}", stderr(&output));
 }
 
+/// Issue 33: a tool name that cannot be exposed is left out with a warning
+/// naming it, and the gateway starts (here it then meets EOF on stdin
+/// before any agent; `serve.rs` serves the rest to an agent).
 #[test]
-fn serve_refuses_at_start_a_tool_name_it_cannot_expose() {
+fn serve_leaves_out_a_tool_name_it_cannot_expose() {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("moat.toml");
     std::fs::write(
@@ -439,24 +442,30 @@ fn serve_refuses_at_start_a_tool_name_it_cannot_expose() {
         ),
     )
     .unwrap();
-    // Without the check, serve would start, meet EOF on stdin and succeed.
     let output = Command::new(env!("CARGO_BIN_EXE_moat"))
         .args(["serve", "--config", config.to_str().unwrap()])
         .env(
             "MOAT_CACHE_DIR",
             Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-cache"),
         )
+        .env_remove("RUST_LOG")
         .stdin(std::process::Stdio::null())
         .output()
         .expect("running moat serve");
-    assert!(!output.status.success());
+    assert!(
+        stderr(&output).contains("moat: error: starting the MCP session on stdio"),
+        "it started serving: {}",
+        stderr(&output)
+    );
     assert!(
         stderr(&output).contains(
-            "moat: error: server `shady`, tool `read file`: the exposed name `shady__read file` does not match ^[a-zA-Z0-9_-]{1,64}$"
+            "server `shady`, tool `read file`: the exposed name `shady__read file` does not match ^[a-zA-Z0-9_-]{1,64}$, so it is left out"
         ),
         "{}",
         stderr(&output)
     );
+    // Issue 33 (11): no colour codes when stderr is not a terminal.
+    assert!(!output.stderr.contains(&0x1b), "{}", stderr(&output));
 }
 
 /// A config holding one native server run as `command args...`, unmeasured.
@@ -840,4 +849,122 @@ fn revoke_refuses_launches_of_what_it_names_and_lock_keeps_it() {
             stderr(&output)
         );
     }
+}
+
+/// Issue 33: the lock does not depend on how `--config` is spelled. A lock
+/// made with a relative `--config` is the lock of the same file named by an
+/// absolute path or through a symbolic link to its directory: the server's
+/// working directory (which enters its identity) is canonical.
+#[test]
+fn a_lock_holds_whichever_way_the_config_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let real = dir.path().join("real");
+    std::fs::create_dir(&real).unwrap();
+    std::os::unix::fs::symlink(&real, dir.path().join("link")).unwrap();
+    std::fs::write(
+        real.join("moat.toml"),
+        format!(
+            "[servers.everything]\ncommand = {:?}\nallow_unmeasured = true\n",
+            guests::EVERYTHING_NATIVE
+        ),
+    )
+    .unwrap();
+    let run = |cwd: &Path, args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_moat"))
+            .args(args)
+            .current_dir(cwd)
+            .env(
+                "MOAT_CACHE_DIR",
+                Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-cache"),
+            )
+            .env_remove("MOAT_CONFIG")
+            .env_remove("RUST_LOG")
+            .output()
+            .expect("running moat")
+    };
+    let output = run(&real, &["lock", "--config", "moat.toml"]);
+    assert!(output.status.success(), "stderr: {}", stderr(&output));
+    assert!(stdout(&output).contains("created"), "{}", stdout(&output));
+    let lock = std::fs::read(real.join("moat.lock")).unwrap();
+    let absolute = real.join("moat.toml");
+    let through_link = dir.path().join("link/moat.toml");
+    for (cwd, config) in [
+        (dir.path(), absolute.to_str().unwrap()),
+        (dir.path(), through_link.to_str().unwrap()),
+        (dir.path(), "link/./moat.toml"),
+        (real.as_path(), "./moat.toml"),
+    ] {
+        let output = run(
+            cwd,
+            &["tools", "--locked", "--config", config, "everything"],
+        );
+        assert!(
+            output.status.success(),
+            "--config {config}: stderr: {}",
+            stderr(&output)
+        );
+        let output = run(cwd, &["lock", "--config", config]);
+        assert!(output.status.success(), "stderr: {}", stderr(&output));
+        assert!(
+            stdout(&output).contains("unchanged"),
+            "--config {config}: {}",
+            stdout(&output)
+        );
+        assert_eq!(std::fs::read(real.join("moat.lock")).unwrap(), lock);
+    }
+}
+
+/// Issue 33 (11): `moat serve --help` says what it serves on: stdio or
+/// streamable HTTP, not "stdio only".
+#[test]
+fn serve_help_names_both_transports() {
+    let output = moat(&["serve", "--help"]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let help = stdout(&output);
+    assert!(!help.contains("stdio only"), "{help}");
+    assert!(
+        help.lines()
+            .next()
+            .is_some_and(|l| l.contains("on stdio or (`--http`) streamable HTTP")),
+        "{help}"
+    );
+}
+
+/// Issue 33 (8): `moat lock` measures every server and reports every
+/// failure at the end, instead of stopping at the first; what it could
+/// measure is locked.
+#[test]
+fn lock_measures_every_server_and_reports_each_failure_at_the_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("moat.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[servers.a-broken]\ncommand = \"/bin/sh\"\nargs = [\"-c\", \"echo first >&2; exit 3\"]\nallow_unmeasured = true\n\
+             [servers.b-good]\ncommand = {:?}\nallow_unmeasured = true\n\
+             [servers.c-broken]\ncommand = \"/bin/sh\"\nargs = [\"-c\", \"echo second >&2; exit 4\"]\nallow_unmeasured = true\n",
+            guests::EVERYTHING_NATIVE,
+        ),
+    )
+    .unwrap();
+    let output = moat(&["lock", "--config", config.to_str().unwrap()]);
+    assert!(!output.status.success());
+    let err = stderr(&output);
+    assert!(
+        err.contains("moat: error: 2 of 3 servers could not be measured"),
+        "{err}"
+    );
+    let a = err
+        .lines()
+        .find(|l| l.starts_with("  a-broken: "))
+        .unwrap_or_default();
+    let c = err
+        .lines()
+        .find(|l| l.starts_with("  c-broken: "))
+        .unwrap_or_default();
+    assert!(a.contains("first"), "{err}");
+    assert!(c.contains("second"), "{err}");
+    let lock = std::fs::read_to_string(dir.path().join("moat.lock")).unwrap();
+    assert!(lock.contains("[servers.b-good]"), "{lock}");
+    assert!(!lock.contains("broken"), "{lock}");
 }

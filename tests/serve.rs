@@ -787,3 +787,140 @@ async fn a_second_moat_serve_on_one_audit_log_is_refused_with_the_holders_pid() 
         .count();
     assert_eq!(calls, 2);
 }
+
+/// An agent that keeps the log notifications it hears.
+#[derive(Clone, Default)]
+struct Logged {
+    messages: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    heard: std::sync::Arc<tokio::sync::Notify>,
+}
+
+#[allow(
+    deprecated,
+    reason = "log notifications are how an agent before 2026-07-28 hears of a server that cannot start"
+)]
+impl ClientHandler for Logged {
+    async fn on_logging_message(
+        &self,
+        params: rmcp::model::LoggingMessageNotificationParam,
+        _context: rmcp::service::NotificationContext<rmcp::RoleClient>,
+    ) {
+        self.messages
+            .lock()
+            .unwrap()
+            .push(params.data.as_str().unwrap_or_default().to_owned());
+        self.heard.notify_one();
+    }
+}
+
+/// Issue 33: one server that cannot start (it exits at once, saying why
+/// on stderr) and one tool whose exposed name cannot be served hide
+/// nothing else: the healthy servers' tools are listed and called, the
+/// broken server's calls get its reason, the agent hears of it in a log
+/// notification, and the audit log records the failed start.
+#[tokio::test]
+async fn a_server_that_cannot_start_hides_no_other_servers_tools() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("moat.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[servers.native]\ncommand = {:?}\nallow_unmeasured = true\nenv_passthrough = [\"MOAT_TEST_UNSET_PASSTHROUGH\"]\n\
+             [servers.broken]\ncommand = \"/bin/sh\"\nargs = [\"-c\", \"echo 'error: BROKEN_API_KEY is not set' >&2; exit 3\"]\nallow_unmeasured = true\n\
+             [servers.shady]\nwasm = {:?}\nallow_unmeasured = true\nenv = {{ HOSTILE_TOOL_NAME = \"read file\" }}\n",
+            guests::EVERYTHING_NATIVE,
+            guests::SHADY_METADATA_WASM,
+        ),
+    )
+    .unwrap();
+    let audit = dir.path().join("audit.jsonl");
+    let stderr_path = dir.path().join("stderr");
+    let mut child = serve_stdio_with(
+        &config,
+        &["--audit".as_ref(), audit.as_ref()],
+        std::fs::File::create(&stderr_path).unwrap().into(),
+    );
+    let stdout = child.stdout.take().unwrap();
+    let stdin = child.stdin.take().unwrap();
+    let logged = Logged::default();
+    let agent = logged
+        .clone()
+        .serve((stdout, stdin))
+        .await
+        .expect("initialize");
+
+    let names: Vec<String> = agent
+        .list_all_tools()
+        .await
+        .expect("tools/list with one server that cannot start")
+        .into_iter()
+        .map(|t| t.name.to_string())
+        .collect();
+    assert!(names.contains(&"native__add".to_owned()), "{names:?}");
+    assert!(names.iter().any(|n| n.starts_with("shady__")), "{names:?}");
+    assert!(
+        !names
+            .iter()
+            .any(|n| n.starts_with("broken__") || n == "shady__read file"),
+        "{names:?}"
+    );
+    let mut params = CallToolRequestParams::new("native__add");
+    params.arguments = serde_json::json!({"a": 2, "b": 40}).as_object().cloned();
+    let result = agent.call_tool(params).await.unwrap();
+    assert_eq!(
+        serde_json::to_value(&result.content).unwrap()[0]["text"],
+        "42"
+    );
+    let refused = agent
+        .call_tool(CallToolRequestParams::new("broken__anything"))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        refused.contains("server `broken`") && refused.contains("BROKEN_API_KEY is not set"),
+        "{refused}"
+    );
+    // Issue 33 (6): it exited on its own, with no denial in its stderr: the
+    // sandbox is not blamed.
+    assert!(!refused.contains("sandbox may be the cause"), "{refused}");
+    // The agent is told once in this session, whatever the timing of the
+    // next try.
+    while logged.messages.lock().unwrap().is_empty() {
+        logged.heard.notified().await;
+    }
+    let messages = logged.messages.lock().unwrap().clone();
+    assert!(
+        messages[0].starts_with(
+            "moat: server `broken` could not start, so its tools are left out (tried again in "
+        ) && messages[0].contains("BROKEN_API_KEY is not set"),
+        "{messages:?}"
+    );
+
+    agent.cancel().await.unwrap();
+    let status = child.wait().await.unwrap();
+    assert!(status.success(), "moat serve exited with {status}");
+    let stderr = std::fs::read_to_string(&stderr_path).unwrap();
+    assert!(
+        stderr.contains(
+            "server `shady`, tool `read file`: the exposed name `shady__read file` does not match ^[a-zA-Z0-9_-]{1,64}$, so it is left out"
+        ),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(
+            "server `native`: env_passthrough names MOAT_TEST_UNSET_PASSTHROUGH, which is not set in Moat's environment: the server starts without it"
+        ),
+        "{stderr}"
+    );
+    moat_host::audit::verify(&audit, &common::audit_key()).unwrap();
+    let failed: Vec<serde_json::Value> = std::fs::read_to_string(&audit)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|e| e["event"] == "server_start_failed")
+        .collect();
+    assert!(
+        !failed.is_empty() && failed.iter().all(|e| e["server"] == "broken"),
+        "{failed:?}"
+    );
+}

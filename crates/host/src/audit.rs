@@ -175,6 +175,15 @@ pub enum Event {
         #[serde(flatten)]
         outcome: Outcome,
     },
+    /// A server could not start: its tools are left out of the listings
+    /// until a later try (the `attempts`-th failure in a row) succeeds.
+    ServerStartFailed {
+        session: String,
+        server: String,
+        attempts: u32,
+        #[serde(flatten)]
+        outcome: Outcome,
+    },
     /// `moat serve --http` turned a connection or request away at a limit.
     HttpRefused {
         /// `max-sessions`, `max-connections`, `header-timeout`,

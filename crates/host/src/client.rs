@@ -207,6 +207,14 @@ pub enum ClientError {
         tool: String,
         refusal: String,
     },
+    /// A server of `moat serve` that failed to start, asked for again
+    /// before its next try is due: the reason of the last failure.
+    #[error("server `{server}` could not start: {reason} (Moat tries it again in {retry_in_s} s)")]
+    NotStarted {
+        server: String,
+        reason: String,
+        retry_in_s: u64,
+    },
     #[error("tool `{tool}` on server `{server}` is unavailable: {reason}")]
     ToolUnavailable {
         server: String,
@@ -1173,10 +1181,12 @@ fn sandboxed(shared: &Shared) -> bool {
         .is_some_and(|identity| identity.sandbox.kernel_filesystem)
 }
 
-/// A server that died during the handshake under the sandbox: the error
-/// says the sandbox may be why, with the paths its stderr names beside a
-/// denial (`Permission denied`, `EACCES`, `Operation not permitted`, a
-/// missing module).
+/// A server that died during the handshake under the sandbox: when its
+/// stderr shows a denial (`Permission denied`, `EACCES`, `Operation not
+/// permitted`, `Read-only file system`, a missing module), the error says
+/// the sandbox may be why, with the paths its stderr names beside it.
+/// Without a denial the sandbox is not blamed: the error is the server's
+/// own exit, with its stderr.
 fn sandbox_hint(server: String, fault: Fault) -> ClientError {
     let (Fault::Exited { stderr_tail, .. } | Fault::Crashed { stderr_tail, .. }) = &fault else {
         return ClientError::Fault {
@@ -1185,6 +1195,13 @@ fn sandbox_hint(server: String, fault: Fault) -> ClientError {
             fault,
         };
     };
+    if !stderr_tail.lines().any(is_denial) {
+        return ClientError::Fault {
+            server,
+            operation: "handshake".into(),
+            fault,
+        };
+    }
     let denied = denied_paths(stderr_tail);
     let grants = probable_grants(&denied);
     ClientError::Sandboxed {
@@ -1233,24 +1250,42 @@ fn probable_grants(denied: &[String]) -> Vec<String> {
 }
 
 /// Absolute paths on stderr lines that report a denial, at most eight.
+/// What a line of stderr says when the sandbox may have refused something.
+const DENIALS: [&str; 9] = [
+    "Permission denied",
+    "permission denied",
+    "EACCES",
+    "Operation not permitted",
+    "EPERM",
+    "Read-only file system",
+    "EROFS",
+    "No module named",
+    "Cannot find module",
+];
+
+/// A missing file: a denial when the path it names exists on the host (in
+/// a root of its own, a server does not see what it was not granted).
+const MISSING: [&str; 2] = ["No such file or directory", "ENOENT"];
+
+/// The absolute paths a line of stderr names.
+fn paths_in(line: &str) -> impl Iterator<Item = &str> {
+    line.split(|c: char| c.is_whitespace() || "'\"`,;()[]".contains(c))
+        .map(|word| word.trim_end_matches([':', '.']))
+        .filter(|path| path.starts_with('/') && path.len() > 1)
+}
+
+/// Whether a line of stderr shows something the sandbox may have refused.
+fn is_denial(line: &str) -> bool {
+    DENIALS.iter().any(|d| line.contains(d))
+        || (MISSING.iter().any(|m| line.contains(m))
+            && paths_in(line).any(|path| Path::new(path).exists()))
+}
+
 fn denied_paths(stderr: &str) -> Vec<String> {
-    const DENIALS: [&str; 7] = [
-        "Permission denied",
-        "permission denied",
-        "EACCES",
-        "Operation not permitted",
-        "EPERM",
-        "No module named",
-        "Cannot find module",
-    ];
     let mut paths: Vec<String> = Vec::new();
-    for line in stderr
-        .lines()
-        .filter(|l| DENIALS.iter().any(|d| l.contains(d)))
-    {
-        for word in line.split(|c: char| c.is_whitespace() || "'\"`,;()[]".contains(c)) {
-            let path = word.trim_end_matches([':', '.']);
-            if path.starts_with('/') && path.len() > 1 && !paths.iter().any(|p| p == path) {
+    for line in stderr.lines().filter(|l| is_denial(l)) {
+        for path in paths_in(line) {
+            if !paths.iter().any(|p| p == path) {
                 paths.push(path.to_owned());
             }
         }

@@ -581,6 +581,23 @@ struct RawDir {
     mode: DirMode,
 }
 
+/// The directory relative paths in the config at `path` are resolved
+/// against, canonical: every path that enters an execution identity (a
+/// server's `cwd`, its `measure` paths, its grants) is then the same
+/// whichever way the config was named (`moat.toml`, `./moat.toml`, an
+/// absolute path, a path through a symbolic link). A directory that cannot
+/// be resolved (a config parsed from text alone) stays as written, made
+/// absolute against the working directory where that is possible.
+fn canonical_base(path: &Path) -> PathBuf {
+    let parent = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    std::fs::canonicalize(parent)
+        .or_else(|_| std::path::absolute(parent))
+        .unwrap_or_else(|_| parent.to_owned())
+}
+
 impl Config {
     /// Reads and validates the config at `path`.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
@@ -606,10 +623,8 @@ impl Config {
         };
         let raw: RawConfig = toml::from_str(text)
             .map_err(|error| invalid(error.span(), error.message().to_owned()))?;
-        let base = path
-            .parent()
-            .filter(|p| !p.as_os_str().is_empty())
-            .unwrap_or(Path::new("."));
+        let base = canonical_base(path);
+        let base = base.as_path();
         let mut servers = BTreeMap::new();
         for (name, server) in raw.servers {
             let name_span = name.span();

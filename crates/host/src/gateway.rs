@@ -75,6 +75,35 @@ struct Generation {
     /// A server that this generation runs and that lock no longer pins
     /// as it is refused here (see [`Generation::stale`]).
     superseded: std::sync::RwLock<Option<Arc<crate::lock::Lock>>>,
+    /// Servers that could not start, with why: left out of every listing
+    /// and their calls answered with the reason until the next try is due
+    /// (see [`StartFailure`]). Shared by the generation's sessions, so one
+    /// broken server costs one failed start per backoff, not one per
+    /// session and listing.
+    failures: std::sync::Mutex<BTreeMap<String, StartFailure>>,
+}
+
+/// Why a server could not start, and when it is tried again: after 1 s,
+/// then doubling, at most [`START_RETRY_MAX`] apart.
+#[derive(Clone, Debug)]
+pub struct StartFailure {
+    /// The launch error, in Moat's words (with the server's stderr tail
+    /// where the launch had one).
+    pub reason: String,
+    /// Failed starts in a row.
+    pub attempts: u32,
+    retry_at: std::time::Instant,
+}
+
+/// The longest wait between two tries of a server that cannot start.
+pub const START_RETRY_MAX: Duration = Duration::from_secs(300);
+
+impl StartFailure {
+    /// How long until the next try (zero when it is due).
+    pub fn retry_in(&self) -> Duration {
+        self.retry_at
+            .saturating_duration_since(std::time::Instant::now())
+    }
 }
 
 /// Why a reload (SIGHUP, `--watch`) was refused. Nothing changed.
@@ -84,12 +113,6 @@ pub enum ReloadError {
     Config(#[from] crate::config::ConfigError),
     #[error(transparent)]
     Lock(#[from] crate::lock::LockError),
-    #[error("{path}: {source}")]
-    Names {
-        path: String,
-        #[source]
-        source: GatewayError,
-    },
     #[error(
         "{path}: the [wasm] table changed, and the engine cannot change while serving: restart `moat serve` to apply it"
     )]
@@ -114,11 +137,12 @@ pub struct Reloaded {
     pub enforced: Enforced,
 }
 
-/// Why a gateway cannot start.
+/// A tool or prompt name the gateway cannot expose: it is left out of the
+/// listings, with this warning, and the rest is served.
 #[derive(Debug, thiserror::Error)]
 pub enum GatewayError {
     #[error(
-        "server `{server}`, {what} `{tool}`: the exposed name `{exposed}` does not match ^[a-zA-Z0-9_-]{{1,64}}$ (rename the server, or pin a server without it)"
+        "server `{server}`, {what} `{tool}`: the exposed name `{exposed}` does not match ^[a-zA-Z0-9_-]{{1,64}}$, so it is left out (a shorter server name may make it fit)"
     )]
     InvalidName {
         server: String,
@@ -128,7 +152,7 @@ pub enum GatewayError {
         exposed: String,
     },
     #[error(
-        "server `{server}` lists two {what}s named `{name}`: the exposed name `{exposed}` would be ambiguous, so the gateway refuses to start"
+        "server `{server}` lists two {what}s named `{name}`: the exposed name `{exposed}` would be ambiguous, so only the first is served"
     )]
     DuplicateName {
         server: String,
@@ -139,27 +163,27 @@ pub enum GatewayError {
     },
 }
 
-/// Checks the exposed names of one server's tools or prompts: each valid,
-/// none twice. (Different servers cannot collide: a server name has no
-/// `__` and does not end with `_`, so `server__name` splits one way only.)
-fn check_exposed<'a>(
+/// The exposed names of one server's tools or prompts that cannot be
+/// served: each invalid one, and each one listed twice (the first is
+/// served). (Different servers cannot collide: a server name has no `__`.)
+fn unexposable<'a>(
     server: &str,
     what: &'static str,
     names: impl IntoIterator<Item = &'a str>,
-) -> Result<(), GatewayError> {
+) -> Vec<GatewayError> {
     let mut seen = std::collections::BTreeSet::new();
+    let mut problems = Vec::new();
     for name in names {
         let exposed = format!("{server}{SEPARATOR}{name}");
         if !valid_exposed_name(&exposed) {
-            return Err(GatewayError::InvalidName {
+            problems.push(GatewayError::InvalidName {
                 server: server.to_owned(),
                 what,
                 tool: name.to_owned(),
                 exposed,
             });
-        }
-        if !seen.insert(name) {
-            return Err(GatewayError::DuplicateName {
+        } else if !seen.insert(name) {
+            problems.push(GatewayError::DuplicateName {
                 server: server.to_owned(),
                 what,
                 name: name.to_owned(),
@@ -167,22 +191,26 @@ fn check_exposed<'a>(
             });
         }
     }
-    Ok(())
+    problems
 }
 
-/// Checks, before serving, that every pinned tool and prompt of `lock`
-/// gets a valid exposed name. (Without a lock, they are only known once
-/// their servers run; an invalid one is then hidden and logged.)
-pub fn check_lock_names(lock: &crate::lock::Lock) -> Result<(), GatewayError> {
-    for (server, locked) in &lock.servers {
-        check_exposed(server, "tool", locked.tools.iter().map(|t| t.name.as_str()))?;
-        check_exposed(
-            server,
-            "prompt",
-            locked.prompts.iter().map(|p| p.name.as_str()),
-        )?;
-    }
-    Ok(())
+/// Every pinned tool and prompt of `lock` whose exposed name cannot be
+/// served, for a warning before serving: the listings leave each out and
+/// the rest is served. (Without a lock, names are only known once their
+/// servers run; the same rule applies then.)
+pub fn check_lock_names(lock: &crate::lock::Lock) -> Vec<GatewayError> {
+    lock.servers
+        .iter()
+        .flat_map(|(server, locked)| {
+            unexposable(server, "tool", locked.tools.iter().map(|t| t.name.as_str()))
+                .into_iter()
+                .chain(unexposable(
+                    server,
+                    "prompt",
+                    locked.prompts.iter().map(|p| p.name.as_str()),
+                ))
+        })
+        .collect()
 }
 
 impl Generation {
@@ -195,7 +223,43 @@ impl Generation {
             #[cfg(unix)]
             spare_egress: std::sync::Mutex::default(),
             superseded: std::sync::RwLock::default(),
+            failures: std::sync::Mutex::default(),
         }
+    }
+
+    fn failures(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, StartFailure>> {
+        self.failures.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records that `server` could not start: returns the failure, with
+    /// the next try 1 s away after the first failure, doubling after each
+    /// one more, at most [`START_RETRY_MAX`].
+    fn start_failed(&self, server: &str, reason: String) -> StartFailure {
+        let mut failures = self.failures();
+        let attempts = failures.get(server).map_or(0, |f| f.attempts) + 1;
+        let backoff = Duration::from_secs(1)
+            .saturating_mul(1 << (attempts - 1).min(16))
+            .min(START_RETRY_MAX);
+        let failure = StartFailure {
+            reason,
+            attempts,
+            retry_at: std::time::Instant::now() + backoff,
+        };
+        failures.insert(server.to_owned(), failure.clone());
+        failure
+    }
+
+    /// `server` started: its failures are forgotten.
+    fn started(&self, server: &str) {
+        self.failures().remove(server);
+    }
+
+    /// `server`'s recorded failure, while its next try is not yet due.
+    fn held_back(&self, server: &str) -> Option<StartFailure> {
+        self.failures()
+            .get(server)
+            .filter(|f| !f.retry_in().is_zero())
+            .cloned()
     }
 
     /// The instance the name check started for `server`, if it is still
@@ -261,10 +325,11 @@ impl Generation {
     }
 
     /// Without a lock, tool and prompt names are only known once servers
-    /// run: starts each server once, and refuses a name that cannot be
-    /// exposed, naming the server and the name. A server that fails to
-    /// start here is logged and left to fail on first use.
-    async fn check_names(&self) -> Result<(), GatewayError> {
+    /// run: starts each server once, and warns of each name that cannot be
+    /// exposed, naming the server and the name (the listings leave it
+    /// out). A server that fails to start here is logged and recorded (see
+    /// [`Generation::start_failed`]).
+    async fn check_names(&self) {
         for (server, spec) in &self.config.servers {
             // Its session's pool is given when one takes it over.
             #[cfg(unix)]
@@ -281,7 +346,8 @@ impl Generation {
             let session = match host.connect(spec).await {
                 Ok(session) => session,
                 Err(error) => {
-                    tracing::warn!(%server, %error, "could not start for the name check");
+                    tracing::warn!(%server, %error, "could not start; its tools are left out until it does");
+                    self.start_failed(server, error.to_string());
                     continue;
                 }
             };
@@ -306,10 +372,17 @@ impl Generation {
                     continue;
                 }
             };
-            check_exposed(server, "tool", tools.iter().map(|t| t.name.as_ref()))?;
-            check_exposed(server, "prompt", prompts.iter().map(|p| p.name.as_str()))?;
+            let problems = unexposable(server, "tool", tools.iter().map(|t| t.name.as_ref()))
+                .into_iter()
+                .chain(unexposable(
+                    server,
+                    "prompt",
+                    prompts.iter().map(|p| p.name.as_str()),
+                ));
+            for problem in problems {
+                tracing::warn!("{problem}");
+            }
         }
-        Ok(())
     }
 
     /// The refusal of `server` (or its `tool`) in this generation: when a
@@ -674,10 +747,9 @@ impl Gateway {
             });
         }
         if let Some(lock) = &lock {
-            check_lock_names(lock).map_err(|source| ReloadError::Names {
-                path: lock_path.display().to_string(),
-                source,
-            })?;
+            for problem in check_lock_names(lock) {
+                tracing::warn!(lock = %lock_path.display(), "{problem}");
+            }
         }
         let revoked = lock
             .as_ref()
@@ -689,14 +761,8 @@ impl Gateway {
             .host
             .relocked(lock.map(|lock| (lock, lock_path.clone())));
         let generation = Arc::new(Generation::new(old.number + 1, host, config));
-        if !generation.host.is_locked()
-            && let Err(source) = generation.check_names().await
-        {
-            generation.close_spares(|_, _| false, &mut Vec::new()).await;
-            return Err(ReloadError::Names {
-                path: path.display().to_string(),
-                source,
-            });
+        if !generation.host.is_locked() {
+            generation.check_names().await;
         }
         *self.current.write().unwrap_or_else(|e| e.into_inner()) = generation.clone();
         tracing::info!(%source, generation = generation.number, "reloaded");
@@ -726,11 +792,22 @@ impl Gateway {
     }
 
     /// Without a lock, tool and prompt names are only known once servers
-    /// run: starts each server once, before serving, and refuses a name
-    /// that cannot be exposed, naming the server and the name. A server
-    /// that fails to start here is logged and left to fail on first use.
-    pub async fn check_names(&self) -> Result<(), GatewayError> {
+    /// run: starts each server once, before serving, and warns of each
+    /// name that cannot be exposed (left out of the listings), naming the
+    /// server and the name. A server that fails to start here is logged,
+    /// left out of the listings and tried again with a backoff.
+    pub async fn check_names(&self) {
         self.current().check_names().await
+    }
+
+    /// The servers of the configuration in force that could not start, and
+    /// why: left out of the listings until a try succeeds.
+    pub fn not_started(&self) -> Vec<(String, StartFailure)> {
+        self.current()
+            .failures()
+            .iter()
+            .map(|(server, failure)| (server.clone(), failure.clone()))
+            .collect()
     }
 
     /// Closes every session still open (graceful shutdown): each drains its
@@ -799,6 +876,7 @@ impl Gateway {
             agent: Arc::default(),
             listeners: Arc::default(),
             closed: Arc::default(),
+            told_not_started: std::sync::Mutex::default(),
         });
         {
             let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
@@ -894,6 +972,9 @@ pub struct SessionState {
     listeners: Arc<std::sync::Mutex<Vec<rmcp::service::SubscriptionSink>>>,
     /// Set by the first close; later ones return at once.
     closed: Arc<std::sync::atomic::AtomicBool>,
+    /// Servers this session has told the agent (and the audit log) could
+    /// not start, while held back: once each, not at every listing.
+    told_not_started: std::sync::Mutex<std::collections::BTreeSet<String>>,
     /// The egress connections its native servers may hold at once, all
     /// together (`[serve] egress_connections_per_session`).
     #[cfg(unix)]
@@ -1510,6 +1591,22 @@ impl AgentSession {
         if let Some(child) = self.running(server, spec).await {
             return Ok(child);
         }
+        if let Some(failure) = self.generation.held_back(server) {
+            let error = ClientError::NotStarted {
+                server: server.to_owned(),
+                reason: failure.reason.clone(),
+                retry_in_s: failure.retry_in().as_secs().max(1),
+            };
+            let first = self
+                .told_not_started
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(server.to_owned());
+            if first {
+                self.tell_not_started(server, &error, &failure);
+            }
+            return Err(error);
+        }
         let restarts = self.forget_crashed(server).await?;
         if restarts > 0 {
             let backoff = Duration::from_millis(100 << (restarts - 1));
@@ -1536,9 +1633,22 @@ impl AgentSession {
                         let _ = spare.close().await;
                     });
                 }
-                Arc::new(host.connect(spec).await?)
+                match host.connect(spec).await {
+                    Ok(session) => Arc::new(session),
+                    Err(error) => {
+                        let failure = self.generation.start_failed(server, error.to_string());
+                        tracing::warn!(%server, %error, attempts = failure.attempts, retry_in = ?failure.retry_in(), "could not start; its tools are left out until it does");
+                        self.told_not_started
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .insert(server.to_owned());
+                        self.tell_not_started(server, &error, &failure);
+                        return Err(error);
+                    }
+                }
             }
         };
+        self.generation.started(server);
         let identity = session
             .launched_identity()
             .ok_or_else(|| ClientError::Protocol {
@@ -1747,7 +1857,9 @@ impl AgentSession {
             if self.generation.refusal(&server, None, None).is_some() {
                 continue;
             }
-            let child = self.child(&server).await?;
+            let Some(child) = self.listable(&server).await else {
+                continue;
+            };
             if self
                 .generation
                 .refusal(&server, None, Some(&child))
@@ -1757,7 +1869,15 @@ impl AgentSession {
                 self.stop_refused().await;
                 continue;
             }
-            for mut tool in child.list_tools().await? {
+            let tools = match child.list_tools().await {
+                Ok(tools) => tools,
+                Err(error) => {
+                    tracing::warn!(%server, %error, "tools/list failed; its tools are left out of this listing");
+                    continue;
+                }
+            };
+            let mut seen = std::collections::BTreeSet::new();
+            for mut tool in tools {
                 let name = format!("{server}{SEPARATOR}{}", tool.name);
                 if self
                     .generation
@@ -1767,8 +1887,25 @@ impl AgentSession {
                     tracing::debug!(%server, tool = %tool.name, "revoked in moat.lock; hidden");
                     continue;
                 }
-                if !valid_exposed_name(&name) {
-                    tracing::warn!(%server, tool = %tool.name, "tool name not exposable; hidden");
+                let problem = if !valid_exposed_name(&name) {
+                    Some(GatewayError::InvalidName {
+                        server: server.clone(),
+                        what: "tool",
+                        tool: tool.name.to_string(),
+                        exposed: name.clone(),
+                    })
+                } else if !seen.insert(tool.name.clone()) {
+                    Some(GatewayError::DuplicateName {
+                        server: server.clone(),
+                        what: "tool",
+                        name: tool.name.to_string(),
+                        exposed: name.clone(),
+                    })
+                } else {
+                    None
+                };
+                if let Some(problem) = problem {
+                    tracing::warn!("{problem}");
                     continue;
                 }
                 tool.name = name.into();
@@ -2313,9 +2450,20 @@ impl AgentSession {
     pub async fn prompts(&self) -> Result<Vec<rmcp::model::Prompt>, ClientError> {
         let mut exposed = Vec::new();
         for server in self.servers() {
-            for mut prompt in self.child(&server).await?.list_prompts().await? {
+            let Some(child) = self.listable(&server).await else {
+                continue;
+            };
+            let prompts = match child.list_prompts().await {
+                Ok(prompts) => prompts,
+                Err(error) => {
+                    tracing::warn!(%server, %error, "prompts/list failed; its prompts are left out of this listing");
+                    continue;
+                }
+            };
+            let mut seen = std::collections::BTreeSet::new();
+            for mut prompt in prompts {
                 let name = format!("{server}{SEPARATOR}{}", prompt.name);
-                if valid_exposed_name(&name) {
+                if valid_exposed_name(&name) && seen.insert(prompt.name.clone()) {
                     prompt.name = name;
                     exposed.push(prompt);
                 } else {
@@ -2332,7 +2480,17 @@ impl AgentSession {
         let mut exposed = Vec::new();
         let mut owners = BTreeMap::new();
         for server in self.servers() {
-            for mut resource in self.child(&server).await?.list_resources().await? {
+            let Some(child) = self.listable(&server).await else {
+                continue;
+            };
+            let resources = match child.list_resources().await {
+                Ok(resources) => resources,
+                Err(error) => {
+                    tracing::warn!(%server, %error, "resources/list failed; its resources are left out of this listing");
+                    continue;
+                }
+            };
+            for mut resource in resources {
                 if let Some(other) = owners.insert(resource.uri.clone(), server.clone()) {
                     return Err(ClientError::Protocol {
                         server: server.clone(),
@@ -2353,6 +2511,56 @@ impl AgentSession {
 
     fn servers(&self) -> Vec<String> {
         self.generation.config.servers.keys().cloned().collect()
+    }
+
+    /// `server`'s child for a listing, or `None` when the listing leaves it
+    /// out: it failed to start (now or before, its next try not yet due;
+    /// see [`Generation::start_failed`]). One server that cannot start
+    /// never hides the others.
+    async fn listable(&self, server: &str) -> Option<Arc<Session>> {
+        match self.child(server).await {
+            Ok(child) => Some(child),
+            Err(error) => {
+                tracing::debug!(%server, %error, "left out of the listing");
+                None
+            }
+        }
+    }
+
+    /// Says that `server` could not start where this session's agent and
+    /// its operator see it: the audit log, and the agent (a log
+    /// notification). Each failed start is told; a failure seen again while
+    /// the server is held back, once a session.
+    fn tell_not_started(&self, server: &str, error: &ClientError, failure: &StartFailure) {
+        let retry_in = failure.retry_in();
+        let _ = self.audit(Event::ServerStartFailed {
+            session: self.id.clone(),
+            server: server.to_owned(),
+            attempts: failure.attempts,
+            outcome: outcome_of(error),
+        });
+        if let Some(agent) = self.agent.get().cloned() {
+            let message = format!(
+                "moat: server `{server}` could not start, so its tools are left out (tried again in {} s): {}",
+                retry_in.as_secs().max(1),
+                failure.reason
+            );
+            tokio::spawn(async move {
+                #[allow(deprecated, reason = "agents before 2026-07-28 read log notifications")]
+                let sent = agent
+                    .notify_logging_message(
+                        rmcp::model::LoggingMessageNotificationParam::new(
+                            rmcp::model::LoggingLevel::Error,
+                            message.into(),
+                        )
+                        .with_logger("moat"),
+                    )
+                    .await;
+                if let Err(error) = sent {
+                    tracing::debug!(%error, "telling the agent of a failed start");
+                }
+            });
+        }
     }
 }
 
@@ -2511,6 +2719,7 @@ fn outcome_of(error: &ClientError) -> Outcome {
             Outcome::plain("revoked")
         }
         ClientError::Stale { .. } => Outcome::plain("stale"),
+        ClientError::NotStarted { .. } => Outcome::plain("not-started"),
         ClientError::Launch(_)
         | ClientError::Lock(_)
         | ClientError::NotLocked { .. }
@@ -3596,16 +3805,18 @@ mod tests {
             "files".into(),
             server(vec![tool("read"), tool("write-all")]),
         );
-        assert!(check_lock_names(&lock).is_ok());
+        assert!(check_lock_names(&lock).is_empty());
         lock.servers
             .insert("web".into(), server(vec![tool("fetch url")]));
-        match check_lock_names(&lock) {
-            Err(GatewayError::InvalidName {
-                server,
-                tool,
-                exposed,
-                ..
-            }) => {
+        match &check_lock_names(&lock)[..] {
+            [
+                GatewayError::InvalidName {
+                    server,
+                    tool,
+                    exposed,
+                    ..
+                },
+            ] => {
                 assert_eq!((server.as_str(), tool.as_str()), ("web", "fetch url"));
                 assert_eq!(exposed, "web__fetch url");
             }
@@ -3614,12 +3825,14 @@ mod tests {
         assert!(valid_exposed_name(&"a".repeat(64)));
         assert!(!valid_exposed_name(&"a".repeat(65)));
         lock.servers.remove("web");
-        lock.servers
-            .insert("twice".into(), server(vec![tool("get"), tool("get")]));
-        match check_lock_names(&lock) {
-            Err(error @ GatewayError::DuplicateName { .. }) => assert_eq!(
+        lock.servers.insert(
+            "twice".into(),
+            server(vec![tool("get"), tool("get"), tool("put")]),
+        );
+        match &check_lock_names(&lock)[..] {
+            [error @ GatewayError::DuplicateName { .. }] => assert_eq!(
                 error.to_string(),
-                "server `twice` lists two tools named `get`: the exposed name `twice__get` would be ambiguous, so the gateway refuses to start"
+                "server `twice` lists two tools named `get`: the exposed name `twice__get` would be ambiguous, so only the first is served"
             ),
             other => panic!("{other:?}"),
         }
@@ -3627,9 +3840,12 @@ mod tests {
         let mut prompted = server(vec![tool("get")]);
         prompted.prompts = vec![tool("hello world")];
         lock.servers.insert("greeter".into(), prompted);
-        match check_lock_names(&lock) {
-            Err(GatewayError::InvalidName { what, exposed, .. }) => {
-                assert_eq!((what, exposed.as_str()), ("prompt", "greeter__hello world"))
+        match &check_lock_names(&lock)[..] {
+            [GatewayError::InvalidName { what, exposed, .. }] => {
+                assert_eq!(
+                    (*what, exposed.as_str()),
+                    ("prompt", "greeter__hello world")
+                )
             }
             other => panic!("{other:?}"),
         }

@@ -435,8 +435,17 @@ fn observe(
             "text/plain",
             "not ready: the audit log cannot be written\n".into(),
         ),
+        // Ready with servers that could not start: the others serve, and the
+        // prober learns which (the reasons are in the log and the audit log).
         "/readyz" if gateway.live_sessions() < max_sessions => {
-            text(StatusCode::OK, "text/plain", "ready\n".into())
+            let mut body = String::from("ready\n");
+            for (server, failure) in gateway.not_started() {
+                body.push_str(&format!(
+                    "server `{server}` is not started ({} failed starts; its tools are left out)\n",
+                    failure.attempts
+                ));
+            }
+            text(StatusCode::OK, "text/plain", body)
         }
         "/readyz" => text(
             StatusCode::SERVICE_UNAVAILABLE,

@@ -62,8 +62,16 @@ pub struct Limits {
     /// CPU for native servers: RLIMIT_CPU, seconds of CPU time over the
     /// process's life (SIGXCPU, then SIGKILL a second later). Default 300.
     pub cpu_seconds: u64,
-    /// Memory for native servers: RLIMIT_AS, bytes of address space. Runtimes
-    /// such as V8 reserve far more than they use. Default 8 GiB.
+    /// Memory for native servers: RLIMIT_DATA, bytes of writable private
+    /// memory (the heap and anonymous writable mappings). It counts what a
+    /// server maps to use, not what it reserves: V8's WebAssembly and heap
+    /// reservations, Go's arenas and the JVM's heap are reserved without
+    /// access and count only as they are committed. Default 4 GiB.
+    pub data_bytes: u64,
+    /// RLIMIT_AS, bytes of address space of a native server, reservations
+    /// included: a second bound for those who want one. Off by default
+    /// (`u64::MAX`): Node's `fetch` alone reserves more than 8 GiB for its
+    /// WebAssembly memory, and `data_bytes` bounds what is used.
     pub address_space_bytes: u64,
     /// RLIMIT_NOFILE: open files of a native server. Default 1,024.
     pub open_files: u64,
@@ -97,7 +105,8 @@ impl Default for Limits {
             stderr_buffer_bytes: 64 << 10,
             close_grace_ms: 2_000,
             cpu_seconds: 300,
-            address_space_bytes: 8 << 30,
+            data_bytes: 4 << 30,
+            address_space_bytes: u64::MAX,
             open_files: 1024,
             processes: 4096,
             file_size_bytes: 1 << 30,
@@ -129,6 +138,7 @@ impl Limits {
             ("resource_table_capacity", self.resource_table_capacity),
             ("max_line_bytes", self.max_line_bytes),
             ("cpu_seconds", self.cpu_seconds),
+            ("data_bytes", self.data_bytes),
             ("address_space_bytes", self.address_space_bytes),
             ("open_files", self.open_files),
             ("processes", self.processes),
@@ -160,6 +170,8 @@ pub enum LimitHit {
     ResourceTable { resource_table_capacity: u64 },
     /// A native server used up `cpu_seconds` (RLIMIT_CPU).
     CpuSeconds { cpu_seconds: u64 },
+    /// A native server ran out of writable memory (RLIMIT_DATA).
+    Data { data_bytes: u64 },
     /// A native server ran out of address space (RLIMIT_AS).
     AddressSpace { address_space_bytes: u64 },
     /// A wasm guest asked for more than `max_random_bytes` in one call.
@@ -168,7 +180,7 @@ pub enum LimitHit {
 
 impl LimitHit {
     /// Every limit's name, as configured.
-    pub const NAMES: [&'static str; 9] = [
+    pub const NAMES: [&'static str; 10] = [
         "fuel_per_request",
         "memory_bytes",
         "table_elements",
@@ -176,6 +188,7 @@ impl LimitHit {
         "max_line_bytes",
         "resource_table_capacity",
         "cpu_seconds",
+        "data_bytes",
         "address_space_bytes",
         "max_random_bytes",
     ];
@@ -190,6 +203,7 @@ impl LimitHit {
             Self::LineLength { .. } => "max_line_bytes",
             Self::ResourceTable { .. } => "resource_table_capacity",
             Self::CpuSeconds { .. } => "cpu_seconds",
+            Self::Data { .. } => "data_bytes",
             Self::AddressSpace { .. } => "address_space_bytes",
             Self::RandomBytes { .. } => "max_random_bytes",
         }
@@ -231,6 +245,10 @@ impl fmt::Display for LimitHit {
                     "CPU limit: cpu_seconds = {cpu_seconds} used up (RLIMIT_CPU)"
                 )
             }
+            Self::Data { data_bytes } => write!(
+                f,
+                "memory limit: data_bytes = {data_bytes} exhausted (RLIMIT_DATA; raise it in [servers.NAME.limits])"
+            ),
             Self::AddressSpace {
                 address_space_bytes,
             } => write!(

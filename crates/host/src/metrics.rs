@@ -252,7 +252,10 @@ impl Metrics {
                 server, outcome, ..
             } => self.exited(server, &outcome.outcome),
             Event::HttpRefused { reason, .. } => self.refused(reason),
-            Event::ToolCall { .. } | Event::Revoke { .. } | Event::Reload { .. } => {}
+            Event::ToolCall { .. }
+            | Event::ServerStartFailed { .. }
+            | Event::Revoke { .. }
+            | Event::Reload { .. } => {}
         }
     }
 

@@ -709,3 +709,165 @@ fn opened(
     moat_host::launch::Planned::NativeOpened(Box::new((launch, executable)))
         .transport(&name, limits)
 }
+
+/// Issue 33: a native server gets a small base environment and nothing
+/// else of Moat's: a system `PATH` behind its interpreter's directory, a
+/// private writable `HOME`, `TMPDIR`, `LANG=C.UTF-8`; the config's `env`
+/// over it. The evidence says so.
+#[tokio::test]
+async fn a_native_server_gets_the_base_environment_and_nothing_else() {
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let interpreter = std::fs::canonicalize(python()).unwrap();
+    let path = dir.path().join("env.py");
+    std::fs::write(
+        &path,
+        format!(
+            r#"#!{} -u
+import json, os, sys
+home = os.environ.get("HOME")
+try:
+    with open(os.path.join(home, ".probe"), "w") as f:
+        f.write("x")
+    written = True
+except Exception as e:
+    written = repr(e)
+report = json.dumps({{"env": dict(os.environ), "home_written": written}})
+for line in sys.stdin:
+    message = json.loads(line)
+    method, ident = message.get("method"), message.get("id")
+    if method == "initialize":
+        result = {{"protocolVersion": "2025-06-18", "capabilities": {{"tools": {{}}}}, "serverInfo": {{"name": "env", "version": "1"}}}}
+    elif method == "tools/list":
+        result = {{"tools": [{{"name": "env", "description": report, "inputSchema": {{"type": "object"}}}}]}}
+    else:
+        continue
+    print(json.dumps({{"jsonrpc": "2.0", "id": ident, "result": result}}), flush=True)
+"#,
+            interpreter.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let mut spec = pinned("env", &path, digest_of(&path));
+    spec.env.insert("MOAT_GIVEN".into(), "1".into());
+    let session = host().connect(&spec).await.unwrap();
+    let tools = session.list_tools().await.unwrap();
+    let report: serde_json::Value =
+        serde_json::from_str(tools[0].description.as_deref().unwrap()).unwrap();
+    let env = report["env"].as_object().unwrap();
+    let mut names: Vec<&str> = env.keys().map(String::as_str).collect();
+    names.sort();
+    assert_eq!(
+        names,
+        ["HOME", "LANG", "MOAT_GIVEN", "PATH", "TMPDIR"],
+        "{report}"
+    );
+    assert_eq!(env["LANG"], "C.UTF-8");
+    assert_eq!(
+        env["PATH"],
+        format!(
+            "{}:{}",
+            interpreter.parent().unwrap().display(),
+            native::env::SYSTEM_PATH
+        )
+    );
+    assert_eq!(env["TMPDIR"], "/tmp");
+    let own_root = session
+        .shared()
+        .identity()
+        .unwrap()
+        .sandbox
+        .lines()
+        .iter()
+        .any(|l| l.starts_with("enforced: own root:"));
+    assert_eq!(
+        env["HOME"],
+        if own_root { "/tmp/home" } else { "/tmp" },
+        "{report}"
+    );
+    assert_eq!(report["home_written"], true, "{report}");
+    let lines = session.shared().identity().unwrap().sandbox.lines();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("enforced: environment: ")
+                && l.contains(" LANG=C.UTF-8 ")
+                && l.contains(", and the config's MOAT_GIVEN; nothing else")),
+        "{lines:?}"
+    );
+    session.close().await.unwrap();
+    // The home went with the server's private /tmp.
+    assert!(!Path::new("/tmp/home/.probe").exists());
+}
+
+/// Issue 33: the default limits let ordinary runtimes run. Node reserves
+/// about 10 GiB of address space for one WebAssembly memory (its `fetch`
+/// makes one), which RLIMIT_AS at 8 GiB refused; RLIMIT_DATA bounds what a
+/// server uses without counting reservations.
+#[tokio::test]
+async fn node_makes_a_webassembly_memory_under_the_default_limits() {
+    let Some(node) = std::env::var_os("PATH").and_then(|path| {
+        std::env::split_paths(&path)
+            .map(|dir| dir.join("node"))
+            .find(|candidate| candidate.is_file())
+    }) else {
+        panic!("node is not on PATH: run tests/setup.sh");
+    };
+    let node = std::fs::canonicalize(node).unwrap();
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let path = dir.path().join("server.js");
+    std::fs::write(
+        &path,
+        format!(
+            r#"#!{}
+let report;
+try {{ new WebAssembly.Memory({{ initial: 1 }}); report = "made"; }} catch (e) {{ report = String(e); }}
+require("readline").createInterface({{ input: process.stdin }}).on("line", (line) => {{
+  const m = JSON.parse(line);
+  let result;
+  if (m.method === "initialize") result = {{ protocolVersion: "2025-06-18", capabilities: {{ tools: {{}} }}, serverInfo: {{ name: "node", version: "1" }} }};
+  else if (m.method === "tools/list") result = {{ tools: [{{ name: "wasm", description: report, inputSchema: {{ type: "object" }} }}] }};
+  else return;
+  process.stdout.write(JSON.stringify({{ jsonrpc: "2.0", id: m.id, result }}) + "\n");
+}});
+"#,
+            node.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let spec = pinned("node", &path, digest_of(&path));
+    assert_eq!(spec.limits.address_space_bytes, u64::MAX);
+    let session = host().connect(&spec).await.unwrap();
+    let tools = session.list_tools().await.unwrap();
+    assert_eq!(tools[0].description.as_deref(), Some("made"));
+    session.close().await.unwrap();
+}
+
+/// Issue 33: a server that outgrows `data_bytes` is stopped by it, and the
+/// error names the limit.
+#[tokio::test]
+async fn a_server_past_its_data_limit_is_told_which_limit() {
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let interpreter = std::fs::canonicalize(python()).unwrap();
+    let path = dir.path().join("hog.py");
+    std::fs::write(
+        &path,
+        format!(
+            "#!{}\nimport sys\nhog = bytearray(512 << 20)\nsys.stdin.read()\n",
+            interpreter.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let mut spec = pinned("hog", &path, digest_of(&path));
+    spec.limits.data_bytes = 128 << 20;
+    let error = match host().connect(&spec).await {
+        Ok(_) => panic!("a 512 MiB allocation under a 128 MiB data limit started"),
+        Err(error) => error.to_string(),
+    };
+    assert!(
+        error.contains("memory limit: data_bytes = 134217728 exhausted (RLIMIT_DATA"),
+        "{error}"
+    );
+}

@@ -482,7 +482,13 @@ async fn argv_and_environment_arrive_exactly(launcher: Launcher) {
         .map(String::as_str)
         .collect();
     names.sort();
-    assert_eq!(names, ["GREETING", "PATH"], "the environment is exact");
+    // A native server also gets the documented base (issue 33): HOME,
+    // LANG, TMPDIR, and a PATH that the pass-through replaces here.
+    let expected: &[&str] = match launcher {
+        Launcher::Wasm => &["GREETING", "PATH"],
+        Launcher::Native => &["GREETING", "HOME", "LANG", "PATH", "TMPDIR"],
+    };
+    assert_eq!(names, expected, "the environment is exact");
     assert_eq!(seen["env"]["GREETING"], "hello");
     assert_eq!(
         seen["env"]["PATH"].as_str(),

@@ -38,6 +38,7 @@ use crate::identity::{Digest, DigestMismatch, Evidence, Expectation};
 use crate::instance::{Exit, Identity, Launched, Metrics, SandboxReport, Tracker};
 use crate::limits::{LimitHit, Limits};
 
+pub mod env;
 pub mod learn;
 mod spawn;
 
@@ -925,11 +926,22 @@ fn spawn(
     if let Some(scratch) = &scratch {
         moat_env.push(("TMPDIR".to_owned(), scratch.path().display().to_string()));
     }
-    let env = launch
-        .env
+    let base = env::base(
+        path,
+        executable
+            .interpreter
+            .as_ref()
+            .map(|interpreter| interpreter.path.as_path()),
+        match (&scratch, &isolation.namespaces) {
+            (Some(scratch), _) => env::Scratch::Dir(scratch.path()),
+            (None, Some(ns)) if ns.root.is_some() => env::Scratch::OwnRoot,
+            (None, Some(ns)) if ns.tmp.is_some() => env::Scratch::PrivateTmp,
+            _ => env::Scratch::None,
+        },
+    );
+    report.enforced(env::describe(&base, &launch.env));
+    let env = env::merge(base, &launch.env, &moat_env)
         .iter()
-        .filter(|(k, _)| !moat_env.iter().any(|(p, _)| p == k))
-        .chain(&moat_env)
         .map(|(k, v)| cstring("an environment variable", &format!("{k}={v}")))
         .collect::<Result<Vec<_>, _>>()?;
     let channel = if proxied {
@@ -1579,6 +1591,8 @@ fn rlimits(limits: &Limits) -> Vec<(Resource, Rlimit)> {
                 maximum: Some(limits.cpu_seconds.saturating_add(1)),
             },
         ),
+        (Resource::Data, both(limits.data_bytes)),
+        // u64::MAX is RLIM_INFINITY: no bound (the default).
         (Resource::As, both(limits.address_space_bytes)),
         (Resource::Nofile, both(limits.open_files)),
         (Resource::Nproc, both(limits.processes)),
@@ -1592,7 +1606,25 @@ fn classify(status: WaitStatus, stopped: bool, out_of_memory: bool, limits: &Lim
         Ok(status) => status,
         Err(error) => return Exit::Crashed(format!("waitid: {error}")),
     };
+    // The allocator's message does not say which bound it met: the address
+    // space when one is set below the data limit, else the data limit. A
+    // runtime that catches the failure (Python's MemoryError) exits with a
+    // code instead of a signal; the limit is still what stopped it.
+    let memory_limit = || {
+        Exit::Limit(if limits.address_space_bytes <= limits.data_bytes {
+            LimitHit::AddressSpace {
+                address_space_bytes: limits.address_space_bytes,
+            }
+        } else {
+            LimitHit::Data {
+                data_bytes: limits.data_bytes,
+            }
+        })
+    };
     if let Some(code) = code {
+        if code != 0 && out_of_memory {
+            return memory_limit();
+        }
         return Exit::Code(code);
     }
     let signal = signal.unwrap_or(0);
@@ -1606,9 +1638,7 @@ fn classify(status: WaitStatus, stopped: bool, out_of_memory: bool, limits: &Lim
         });
     }
     if out_of_memory {
-        return Exit::Limit(LimitHit::AddressSpace {
-            address_space_bytes: limits.address_space_bytes,
-        });
+        return memory_limit();
     }
     if stopped && (signal == Signal::TERM.as_raw() || signal == Signal::KILL.as_raw()) {
         return Exit::Stopped;
@@ -1635,10 +1665,12 @@ impl<R> OomWatch<R> {
     }
 }
 
-const OOM_MARKERS: [&[u8]; 3] = [
+const OOM_MARKERS: [&[u8]; 5] = [
     b"memory allocation of",
     b"Cannot allocate memory",
     b"JavaScript heap out of memory",
+    b"MemoryError",
+    b"fatal error: runtime: out of memory",
 ];
 
 impl<R: AsyncRead + Unpin> AsyncRead for OomWatch<R> {

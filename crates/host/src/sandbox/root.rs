@@ -306,6 +306,8 @@ pub fn plan(inputs: &RootInputs<'_>) -> Result<RootPlan, RootError> {
     }
     let cwd = std::fs::canonicalize(inputs.cwd).unwrap_or_else(|_| inputs.cwd.to_owned());
     items.push((cwd.clone(), Kind::Dir));
+    // The server's HOME (see `native::env`), in its private /tmp.
+    items.push((PathBuf::from(crate::native::env::PRIVATE_HOME), Kind::Dir));
     if inputs.resolv_conf
         && let Ok(target) = std::fs::canonicalize("/etc/resolv.conf")
         && !target.starts_with("/etc")

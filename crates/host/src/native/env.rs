@@ -1,0 +1,178 @@
+//! The environment a native server starts with: a small base that ordinary
+//! runtimes need (a system `PATH` with the executable's and interpreter's
+//! directories in front, a private writable `HOME`, `TMPDIR`, a UTF-8
+//! locale), then the config's `env` and `env_passthrough` over it, then
+//! Moat's own variables (the egress proxy's) over everything. Nothing else
+//! of Moat's environment reaches a server.
+//!
+//! The base holds no secret and no path of the user's: `PATH` names only
+//! system directories and the directories of what the server runs (which
+//! it may read anyway), and `HOME` and `TMPDIR` lie in the server's private
+//! `/tmp` (or a `moat learn` run's scratch directory), which no other
+//! process sees and which goes when the server stops.
+
+use std::path::Path;
+
+/// The system directories of the base `PATH`, searched after the
+/// directory of the interpreter (of a `#!` script) or of the executable.
+pub const SYSTEM_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// The locale every server gets unless its config says otherwise: UTF-8,
+/// present on every glibc and musl system without a locale package.
+pub const LANG: &str = "C.UTF-8";
+
+/// `HOME` in a root of the server's own: a directory made in its private
+/// `/tmp`, writable by it and by nothing else.
+pub const PRIVATE_HOME: &str = "/tmp/home";
+
+/// Where the server may write for itself, which decides `HOME` and
+/// `TMPDIR`.
+#[derive(Clone, Copy, Debug)]
+pub enum Scratch<'a> {
+    /// A root of the server's own: `HOME` is [`PRIVATE_HOME`], `TMPDIR` is
+    /// `/tmp`.
+    OwnRoot,
+    /// A private `/tmp` in the host's tree (a `moat learn` run): both are
+    /// `/tmp`.
+    PrivateTmp,
+    /// A scratch directory of the run's own (a `moat learn` run without a
+    /// private `/tmp`): both are that directory.
+    Dir(&'a Path),
+    /// Nowhere private: neither is set (the server's writes go where its
+    /// grants say).
+    None,
+}
+
+/// The base environment of a server that runs `executable` (through
+/// `interpreter`, for a `#!` script), in the order given.
+pub fn base(
+    executable: &Path,
+    interpreter: Option<&Path>,
+    scratch: Scratch<'_>,
+) -> Vec<(String, String)> {
+    let mut path: Vec<String> = Vec::new();
+    // A script's interpreter's directory (where `node` finds `npm`, say);
+    // a binary's own (where `uvx` finds `uv`).
+    if let Some(dir) = interpreter
+        .unwrap_or(executable)
+        .parent()
+        .and_then(Path::to_str)
+        && !dir.is_empty()
+        && !dir.contains(':')
+        && !SYSTEM_PATH.split(':').any(|p| p == dir)
+    {
+        path.push(dir.to_owned());
+    }
+    path.push(SYSTEM_PATH.to_owned());
+    let mut vars = vec![
+        ("PATH".to_owned(), path.join(":")),
+        ("LANG".to_owned(), LANG.to_owned()),
+    ];
+    let (home, tmp) = match scratch {
+        Scratch::OwnRoot => (Some(PRIVATE_HOME.to_owned()), Some("/tmp".to_owned())),
+        Scratch::PrivateTmp => (Some("/tmp".to_owned()), Some("/tmp".to_owned())),
+        Scratch::Dir(dir) => {
+            let dir = dir.display().to_string();
+            (Some(dir.clone()), Some(dir))
+        }
+        Scratch::None => (None, None),
+    };
+    if let Some(home) = home {
+        vars.push(("HOME".to_owned(), home));
+    }
+    if let Some(tmp) = tmp {
+        vars.push(("TMPDIR".to_owned(), tmp));
+    }
+    vars
+}
+
+/// The whole environment, each name once: `base`, then `configured` (the
+/// config's `env` and set `env_passthrough` names) over it, then `moat`
+/// (Moat's own, which nothing overrides) over both.
+pub fn merge(
+    base: Vec<(String, String)>,
+    configured: &[(String, String)],
+    moat: &[(String, String)],
+) -> Vec<(String, String)> {
+    let mut vars: std::collections::BTreeMap<String, String> = base.into_iter().collect();
+    for (name, value) in configured.iter().chain(moat) {
+        vars.insert(name.clone(), value.clone());
+    }
+    vars.into_iter().collect()
+}
+
+/// One line for the sandbox report (`moat inspect`, the evidence): the
+/// base environment and what the config adds, by name only.
+pub fn describe(base: &[(String, String)], configured: &[(String, String)]) -> String {
+    let base: Vec<String> = base
+        .iter()
+        .filter(|(name, _)| !configured.iter().any(|(c, _)| c == name))
+        .map(|(name, value)| format!("{name}={value}"))
+        .collect();
+    let configured: Vec<&str> = configured.iter().map(|(name, _)| name.as_str()).collect();
+    format!(
+        "environment: {}{}; nothing else of Moat's environment",
+        base.join(" "),
+        if configured.is_empty() {
+            String::new()
+        } else {
+            format!(", and the config's {}", configured.join(", "))
+        }
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_base_puts_the_interpreters_directory_before_the_system() {
+        let vars = base(
+            Path::new("/opt/node/lib/node_modules/x/cli.js"),
+            Some(Path::new("/opt/node/bin/node")),
+            Scratch::OwnRoot,
+        );
+        assert_eq!(
+            vars,
+            [
+                ("PATH".to_owned(), format!("/opt/node/bin:{SYSTEM_PATH}")),
+                ("LANG".to_owned(), "C.UTF-8".to_owned()),
+                ("HOME".to_owned(), "/tmp/home".to_owned()),
+                ("TMPDIR".to_owned(), "/tmp".to_owned()),
+            ]
+        );
+        // A binary's own directory; a system directory is not named twice;
+        // nowhere private, no HOME.
+        let vars = base(Path::new("/home/u/.local/bin/uvx"), None, Scratch::None);
+        assert_eq!(vars[0].1, format!("/home/u/.local/bin:{SYSTEM_PATH}"));
+        let vars = base(Path::new("/usr/bin/python3"), None, Scratch::None);
+        assert_eq!(vars[0], ("PATH".to_owned(), SYSTEM_PATH.to_owned()));
+        assert!(
+            !vars
+                .iter()
+                .any(|(name, _)| name == "HOME" || name == "TMPDIR")
+        );
+    }
+
+    #[test]
+    fn the_config_overrides_the_base_and_moat_overrides_both() {
+        let merged = merge(
+            base(Path::new("/usr/bin/x"), None, Scratch::PrivateTmp),
+            &[
+                ("LANG".to_owned(), "de_DE.UTF-8".to_owned()),
+                ("HTTP_PROXY".to_owned(), "http://evil".to_owned()),
+            ],
+            &[("HTTP_PROXY".to_owned(), "http://127.0.0.1:1".to_owned())],
+        );
+        let get = |name: &str| {
+            merged
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, v)| v.as_str())
+        };
+        assert_eq!(get("LANG"), Some("de_DE.UTF-8"));
+        assert_eq!(get("HTTP_PROXY"), Some("http://127.0.0.1:1"));
+        assert_eq!(get("HOME"), Some("/tmp"));
+        assert_eq!(merged.iter().filter(|(n, _)| n == "HTTP_PROXY").count(), 1);
+    }
+}
