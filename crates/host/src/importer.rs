@@ -320,8 +320,22 @@ fn import_entry(
             (args, inferred)
         }
         None => {
-            let _ = writeln!(imported.toml, "command = {}", toml_string(&command));
-            pin_command(imported, original, &command, base, path_var);
+            // A bare name is written as the file it resolved to on Moat's
+            // PATH at import: the digest pinned is that file's, and an
+            // agent started with another PATH must not run another file
+            // under the same name (and be refused as a digest mismatch).
+            let written = match resolve(&command, base, path_var) {
+                Ok(resolved) if !command.contains('/') => {
+                    let found = resolved.found.display().to_string();
+                    imported.skipped.push(format!(
+                        "`{original}`: `{command}` is {found} on Moat's PATH at import; the config names that file, so another PATH cannot change what runs"
+                    ));
+                    found
+                }
+                _ => command.clone(),
+            };
+            let _ = writeln!(imported.toml, "command = {}", toml_string(&written));
+            pin_command(imported, original, &written, base, path_var);
             let mut inferred = infer_grants(&command, &entry.args, original);
             if let Some((module, found)) = &local {
                 keep_local(&mut inferred, original, &command, module, found);
@@ -808,10 +822,25 @@ mod tests {
         );
         assert_eq!(grants("x"), [(real(&package), Ro), (real(&project), Ro)]);
         let x = parsed.server("x").unwrap();
-        let crate::config::ServerKind::Native { measure, .. } = &x.kind else {
+        let crate::config::ServerKind::Native {
+            measure, command, ..
+        } = &x.kind
+        else {
             panic!("native");
         };
         assert_eq!(measure, &[real(&package)]);
+        // Issue 33: a bare name is written as the file it was on PATH, so
+        // an agent's other PATH cannot run another file under that name.
+        let node = resolve("node", Path::new("/"), std::env::var_os("PATH").as_deref()).unwrap();
+        assert_eq!(Path::new(command), node.found);
+        assert!(
+            imported
+                .skipped
+                .iter()
+                .any(|n| n.contains("`node` is ") && n.contains("on Moat's PATH at import")),
+            "{:?}",
+            imported.skipped
+        );
         assert_eq!(x.env_passthrough, ["API_KEY", "GITHUB_TOKEN"]);
         assert_eq!(x.env.get("LOG_LEVEL").map(String::as_str), Some("debug"));
         let notes = imported.skipped.join("\n");

@@ -283,8 +283,9 @@ async fn each_server_writes_to_a_private_tmp_that_goes_with_it() {
     );
     let report = attack(&server, json!({"op": "tmp"})).await;
     // Nothing of the host's /tmp but what the server runs from, when that
-    // lies under /tmp (a checkout there): it is bound in at its place.
-    let mut entries = vec!["breakout-tmp".to_owned()];
+    // lies under /tmp (a checkout there): it is bound in at its place; and
+    // the server's own HOME (issue 33), made empty in its private /tmp.
+    let mut entries = vec!["breakout-tmp".to_owned(), "home".to_owned()];
     if let Ok(inside) = std::path::Path::new(guests::BREAKOUT_NATIVE).strip_prefix("/tmp") {
         let first = inside.components().next().unwrap();
         entries.push(first.as_os_str().to_string_lossy().into_owned());

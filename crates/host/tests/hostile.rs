@@ -34,6 +34,11 @@ both_launchers!(
 /// attacks below would cost hundreds of megabytes if buffered.
 const RSS_BOUND: u64 = 128 << 20;
 
+/// Peak RSS is the whole test process's: an attack that measures it runs
+/// alone (write), every other attack of this file beside the others
+/// (read), so no other test's allocations count against its bound.
+static MEMORY: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
 /// Runs `attack` while a well-behaved `everything` server on the same host
 /// answers calls in a loop; asserts that every one of those calls succeeded
 /// and that at least one was answered while the attack ran.
@@ -72,6 +77,7 @@ async fn attack_faults(launcher: Launcher, session: &moat_host::Session) -> Faul
 }
 
 async fn an_answer_to_a_request_never_sent_faults_the_session(launcher: Launcher) {
+    let _shared = MEMORY.read().await;
     let session = connect(&spec(launcher, guests::STRAY_IDS)).await;
     assert_eq!(
         attack_faults(launcher, &session).await,
@@ -85,6 +91,7 @@ async fn an_answer_to_a_request_never_sent_faults_the_session(launcher: Launcher
 }
 
 async fn a_second_answer_to_one_request_faults_the_session(launcher: Launcher) {
+    let _shared = MEMORY.read().await;
     let mut twice = spec(launcher, guests::STRAY_IDS);
     twice.env.insert("STRAY".into(), "duplicate".into());
     let session = connect(&twice).await;
@@ -101,6 +108,7 @@ async fn a_second_answer_to_one_request_faults_the_session(launcher: Launcher) {
 }
 
 async fn a_hundred_thousand_notifications_are_absorbed_with_memory_bounded(launcher: Launcher) {
+    let _alone = MEMORY.write().await;
     let mut flood = spec(launcher, guests::NOTIFICATION_FLOOD);
     // The deadline is not under test: an unoptimised host on 2 cores takes
     // up to 46 s to absorb the wasm guest's 100,000 notifications (native:
@@ -118,6 +126,7 @@ async fn a_hundred_thousand_notifications_are_absorbed_with_memory_bounded(launc
 }
 
 async fn a_hundred_megabyte_message_is_refused_with_memory_bounded(launcher: Launcher) {
+    let _alone = MEMORY.write().await;
     // The default limit: 16 MiB per message.
     let huge = spec(launcher, guests::HUGE_MESSAGE);
     let max_line_bytes = huge.limits.max_line_bytes;
@@ -137,6 +146,7 @@ async fn a_hundred_megabyte_message_is_refused_with_memory_bounded(launcher: Lau
 }
 
 async fn a_server_that_ignores_eof_is_stopped_on_close(launcher: Launcher) {
+    let _shared = MEMORY.read().await;
     let mut deaf = spec(launcher, guests::DEAF);
     deaf.limits.close_grace_ms = 100;
     let session = connect(&deaf).await;
@@ -151,6 +161,7 @@ async fn a_server_that_ignores_eof_is_stopped_on_close(launcher: Launcher) {
 }
 
 async fn an_answer_at_one_byte_a_second_meets_the_deadline(launcher: Launcher) {
+    let _shared = MEMORY.read().await;
     let mut drip = spec(launcher, guests::SLOW_DRIP);
     drip.limits.request_timeout_ms = 1_500;
     let session = connect(&drip).await;
@@ -169,6 +180,7 @@ async fn an_answer_at_one_byte_a_second_meets_the_deadline(launcher: Launcher) {
 }
 
 async fn a_flood_of_requests_to_the_client_fails_closed(launcher: Launcher) {
+    let _alone = MEMORY.write().await;
     // The server never reads the host's answers: they wait in the host until
     // more than the bound are unanswered, and the session ends. Nothing piles
     // up in the host meanwhile.
@@ -188,6 +200,7 @@ async fn a_flood_of_requests_to_the_client_fails_closed(launcher: Launcher) {
 }
 
 async fn asking_for_four_gigabytes_of_randomness_hits_a_limit(launcher: Launcher) {
+    let _shared = MEMORY.read().await;
     let mut hog = spec(launcher, guests::RANDOM_HOG);
     hog.limits.address_space_bytes = 1 << 30;
     let session = connect(&hog).await;
@@ -214,6 +227,7 @@ async fn asking_for_four_gigabytes_of_randomness_hits_a_limit(launcher: Launcher
 }
 
 async fn opening_files_without_end_meets_a_limit(launcher: Launcher) {
+    let _shared = MEMORY.read().await;
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("file"), b"x").unwrap();
     let mut opener = spec(launcher, guests::OPEN_FILES);
@@ -262,6 +276,7 @@ async fn opening_files_without_end_meets_a_limit(launcher: Launcher) {
 /// Everything it was not granted, tried while a neighbour is served: each
 /// attempt is refused with the error `capabilities.rs` pins grant by grant.
 async fn a_server_reaching_for_what_it_was_not_granted_is_refused_every_time(launcher: Launcher) {
+    let _shared = MEMORY.read().await;
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     let session = connect(&spec(launcher, guests::PROBE)).await;
@@ -271,8 +286,13 @@ async fn a_server_reaching_for_what_it_was_not_granted_is_refused_every_time(lau
         // Not /tmp: a native server has a private /tmp of its own to write.
         json!({"op": "write", "path": "/var/tmp/moat-overreach"}),
         json!({"op": "connect", "addr": addr}),
-        json!({"op": "env", "name": "HOME"}),
+        // A variable of Moat's own environment (cargo sets it for tests):
+        // nothing of it reaches a server that was not given it. (HOME is
+        // the native base's private one, never Moat's: see
+        // `native_launch.rs`.)
+        json!({"op": "env", "name": "CARGO_MANIFEST_DIR"}),
     ];
+    assert!(std::env::var_os("CARGO_MANIFEST_DIR").is_some());
     let tries = async {
         let mut refused = Vec::new();
         for attempt in &attempts {
