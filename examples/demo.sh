@@ -35,7 +35,9 @@ step "what the guest exposes, and what its sandbox enforces"
 run "$moat" tools --config examples/moat.toml everything
 
 step "moat serve: one MCP server for the agent, in front of both servers, on loopback"
-rm -f "$demo/audit.jsonl" "$demo/serve.log"
+# A fresh log each run: the anchor beside it goes too (a log without the
+# anchor it had, or an anchor without its log, is refused as truncated).
+rm -f "$demo/audit.jsonl" "$demo/audit.jsonl.anchor" "$demo/serve.log"
 "$moat" serve --config examples/moat.toml --http 127.0.0.1:0 --audit "$demo/audit.jsonl" \
     2>"$demo/serve.log" &
 serve=$!
