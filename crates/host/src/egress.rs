@@ -236,10 +236,14 @@ pub fn serve(
                     Err(reason) => {
                         tracing::debug!(%server, %reason, "egress connection refused");
                         tokio::spawn(async move {
-                            let _ = tokio::time::timeout(
-                                STEP_TIMEOUT,
-                                refuse(&mut client, "503 Service Unavailable", &reason),
-                            )
+                            let _ = tokio::time::timeout(STEP_TIMEOUT, async {
+                                // The request head is read first: closing a
+                                // socket with unread data sends a reset,
+                                // which can destroy the 503 before the
+                                // client reads it (it saw EPIPE instead).
+                                skip_head(&mut client).await?;
+                                refuse(&mut client, "503 Service Unavailable", &reason).await
+                            })
                             .await;
                         });
                         continue;
@@ -427,6 +431,32 @@ fn parse_head(head: &str) -> Result<(Target, String), String> {
         out,
     ))
 }
+
+/// Reads what the client sent up to the end of its request head (at most
+/// [`REFUSED_HEAD_BYTES`]), without keeping it.
+async fn skip_head(client: &mut TcpStream) -> std::io::Result<()> {
+    let mut buf = [0u8; 1024];
+    let mut tail = [0u8; 3];
+    let mut read = 0usize;
+    while read < REFUSED_HEAD_BYTES {
+        let n = client.read(&mut buf).await?;
+        if n == 0 {
+            break;
+        }
+        read += n;
+        let mut seen = tail.to_vec();
+        seen.extend_from_slice(&buf[..n]);
+        if seen.windows(4).any(|w| w == b"\r\n\r\n") {
+            break;
+        }
+        let keep = seen.len().saturating_sub(3);
+        tail.copy_from_slice(&seen[keep..]);
+    }
+    Ok(())
+}
+
+/// How much of a refused connection's request is read before the refusal.
+const REFUSED_HEAD_BYTES: usize = 16 << 10;
 
 async fn refuse(client: &mut TcpStream, status: &str, reason: &str) -> std::io::Result<()> {
     let body = format!("moat: {reason}\n");
