@@ -28,7 +28,10 @@ use crate::revoke::Revoked;
 pub use crate::config::SEPARATOR;
 
 mod own_task;
+mod start_failures;
+
 use own_task::OwnTask;
+pub use start_failures::{START_RETRY_MAX, StartFailure};
 
 /// Whether `name` is a valid exposed tool name: `^[a-zA-Z0-9_-]{1,64}$`.
 pub fn valid_exposed_name(name: &str) -> bool {
@@ -77,33 +80,8 @@ struct Generation {
     superseded: std::sync::RwLock<Option<Arc<crate::lock::Lock>>>,
     /// Servers that could not start, with why: left out of every listing
     /// and their calls answered with the reason until the next try is due
-    /// (see [`StartFailure`]). Shared by the generation's sessions, so one
-    /// broken server costs one failed start per backoff, not one per
-    /// session and listing.
-    failures: std::sync::Mutex<BTreeMap<String, StartFailure>>,
-}
-
-/// Why a server could not start, and when it is tried again: after 1 s,
-/// then doubling, at most [`START_RETRY_MAX`] apart.
-#[derive(Clone, Debug)]
-pub struct StartFailure {
-    /// The launch error, in Moat's words (with the server's stderr tail
-    /// where the launch had one).
-    pub reason: String,
-    /// Failed starts in a row.
-    pub attempts: u32,
-    retry_at: std::time::Instant,
-}
-
-/// The longest wait between two tries of a server that cannot start.
-pub const START_RETRY_MAX: Duration = Duration::from_secs(300);
-
-impl StartFailure {
-    /// How long until the next try (zero when it is due).
-    pub fn retry_in(&self) -> Duration {
-        self.retry_at
-            .saturating_duration_since(std::time::Instant::now())
-    }
+    /// (see [`start_failures`]).
+    failures: start_failures::StartFailures,
 }
 
 /// Why a reload (SIGHUP, `--watch`) was refused. Nothing changed.
@@ -223,43 +201,8 @@ impl Generation {
             #[cfg(unix)]
             spare_egress: std::sync::Mutex::default(),
             superseded: std::sync::RwLock::default(),
-            failures: std::sync::Mutex::default(),
+            failures: Default::default(),
         }
-    }
-
-    fn failures(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, StartFailure>> {
-        self.failures.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Records that `server` could not start: returns the failure, with
-    /// the next try 1 s away after the first failure, doubling after each
-    /// one more, at most [`START_RETRY_MAX`].
-    fn start_failed(&self, server: &str, reason: String) -> StartFailure {
-        let mut failures = self.failures();
-        let attempts = failures.get(server).map_or(0, |f| f.attempts) + 1;
-        let backoff = Duration::from_secs(1)
-            .saturating_mul(1 << (attempts - 1).min(16))
-            .min(START_RETRY_MAX);
-        let failure = StartFailure {
-            reason,
-            attempts,
-            retry_at: std::time::Instant::now() + backoff,
-        };
-        failures.insert(server.to_owned(), failure.clone());
-        failure
-    }
-
-    /// `server` started: its failures are forgotten.
-    fn started(&self, server: &str) {
-        self.failures().remove(server);
-    }
-
-    /// `server`'s recorded failure, while its next try is not yet due.
-    fn held_back(&self, server: &str) -> Option<StartFailure> {
-        self.failures()
-            .get(server)
-            .filter(|f| !f.retry_in().is_zero())
-            .cloned()
     }
 
     /// The instance the name check started for `server`, if it is still
@@ -328,7 +271,7 @@ impl Generation {
     /// run: starts each server once, and warns of each name that cannot be
     /// exposed, naming the server and the name (the listings leave it
     /// out). A server that fails to start here is logged and recorded (see
-    /// [`Generation::start_failed`]).
+    /// [`start_failures`]).
     async fn check_names(&self) {
         for (server, spec) in &self.config.servers {
             // Its session's pool is given when one takes it over.
@@ -347,7 +290,7 @@ impl Generation {
                 Ok(session) => session,
                 Err(error) => {
                     tracing::warn!(%server, %error, "could not start; its tools are left out until it does");
-                    self.start_failed(server, error.to_string());
+                    self.failures.record(server, error.to_string());
                     continue;
                 }
             };
@@ -803,11 +746,7 @@ impl Gateway {
     /// The servers of the configuration in force that could not start, and
     /// why: left out of the listings until a try succeeds.
     pub fn not_started(&self) -> Vec<(String, StartFailure)> {
-        self.current()
-            .failures()
-            .iter()
-            .map(|(server, failure)| (server.clone(), failure.clone()))
-            .collect()
+        self.current().failures.all()
     }
 
     /// Closes every session still open (graceful shutdown): each drains its
@@ -1591,7 +1530,7 @@ impl AgentSession {
         if let Some(child) = self.running(server, spec).await {
             return Ok(child);
         }
-        if let Some(failure) = self.generation.held_back(server) {
+        if let Some(failure) = self.generation.failures.held_back(server) {
             let error = ClientError::NotStarted {
                 server: server.to_owned(),
                 reason: failure.reason.clone(),
@@ -1636,7 +1575,7 @@ impl AgentSession {
                 match host.connect(spec).await {
                     Ok(session) => Arc::new(session),
                     Err(error) => {
-                        let failure = self.generation.start_failed(server, error.to_string());
+                        let failure = self.generation.failures.record(server, error.to_string());
                         tracing::warn!(%server, %error, attempts = failure.attempts, retry_in = ?failure.retry_in(), "could not start; its tools are left out until it does");
                         self.told_not_started
                             .lock()
@@ -1648,7 +1587,7 @@ impl AgentSession {
                 }
             }
         };
-        self.generation.started(server);
+        self.generation.failures.started(server);
         let identity = session
             .launched_identity()
             .ok_or_else(|| ClientError::Protocol {
@@ -2515,7 +2454,7 @@ impl AgentSession {
 
     /// `server`'s child for a listing, or `None` when the listing leaves it
     /// out: it failed to start (now or before, its next try not yet due;
-    /// see [`Generation::start_failed`]). One server that cannot start
+    /// see [`start_failures`]). One server that cannot start
     /// never hides the others.
     async fn listable(&self, server: &str) -> Option<Arc<Session>> {
         match self.child(server).await {
