@@ -75,3 +75,23 @@ if ! PYTHONPATH=target/py python3 -c "import importlib.metadata as m, sys; sys.e
         "mcp==$PY_MCP" "mcp-server-time==$PY_TIME" "componentize-py==$COMPONENTIZE_PY" \
         "prometheus-client==$PROMETHEUS_CLIENT"
 fi
+
+# The egress clients of crates/host/tests/capabilities.rs
+# (native_egress_is_transparent_to_every_client): Python's requests and httpx,
+# pinned, into target/py-egress (pure Python: the sandboxed server runs them
+# under the system's /usr/bin/python3), and Go (Debian's golang-go), whose
+# net/http client the test builds.
+REQUESTS=2.34.2
+HTTPX=0.28.1
+if ! PYTHONPATH=target/py-egress python3 -c "import importlib.metadata as m, sys; sys.exit(m.version('requests') != '$REQUESTS' or m.version('httpx') != '$HTTPX')" 2>/dev/null; then
+    python3 -m pip install --quiet --disable-pip-version-check --target target/py-egress --upgrade \
+        --only-binary=:all: --no-compile "requests==$REQUESTS" "httpx==$HTTPX"
+fi
+if ! command -v go >/dev/null; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq golang-go >/dev/null
+    else
+        echo "tests/setup.sh: go is needed (Debian: apt-get install golang-go)" >&2
+        exit 1
+    fi
+fi

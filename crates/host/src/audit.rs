@@ -184,6 +184,15 @@ pub enum Event {
         #[serde(flatten)]
         outcome: Outcome,
     },
+    /// A native server's egress was refused by Moat: a name its DNS was
+    /// asked that no `net` entry lists, a proxy request outside the
+    /// grants, or an entry whose name had no usable address at launch.
+    EgressRefused {
+        server: String,
+        /// `host:port`, or the name asked.
+        destination: String,
+        reason: String,
+    },
     /// `moat serve --http` turned a connection or request away at a limit.
     HttpRefused {
         /// `max-sessions`, `max-connections`, `header-timeout`,

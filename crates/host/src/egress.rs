@@ -1,34 +1,53 @@
 //! Egress for native servers with `net` grants: the server runs in a
-//! network namespace of its own whose only way out is this proxy, which
-//! Moat runs outside it. The server's side of the proxy is a listener on
-//! 127.0.0.1 inside the server's namespace (made by the child before exec
-//! and handed to Moat); `HTTP_PROXY` and `HTTPS_PROXY` point at it.
+//! network namespace of its own whose only ways out are Moat's, which Moat
+//! serves from outside it on sockets the child made inside before exec and
+//! handed over (see [`Layout`] for where each is).
 //!
-//! The proxy serves `CONNECT host:port` (HTTPS and any TCP) and plain HTTP
-//! requests in absolute form. A destination is allowed when the name the
-//! client asked for and the port are a `net` entry (names compare without
-//! case and final dot); the connection is then made to what Moat resolves
-//! for that name. Anything else gets `403 Forbidden` with a one-line reason
-//! the server can read. Nothing else leaves the namespace: no UDP, no
-//! other TCP.
+//! **Transparent relays.** Every `net` entry has a TCP listener of Moat's
+//! inside the namespace: a listed name gets a loopback address of its own
+//! (`127.100.0.1`, `127.100.0.2`, ... in the order of the entries), which
+//! Moat's DNS answers for it; an address literal is listened on at that very
+//! address (`127.0.0.1` as it is, any other IPv4 address made an alias of
+//! the namespace's `lo`). A connection to one is relayed to the address the
+//! name resolved to **at launch**: names are looked up once, when the server
+//! starts, and a rebinding answer later changes nothing. A name's
+//! loopback, private, link-local or otherwise non-public addresses are used
+//! only when the grant also names that address literally (with the port);
+//! a name that resolved to nothing usable is refused, saying so. No TLS is
+//! intercepted: bytes are relayed as they are. So a client that ignores
+//! proxy variables (Node's `fetch`, Go, `psql`, a Redis client) reaches its
+//! granted hosts as it would anywhere, and nothing else: any other address
+//! has no route, any other port on a relay address refuses the connection.
 //!
-//! DNS is answered by Moat, from memory: the child also hands over a UDP
-//! socket on 127.0.0.1:53 of its namespace, where its `/etc/resolv.conf`
-//! points. A name a `net` entry lists gets the addresses Moat resolved for
-//! it when the server started (so a client that resolves before it asks
-//! the proxy, as some check for private addresses, works); any other name
-//! is REFUSED, and no query the server sends reaches a resolver, so DNS is
-//! no channel out.
+//! **The proxy** (`HTTP_PROXY`, `HTTPS_PROXY` at `127.0.0.1:3128`), for
+//! clients that want one, serves `CONNECT host:port` and plain HTTP in
+//! absolute form, for the same destinations, to the same launch-time
+//! addresses. Anything else gets `403 Forbidden` with a one-line reason.
 //!
-//! Every proxied connection costs Moat two descriptors, so connections are
+//! **DNS** is answered by Moat, from memory, on UDP 127.0.0.1:53 of the
+//! namespace, where its `/etc/resolv.conf` points: a listed name gets its
+//! relay address (an A record; no AAAA, so clients use it); any other name
+//! is NXDOMAIN at once. No query the server sends reaches a resolver, so DNS
+//! is no channel out.
+//!
+//! Every refusal Moat sees (an unlisted name asked of its DNS, a proxy
+//! request outside the grants, a relay whose name has no usable address) is
+//! reported to the observer the gateway gives ([`Shares::observe`]), which
+//! writes it to the audit log: the first [`MAX_RECORDED`] distinct ones per
+//! server start, then one saying that more were not recorded.
+//!
+//! Every relayed connection costs Moat two descriptors, so connections are
 //! bounded per server, per agent session and per gateway ([`Shares`], from
 //! `[serve] egress_connections_per_server`, `egress_connections_per_session`
 //! and `egress_connections`): one beyond a bound gets `503 Service
-//! Unavailable` naming it, and servers elsewhere keep their share.
+//! Unavailable` naming it (the proxy) or is closed (a relay), and servers
+//! elsewhere keep their share.
 
-use std::collections::HashMap;
-use std::net::IpAddr;
-use std::sync::{Arc, OnceLock};
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -44,6 +63,12 @@ pub const PROXY_PORT: u16 = 3128;
 pub const DNS_PORT: u16 = 53;
 /// How long an answer says it may be cached.
 const DNS_TTL: u32 = 60;
+/// The relay address of the first listed name; the next get the addresses
+/// after it (all of 127.0.0.0/8 is the namespace's loopback).
+pub const NAME_BASE: Ipv4Addr = Ipv4Addr::new(127, 100, 0, 1);
+/// Distinct refusals recorded per server start: a server asking for
+/// random names must not fill the audit log.
+pub const MAX_RECORDED: usize = 64;
 /// Connections one server may have open through the proxy at once when
 /// nothing else says (outside a gateway): each costs Moat two descriptors,
 /// and a server must not be able to spend all of Moat's.
@@ -80,25 +105,92 @@ impl Pool {
     }
 }
 
-/// The bounds on a server's proxied connections: its own (a pool of
+/// How names in `net` entries are looked up at launch: the system's
+/// resolver unless an embedder gives another ([`Shares::with_lookup`]).
+#[derive(Clone)]
+pub struct Lookup(Arc<LookupFn>);
+
+type LookupFn = dyn Fn(String) -> Pin<Box<dyn Future<Output = std::io::Result<Vec<IpAddr>>> + Send>>
+    + Send
+    + Sync;
+
+impl Lookup {
+    /// Looks names up with `lookup`.
+    pub fn new<F, R>(lookup: F) -> Self
+    where
+        F: Fn(String) -> R + Send + Sync + 'static,
+        R: Future<Output = std::io::Result<Vec<IpAddr>>> + Send + 'static,
+    {
+        Self(Arc::new(move |name| Box::pin(lookup(name))))
+    }
+
+    /// The system's resolver (`getaddrinfo`, on tokio's blocking pool).
+    pub fn system() -> Self {
+        Self::new(|name: String| async move {
+            Ok(tokio::net::lookup_host((name.as_str(), 0))
+                .await?
+                .map(|address| address.ip().to_canonical())
+                .collect())
+        })
+    }
+}
+
+impl std::fmt::Debug for Lookup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Lookup")
+    }
+}
+
+/// One destination Moat refused a server, as told to the observer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    pub server: String,
+    /// `host:port`, or a name asked of Moat's DNS.
+    pub destination: String,
+    pub reason: String,
+}
+
+/// Told of each refusal ([`Shares::observe`]).
+#[derive(Clone)]
+pub struct Observer(Arc<dyn Fn(Refusal) + Send + Sync>);
+
+impl Observer {
+    pub fn new(observe: impl Fn(Refusal) + Send + Sync + 'static) -> Self {
+        Self(Arc::new(observe))
+    }
+}
+
+impl std::fmt::Debug for Observer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Observer")
+    }
+}
+
+/// The bounds on a server's relayed connections: its own (a pool of
 /// `per_server` made at its start), and the pools it shares with others,
 /// its gateway's and its agent session's. A server started before any
 /// session needed it (the gateway's name check) has no session yet; the
 /// session that takes it over gives it its pool with [`Shares::adopt`].
+/// With them: how names are looked up, and who is told of refusals.
 #[derive(Clone, Debug)]
 pub struct Shares {
     per_server: usize,
     gateway: Option<Pool>,
     session: Arc<OnceLock<Pool>>,
+    lookup: Option<Lookup>,
+    observer: Option<Observer>,
 }
 
 impl Default for Shares {
-    /// [`MAX_CONNECTIONS`] per server, and nothing shared.
+    /// [`MAX_CONNECTIONS`] per server, nothing shared, the system's
+    /// resolver, and refusals only logged.
     fn default() -> Self {
         Self {
             per_server: MAX_CONNECTIONS,
             gateway: None,
             session: Arc::default(),
+            lookup: None,
+            observer: None,
         }
     }
 }
@@ -110,26 +202,36 @@ impl Shares {
         Self {
             per_server,
             gateway: Some(gateway),
-            session: Arc::default(),
+            ..Self::default()
         }
+    }
+
+    /// The same, with names looked up by `lookup`.
+    pub fn with_lookup(mut self, lookup: Lookup) -> Self {
+        self.lookup = Some(lookup);
+        self
+    }
+
+    /// The same, with `observer` told of every refusal recorded.
+    pub fn observe(mut self, observer: Observer) -> Self {
+        self.observer = Some(observer);
+        self
     }
 
     /// The same bounds, and no session yet (of its own: see
     /// [`Shares::adopt`]).
     pub fn detached(&self) -> Self {
         Self {
-            per_server: self.per_server,
-            gateway: self.gateway.clone(),
             session: Arc::default(),
+            ..self.clone()
         }
     }
 
     /// The same bounds, and `session`'s pool.
     pub fn in_session(&self, session: &Pool) -> Self {
         Self {
-            per_server: self.per_server,
-            gateway: self.gateway.clone(),
             session: Arc::new(OnceLock::from(session.clone())),
+            ..self.clone()
         }
     }
 
@@ -156,6 +258,7 @@ impl Shares {
             .collect()
     }
 }
+
 /// The longest request head the proxy reads.
 const MAX_HEAD: usize = 16 * 1024;
 /// How long a client may take to send its request head, and Moat to
@@ -183,124 +286,481 @@ pub fn proxy_environment() -> Vec<(String, String)> {
     .collect()
 }
 
-/// The names (not IP literals) the `net` entries list, normalized and
-/// deduplicated.
-pub fn listed_names(allowed: &[NetGrant]) -> Vec<String> {
-    let mut names: Vec<String> = allowed
-        .iter()
-        .map(|g| normalize(&g.host))
-        .filter(|h| {
-            h.trim_start_matches('[')
-                .trim_end_matches(']')
-                .parse::<IpAddr>()
-                .is_err()
-        })
-        .collect();
-    names.sort();
-    names.dedup();
-    names
+/// Where each `net` entry is reached inside a server's namespace: what
+/// the child makes before exec (the `lo` aliases, one listener per relay),
+/// and what Moat's DNS answers.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Layout {
+    /// Each listed name (normalized) and the relay address its DNS answer
+    /// gives.
+    pub names: Vec<(String, Ipv4Addr)>,
+    /// One listener per distinct entry, in the order the child hands them
+    /// over.
+    pub relays: Vec<Relay>,
+    /// IPv4 literals outside 127.0.0.0/8: made addresses of the
+    /// namespace's `lo` so a connection to one stays inside, where Moat
+    /// listens.
+    pub aliases: Vec<Ipv4Addr>,
+    /// Entries with no relay (an IPv6 literal other than `::1`, or
+    /// `127.0.0.1:3128`, where the proxy is): reached through the proxy only.
+    pub proxy_only: Vec<NetGrant>,
 }
 
-/// Serves the proxy on `listener` and DNS on `dns` (the server's side)
-/// until the task is aborted, allowing `allowed`, with `shares` bounding
-/// its connections open at once.
+/// One relay: where Moat listens inside, and the entry it relays for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Relay {
+    pub inside: SocketAddr,
+    /// The entry's host, normalized, and port.
+    pub host: String,
+    pub port: u16,
+}
+
+impl Layout {
+    /// The layout for `grants`; `ipv6`: whether the namespace's `lo` has
+    /// `::1` (the kernel has IPv6).
+    pub fn of(grants: &[NetGrant], ipv6: bool) -> Self {
+        let mut layout = Layout::default();
+        let mut seen = HashSet::new();
+        let entries: Vec<(String, u16)> = grants
+            .iter()
+            .map(|g| (normalize(unbracket(&g.host)), g.port))
+            .filter(|entry| seen.insert(entry.clone()))
+            .collect();
+        // Addresses literals take are not given to names.
+        let literals: HashSet<IpAddr> = entries
+            .iter()
+            .filter_map(|(host, _)| host.parse::<IpAddr>().ok())
+            .map(|ip| ip.to_canonical())
+            .collect();
+        let mut next = u32::from(NAME_BASE);
+        for (host, port) in entries {
+            let grant = NetGrant {
+                host: host.clone(),
+                port,
+            };
+            let inside = match host.parse::<IpAddr>().map(|ip| ip.to_canonical()) {
+                Ok(IpAddr::V4(v4)) => {
+                    if !v4.is_loopback() && !layout.aliases.contains(&v4) {
+                        layout.aliases.push(v4);
+                    }
+                    IpAddr::V4(v4)
+                }
+                Ok(IpAddr::V6(v6)) if v6 == Ipv6Addr::LOCALHOST && ipv6 => IpAddr::V6(v6),
+                Ok(IpAddr::V6(_)) => {
+                    layout.proxy_only.push(grant);
+                    continue;
+                }
+                Err(_) if host == "localhost" => IpAddr::V4(Ipv4Addr::LOCALHOST),
+                Err(_) => {
+                    let address = match layout.names.iter().find(|(name, _)| *name == host) {
+                        Some((_, address)) => *address,
+                        None => {
+                            while literals.contains(&IpAddr::V4(Ipv4Addr::from(next))) {
+                                next += 1;
+                            }
+                            let address = Ipv4Addr::from(next);
+                            next += 1;
+                            layout.names.push((host.clone(), address));
+                            address
+                        }
+                    };
+                    IpAddr::V4(address)
+                }
+            };
+            if inside == IpAddr::V4(Ipv4Addr::LOCALHOST) && port == PROXY_PORT {
+                layout.proxy_only.push(grant);
+                continue;
+            }
+            layout.relays.push(Relay {
+                inside: SocketAddr::new(inside, port),
+                host,
+                port,
+            });
+        }
+        layout
+    }
+}
+
+/// The names (not IP literals, not `localhost`) the `net` entries list,
+/// normalized and deduplicated.
+pub fn listed_names(allowed: &[NetGrant]) -> Vec<String> {
+    Layout::of(allowed, false)
+        .names
+        .into_iter()
+        .map(|(name, _)| name)
+        .collect()
+}
+
+/// Whether `ip` is an address of the public internet: not loopback,
+/// private, link-local, shared (100.64.0.0/10), unique-local, unspecified,
+/// multicast, broadcast or documentation.
+pub fn public(ip: IpAddr) -> bool {
+    match ip.to_canonical() {
+        IpAddr::V4(v4) => {
+            let [a, b, ..] = v4.octets();
+            !(v4.is_loopback()
+                || v4.is_private()
+                || v4.is_link_local()
+                || v4.is_unspecified()
+                || v4.is_multicast()
+                || v4.is_broadcast()
+                || v4.is_documentation()
+                || a == 0
+                || (a == 100 && (64..128).contains(&b))
+                || a >= 240)
+        }
+        IpAddr::V6(v6) => {
+            let first = v6.segments()[0];
+            !(v6.is_loopback()
+                || v6.is_unspecified()
+                || v6.is_multicast()
+                || (first & 0xfe00) == 0xfc00
+                || (first & 0xffc0) == 0xfe80
+                || first == 0x2001 && v6.segments()[1] == 0xdb8)
+        }
+    }
+}
+
+/// Where each entry's connections go: fixed when the server starts.
+#[derive(Clone, Debug, Default)]
+pub struct Pinned {
+    targets: HashMap<(String, u16), Result<Vec<SocketAddr>, String>>,
+}
+
+impl Pinned {
+    /// The launch-time addresses of the entry `host:port`, or why it has
+    /// none; `None` when it is not an entry.
+    pub fn targets(&self, host: &str, port: u16) -> Option<&Result<Vec<SocketAddr>, String>> {
+        self.targets.get(&(normalize(unbracket(host)), port))
+    }
+}
+
+/// Looks up each name `grants` lists, once, with `lookup` (each within
+/// [`STEP_TIMEOUT`]), and fixes where each entry's connections go.
+pub async fn pin(grants: &[NetGrant], lookup: &Lookup) -> Pinned {
+    let literal: HashSet<SocketAddr> = grants
+        .iter()
+        .filter_map(|g| {
+            let ip = unbracket(&g.host).parse::<IpAddr>().ok()?;
+            Some(SocketAddr::new(ip.to_canonical(), g.port))
+        })
+        .collect();
+    let mut looked_up: HashMap<String, Result<Vec<IpAddr>, String>> = HashMap::new();
+    let mut pinned = Pinned::default();
+    for grant in grants {
+        let host = normalize(unbracket(&grant.host));
+        let port = grant.port;
+        if pinned.targets.contains_key(&(host.clone(), port)) {
+            continue;
+        }
+        let targets = if let Ok(ip) = host.parse::<IpAddr>() {
+            Ok(vec![SocketAddr::new(ip.to_canonical(), port)])
+        } else if host == "localhost" {
+            Ok(vec![
+                SocketAddr::new(Ipv4Addr::LOCALHOST.into(), port),
+                SocketAddr::new(Ipv6Addr::LOCALHOST.into(), port),
+            ])
+        } else {
+            if !looked_up.contains_key(&host) {
+                let found = match tokio::time::timeout(STEP_TIMEOUT, (lookup.0)(host.clone())).await
+                {
+                    Ok(Ok(found)) => Ok(found),
+                    Ok(Err(error)) => Err(format!("did not resolve at launch: {error}")),
+                    Err(_) => Err(format!(
+                        "did not resolve at launch within {} s",
+                        STEP_TIMEOUT.as_secs()
+                    )),
+                };
+                looked_up.insert(host.clone(), found);
+            }
+            match &looked_up[&host] {
+                Err(reason) => Err(reason.clone()),
+                Ok(found) if found.is_empty() => Err("resolved at launch to no address".to_owned()),
+                Ok(found) => {
+                    let (kept, dropped): (Vec<SocketAddr>, Vec<SocketAddr>) = found
+                        .iter()
+                        .map(|ip| SocketAddr::new(ip.to_canonical(), port))
+                        .partition(|target| public(target.ip()) || literal.contains(target));
+                    if kept.is_empty() {
+                        let shown: Vec<String> =
+                            dropped.iter().map(|t| t.ip().to_string()).collect();
+                        Err(format!(
+                            "resolved at launch to {} only, not a public address; a name's loopback, private and link-local addresses are reached only when granted by address too (add \"{}\" to `net`)",
+                            shown.join(", "),
+                            dropped[0]
+                        ))
+                    } else {
+                        Ok(kept)
+                    }
+                }
+            }
+        };
+        pinned.targets.insert((host, port), targets);
+    }
+    pinned
+}
+
+/// The sockets a child made inside its namespace and handed to Moat.
+pub struct Sockets {
+    /// The proxy's listener, 127.0.0.1:[`PROXY_PORT`].
+    pub proxy: std::net::TcpListener,
+    /// UDP 127.0.0.1:[`DNS_PORT`].
+    pub dns: std::net::UdpSocket,
+    /// One per [`Layout::relays`], in its order.
+    pub relays: Vec<std::net::TcpListener>,
+}
+
+/// Tells the observer of refusals, each distinct one once, the first
+/// [`MAX_RECORDED`] of them.
+struct Recorder {
+    server: String,
+    observer: Option<Observer>,
+    seen: Mutex<HashSet<String>>,
+}
+
+impl Recorder {
+    fn refused(&self, destination: &str, reason: &str) {
+        let destination = crate::text::printable(destination);
+        tracing::info!(server = %self.server, %destination, %reason, "egress refused");
+        let Some(observer) = &self.observer else {
+            return;
+        };
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        let refusal = if seen.len() < MAX_RECORDED {
+            if !seen.insert(format!("{destination} {reason}")) {
+                return;
+            }
+            Refusal {
+                server: self.server.clone(),
+                destination,
+                reason: reason.to_owned(),
+            }
+        } else if seen.insert(String::new()) {
+            Refusal {
+                server: self.server.clone(),
+                destination: "*".to_owned(),
+                reason: format!(
+                    "more than {MAX_RECORDED} distinct refusals since this server started: the rest are not recorded"
+                ),
+            }
+        } else {
+            return;
+        };
+        drop(seen);
+        (observer.0)(refusal);
+    }
+}
+
+/// Serves the proxy, DNS and the relays on `sockets` (the server's side)
+/// until the task is aborted, for `allowed` laid out as `layout`, with
+/// `shares` bounding the connections open at once. Names are looked up
+/// first, once.
 pub fn serve(
     server: String,
-    listener: std::net::TcpListener,
-    dns: std::net::UdpSocket,
+    sockets: Sockets,
+    layout: Layout,
     allowed: Vec<NetGrant>,
     shares: Shares,
 ) -> std::io::Result<tokio::task::JoinHandle<()>> {
-    listener.set_nonblocking(true)?;
-    let listener = TcpListener::from_std(listener)?;
-    dns.set_nonblocking(true)?;
-    let dns = tokio::net::UdpSocket::from_std(dns)?;
-    let names = listed_names(&allowed);
-    let allowed = Arc::new(allowed);
+    sockets.proxy.set_nonblocking(true)?;
+    let listener = TcpListener::from_std(sockets.proxy)?;
+    sockets.dns.set_nonblocking(true)?;
+    let dns = tokio::net::UdpSocket::from_std(sockets.dns)?;
+    let mut relays = Vec::with_capacity(sockets.relays.len());
+    for (socket, relay) in sockets.relays.into_iter().zip(layout.relays) {
+        socket.set_nonblocking(true)?;
+        relays.push((TcpListener::from_std(socket)?, relay));
+    }
+    let names: HashMap<String, Ipv4Addr> = layout.names.into_iter().collect();
     let own = Pool::new(shares.per_server, "server");
-    let answers = serve_dns(server.clone(), dns, names);
+    let recorder = Arc::new(Recorder {
+        server: server.clone(),
+        observer: shares.observer.clone(),
+        seen: Mutex::default(),
+    });
     Ok(tokio::spawn(async move {
-        let proxy = async move {
-            loop {
-                let mut client = match listener.accept().await {
-                    Ok((client, _)) => client,
-                    Err(error) => {
-                        // Out of descriptors, most likely: wait, never spin.
-                        tracing::warn!(%server, %error, "egress accept failed; retrying");
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                        continue;
-                    }
-                };
-                let slot = match shares.take(&own) {
-                    Ok(slot) => slot,
-                    Err(reason) => {
-                        tracing::debug!(%server, %reason, "egress connection refused");
-                        tokio::spawn(async move {
-                            let _ = tokio::time::timeout(STEP_TIMEOUT, async {
-                                // The request head is read first: closing a
-                                // socket with unread data sends a reset,
-                                // which can destroy the 503 before the
-                                // client reads it (it saw EPIPE instead).
-                                skip_head(&mut client).await?;
-                                refuse(&mut client, "503 Service Unavailable", &reason).await
-                            })
-                            .await;
-                        });
-                        continue;
-                    }
-                };
-                let allowed = allowed.clone();
-                let server = server.clone();
-                tokio::spawn(async move {
-                    let _slot = slot;
-                    if let Err(error) = relay(client, &allowed).await {
-                        tracing::debug!(%server, %error, "egress connection ended");
-                    }
-                });
+        let lookup = shares.lookup.clone().unwrap_or_else(Lookup::system);
+        let pinned = Arc::new(pin(&allowed, &lookup).await);
+        for grant in &allowed {
+            if let Some(Err(reason)) = pinned.targets(&grant.host, grant.port) {
+                tracing::warn!(%server, destination = %grant, %reason, "a net entry has no address to reach");
+            }
+        }
+        let allowed = Arc::new(allowed);
+        let connections = Connections {
+            server: server.clone(),
+            shares,
+            own,
+            pinned,
+            recorder: recorder.clone(),
+        };
+        let proxy = {
+            let connections = connections.clone();
+            async move {
+                loop {
+                    let client = accept(&listener, &connections.server).await;
+                    let slot = match connections.slot() {
+                        Ok(slot) => slot,
+                        Err(reason) => {
+                            tokio::spawn(async move {
+                                let mut client = client;
+                                let _ = tokio::time::timeout(STEP_TIMEOUT, async {
+                                    // The request head is read first: closing a
+                                    // socket with unread data sends a reset,
+                                    // which can destroy the 503 before the
+                                    // client reads it (it saw EPIPE instead).
+                                    skip_head(&mut client).await?;
+                                    refuse(&mut client, "503 Service Unavailable", &reason).await
+                                })
+                                .await;
+                            });
+                            continue;
+                        }
+                    };
+                    let allowed = allowed.clone();
+                    let connections = connections.clone();
+                    tokio::spawn(async move {
+                        let _slot = slot;
+                        if let Err(error) = proxy_one(client, &allowed, &connections).await {
+                            tracing::debug!(server = %connections.server, %error, "egress connection ended");
+                        }
+                    });
+                }
             }
         };
-        tokio::join!(proxy, answers);
+        let relayed = futures::future::join_all(relays.into_iter().map(|(listener, relay)| {
+            let connections = connections.clone();
+            async move {
+                loop {
+                    let client = accept(&listener, &connections.server).await;
+                    let Ok(slot) = connections.slot() else {
+                        continue;
+                    };
+                    let connections = connections.clone();
+                    let relay = relay.clone();
+                    tokio::spawn(async move {
+                        let _slot = slot;
+                        if let Err(error) = relay_one(client, &relay, &connections).await {
+                            tracing::debug!(server = %connections.server, %error, "relayed connection ended");
+                        }
+                    });
+                }
+            }
+        }));
+        let answers = serve_dns(dns, names, recorder);
+        tokio::join!(proxy, relayed, answers);
     }))
 }
 
-/// Answers DNS on `socket` for `names`, resolved once, up front (each
-/// within [`STEP_TIMEOUT`]; one that fails has no addresses), and refuses
-/// every other name.
-async fn serve_dns(server: String, socket: tokio::net::UdpSocket, names: Vec<String>) {
-    let mut resolved = HashMap::new();
-    for name in names {
-        let found = tokio::time::timeout(STEP_TIMEOUT, tokio::net::lookup_host((name.as_str(), 0)))
-            .await
-            .ok()
-            .and_then(Result::ok)
-            .map(|addresses| addresses.map(|a| a.ip().to_canonical()).collect::<Vec<_>>())
-            .unwrap_or_default();
-        if found.is_empty() {
-            tracing::warn!(%server, %name, "a listed name did not resolve; DNS answers it with no address");
-        }
-        resolved.insert(name, found);
+/// What every connection of one server shares.
+#[derive(Clone)]
+struct Connections {
+    server: String,
+    shares: Shares,
+    own: Pool,
+    pinned: Arc<Pinned>,
+    recorder: Arc<Recorder>,
+}
+
+impl Connections {
+    fn slot(&self) -> Result<Vec<OwnedSemaphorePermit>, String> {
+        self.shares.take(&self.own).inspect_err(|reason| {
+            tracing::debug!(server = %self.server, %reason, "egress connection refused");
+        })
     }
+
+    /// A connection to the first of `host:port`'s launch-time addresses
+    /// that answers, each tried within [`STEP_TIMEOUT`]; `Err` says why
+    /// not (recorded when the entry has no address).
+    async fn connect(&self, host: &str, port: u16) -> Result<TcpStream, String> {
+        let shown = format!("{}:{port}", crate::text::printable(host));
+        let targets = match self.pinned.targets(host, port) {
+            Some(Ok(targets)) => targets,
+            Some(Err(reason)) => {
+                self.recorder.refused(&shown, reason);
+                return Err(format!("{shown} {reason}"));
+            }
+            None => return Err(format!("{shown} is not in this server's net grants")),
+        };
+        let mut last = String::from("no address");
+        for target in targets {
+            match tokio::time::timeout(STEP_TIMEOUT, TcpStream::connect(target)).await {
+                Ok(Ok(stream)) => return Ok(stream),
+                Ok(Err(error)) => last = format!("{target}: {error}"),
+                Err(_) => last = format!("{target}: timed out"),
+            }
+        }
+        Err(format!("connecting to {shown}: {last}"))
+    }
+}
+
+/// The next connection on `listener`; on an error (out of descriptors,
+/// most likely) it waits, never spins.
+async fn accept(listener: &TcpListener, server: &str) -> TcpStream {
+    loop {
+        match listener.accept().await {
+            Ok((client, _)) => return client,
+            Err(error) => {
+                tracing::warn!(%server, %error, "egress accept failed; retrying");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+/// Relays one connection a client made to `relay`'s address inside.
+async fn relay_one(
+    mut client: TcpStream,
+    relay: &Relay,
+    connections: &Connections,
+) -> std::io::Result<()> {
+    let mut upstream = connections
+        .connect(&relay.host, relay.port)
+        .await
+        .map_err(std::io::Error::other)?;
+    tokio::io::copy_bidirectional(&mut client, &mut upstream).await?;
+    Ok(())
+}
+
+/// Answers DNS on `socket` for `names`, each with its relay address, and
+/// refuses every other name (NXDOMAIN), recording it.
+async fn serve_dns(
+    socket: tokio::net::UdpSocket,
+    names: HashMap<String, Ipv4Addr>,
+    recorder: Arc<Recorder>,
+) {
     let mut buffer = vec![0u8; 4096];
     loop {
         let (length, from) = match socket.recv_from(&mut buffer).await {
             Ok(received) => received,
             Err(error) => {
-                tracing::debug!(%server, %error, "DNS receive failed");
+                tracing::debug!(server = %recorder.server, %error, "DNS receive failed");
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
             }
         };
-        if let Some(reply) = answer_dns(&buffer[..length], &resolved) {
+        if let Some((reply, refused)) = answer_dns(&buffer[..length], &names) {
+            if let Some(name) = refused {
+                recorder.refused(
+                    &name,
+                    "not in this server's net grants (DNS answered NXDOMAIN)",
+                );
+            }
             let _ = socket.send_to(&reply, from).await;
         }
     }
 }
 
-/// The reply to one DNS query: A and AAAA records for a listed name (no
-/// records for other types), REFUSED for any other name, FORMERR for a
-/// query that is not exactly one question. `None` for what is not a query.
-fn answer_dns(query: &[u8], names: &HashMap<String, Vec<IpAddr>>) -> Option<Vec<u8>> {
-    use simple_dns::rdata::{A, AAAA, RData};
+/// The reply to one DNS query: an A record with its relay address for a
+/// listed name (no records for other types), NXDOMAIN for any other name
+/// (with that name, to record, unless it is a reverse lookup), FORMERR for
+/// a query that is not exactly one question. `None` for what is not a
+/// query.
+fn answer_dns(
+    query: &[u8],
+    names: &HashMap<String, Ipv4Addr>,
+) -> Option<(Vec<u8>, Option<String>)> {
+    use simple_dns::rdata::{A, RData};
     use simple_dns::{CLASS, Packet, PacketFlag, QTYPE, RCODE, ResourceRecord, TYPE};
     let packet = Packet::parse(query).ok()?;
     if packet.has_flags(PacketFlag::RESPONSE) {
@@ -312,30 +772,30 @@ fn answer_dns(query: &[u8], names: &HashMap<String, Vec<IpAddr>>) -> Option<Vec<
     }
     let [question] = packet.questions.as_slice() else {
         *reply.rcode_mut() = RCODE::FormatError;
-        return reply.build_bytes_vec().ok();
+        return Some((reply.build_bytes_vec().ok()?, None));
     };
     reply.questions.push(question.clone());
-    match names.get(&normalize(&question.qname.to_string())) {
-        None => *reply.rcode_mut() = RCODE::Refused,
-        Some(addresses) => {
-            for address in addresses {
-                let data = match (question.qtype, address) {
-                    (QTYPE::TYPE(TYPE::A) | QTYPE::ANY, IpAddr::V4(v4)) => RData::A(A::from(*v4)),
-                    (QTYPE::TYPE(TYPE::AAAA) | QTYPE::ANY, IpAddr::V6(v6)) => {
-                        RData::AAAA(AAAA::from(*v6))
-                    }
-                    _ => continue,
-                };
+    let name = normalize(&question.qname.to_string());
+    let mut refused = None;
+    match names.get(&name) {
+        None => {
+            *reply.rcode_mut() = RCODE::NameError;
+            if !name.ends_with(".arpa") {
+                refused = Some(name);
+            }
+        }
+        Some(address) => {
+            if matches!(question.qtype, QTYPE::TYPE(TYPE::A) | QTYPE::ANY) {
                 reply.answers.push(ResourceRecord::new(
                     question.qname.clone(),
                     CLASS::IN,
                     DNS_TTL,
-                    data,
+                    RData::A(A::from(*address)),
                 ));
             }
         }
     }
-    reply.build_bytes_vec().ok()
+    Some((reply.build_bytes_vec().ok()?, refused))
 }
 
 /// A request the proxy understood.
@@ -347,16 +807,20 @@ struct Target {
     tunnel: bool,
 }
 
+fn unbracket(host: &str) -> &str {
+    host.trim_start_matches('[').trim_end_matches(']')
+}
+
 fn normalize(host: &str) -> String {
     host.trim_end_matches('.').to_ascii_lowercase()
 }
 
 /// Whether `host:port` is a `net` entry.
 fn allowed_by(allowed: &[NetGrant], host: &str, port: u16) -> bool {
-    let host = normalize(host.trim_start_matches('[').trim_end_matches(']'));
+    let host = normalize(unbracket(host));
     allowed
         .iter()
-        .any(|g| g.port == port && normalize(&g.host) == host)
+        .any(|g| g.port == port && normalize(unbracket(&g.host)) == host)
 }
 
 /// Splits `host:port` (with `[v6]:port`), `default` when no port is given.
@@ -471,7 +935,13 @@ async fn refuse(client: &mut TcpStream, status: &str, reason: &str) -> std::io::
         .await
 }
 
-async fn relay(mut client: TcpStream, allowed: &[NetGrant]) -> std::io::Result<()> {
+/// Serves one proxy request: a tunnel or a plain HTTP request to an
+/// allowed destination, at its launch-time address.
+async fn proxy_one(
+    mut client: TcpStream,
+    allowed: &[NetGrant],
+    connections: &Connections,
+) -> std::io::Result<()> {
     let mut head = Vec::with_capacity(1024);
     let end = tokio::time::timeout(STEP_TIMEOUT, async {
         let mut buf = [0u8; 2048];
@@ -500,38 +970,17 @@ async fn relay(mut client: TcpStream, allowed: &[NetGrant]) -> std::io::Result<(
         Err(reason) => return refuse(&mut client, "400 Bad Request", &reason).await,
     };
     if !allowed_by(allowed, &target.host, target.port) {
-        let reason = format!(
-            "{}:{} is not in this server's net grants",
-            crate::text::printable(&target.host),
-            target.port
+        let destination = format!("{}:{}", crate::text::printable(&target.host), target.port);
+        connections.recorder.refused(
+            &destination,
+            "not in this server's net grants (proxy answered 403)",
         );
+        let reason = format!("{destination} is not in this server's net grants");
         return refuse(&mut client, "403 Forbidden", &reason).await;
     }
-    let connected = tokio::time::timeout(STEP_TIMEOUT, async {
-        let addresses: Vec<_> = tokio::net::lookup_host((target.host.as_str(), target.port))
-            .await?
-            .collect();
-        let mut last = std::io::Error::other("the name has no address");
-        for address in addresses {
-            match TcpStream::connect(address).await {
-                Ok(stream) => return Ok(stream),
-                Err(error) => last = error,
-            }
-        }
-        Err(last)
-    })
-    .await
-    .unwrap_or_else(|_| Err(std::io::Error::other("timed out")));
-    let mut upstream = match connected {
+    let mut upstream = match connections.connect(&target.host, target.port).await {
         Ok(upstream) => upstream,
-        Err(error) => {
-            let reason = format!(
-                "connecting to {}:{}: {error}",
-                crate::text::printable(&target.host),
-                target.port
-            );
-            return refuse(&mut client, "502 Bad Gateway", &reason).await;
-        }
+        Err(reason) => return refuse(&mut client, "502 Bad Gateway", &reason).await,
     };
     if target.tunnel {
         client
@@ -551,12 +1000,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn dns_answers_listed_names_and_refuses_the_rest() {
+    fn dns_answers_listed_names_with_their_relay_address_and_nothing_else() {
         use simple_dns::{CLASS, Name, Packet, PacketFlag, QCLASS, QTYPE, Question, RCODE, TYPE};
-        let names = HashMap::from([(
-            "api.example".to_owned(),
-            vec!["192.0.2.7".parse().unwrap(), "2001:db8::7".parse().unwrap()],
-        )]);
+        let names = HashMap::from([("api.example".to_owned(), Ipv4Addr::new(127, 100, 0, 1))]);
         let query = |name: &str, kind: TYPE| {
             let mut packet = Packet::new_query(42);
             packet.set_flags(PacketFlag::RECURSION_DESIRED);
@@ -569,38 +1015,233 @@ mod tests {
             packet.build_bytes_vec().unwrap()
         };
         let reply = |bytes: Vec<u8>| {
-            let answer = answer_dns(&bytes, &names).unwrap();
+            let (answer, refused) = answer_dns(&bytes, &names).unwrap();
             let packet = Packet::parse(&answer).unwrap();
             let records: Vec<String> = packet
                 .answers
                 .iter()
                 .map(|r| format!("{:?}", r.rdata))
                 .collect();
-            (packet.id(), packet.rcode(), records)
+            (packet.id(), packet.rcode(), records, refused)
         };
-        let (id, rcode, records) = reply(query("API.example.", TYPE::A));
-        assert_eq!((id, rcode), (42, RCODE::NoError));
+        let (id, rcode, records, refused) = reply(query("API.example.", TYPE::A));
+        assert_eq!((id, rcode, refused), (42, RCODE::NoError, None));
         assert_eq!(records.len(), 1, "{records:?}");
-        let address = u32::from("192.0.2.7".parse::<std::net::Ipv4Addr>().unwrap());
+        let address = u32::from(Ipv4Addr::new(127, 100, 0, 1));
         assert!(records[0].contains(&address.to_string()), "{records:?}");
-        let (_, rcode, records) = reply(query("api.example", TYPE::AAAA));
-        assert_eq!((rcode, records.len()), (RCODE::NoError, 1));
-        let (_, rcode, records) = reply(query("api.example", TYPE::TXT));
+        // No AAAA: clients use the relay's IPv4 address.
+        let (_, rcode, records, _) = reply(query("api.example", TYPE::AAAA));
         assert_eq!((rcode, records.len()), (RCODE::NoError, 0));
-        let (_, rcode, records) = reply(query("exfil.attacker.example", TYPE::A));
-        assert_eq!((rcode, records.len()), (RCODE::Refused, 0));
+        let (_, rcode, records, _) = reply(query("api.example", TYPE::TXT));
+        assert_eq!((rcode, records.len()), (RCODE::NoError, 0));
+        let (_, rcode, records, refused) = reply(query("exfil.attacker.example", TYPE::A));
+        assert_eq!((rcode, records.len()), (RCODE::NameError, 0));
+        assert_eq!(refused.as_deref(), Some("exfil.attacker.example"));
+        let (_, rcode, _, refused) = reply(query("1.0.100.127.in-addr.arpa", TYPE::PTR));
+        assert_eq!(
+            (rcode, refused),
+            (RCODE::NameError, None),
+            "reverse lookups are not recorded"
+        );
         let mut empty = Packet::new_query(7);
         empty.set_flags(PacketFlag::RECURSION_DESIRED);
-        let (_, rcode, _) = reply(empty.build_bytes_vec().unwrap());
+        let (_, rcode, _, _) = reply(empty.build_bytes_vec().unwrap());
         assert_eq!(rcode, RCODE::FormatError);
         assert!(answer_dns(b"not dns", &names).is_none());
-        let response = Packet::parse(&answer_dns(&query("api.example", TYPE::A), &names).unwrap())
+        let response = answer_dns(&query("api.example", TYPE::A), &names)
             .unwrap()
-            .build_bytes_vec()
-            .unwrap();
+            .0;
         assert!(
             answer_dns(&response, &names).is_none(),
             "a reply is not answered"
+        );
+    }
+
+    fn grant(host: &str, port: u16) -> NetGrant {
+        NetGrant {
+            host: host.into(),
+            port,
+        }
+    }
+
+    #[test]
+    fn each_entry_gets_a_listener_inside_names_an_address_of_their_own() {
+        let grants = [
+            grant("API.example.", 443),
+            grant("api.example", 80),
+            grant("db.internal", 5432),
+            grant("127.100.0.2", 9000),
+            grant("127.0.0.1", 8080),
+            grant("10.1.2.3", 6379),
+            grant("localhost", 7000),
+            grant("::1", 7001),
+            grant("2001:db8::5", 443),
+            grant("127.0.0.1", PROXY_PORT),
+            grant("api.example", 443),
+        ];
+        let layout = Layout::of(&grants, true);
+        assert_eq!(
+            layout.names,
+            [
+                ("api.example".to_owned(), Ipv4Addr::new(127, 100, 0, 1)),
+                // 127.100.0.2 is a literal entry's: the next name skips it.
+                ("db.internal".to_owned(), Ipv4Addr::new(127, 100, 0, 3)),
+            ]
+        );
+        let inside: Vec<String> = layout.relays.iter().map(|r| r.inside.to_string()).collect();
+        assert_eq!(
+            inside,
+            [
+                "127.100.0.1:443",
+                "127.100.0.1:80",
+                "127.100.0.3:5432",
+                "127.100.0.2:9000",
+                "127.0.0.1:8080",
+                "10.1.2.3:6379",
+                "127.0.0.1:7000",
+                "[::1]:7001",
+            ]
+        );
+        assert_eq!(layout.aliases, [Ipv4Addr::new(10, 1, 2, 3)]);
+        assert_eq!(
+            layout.proxy_only,
+            [grant("2001:db8::5", 443), grant("127.0.0.1", PROXY_PORT)]
+        );
+        let without_v6 = Layout::of(&[grant("::1", 7001)], false);
+        assert!(without_v6.relays.is_empty());
+        assert_eq!(without_v6.proxy_only, [grant("::1", 7001)]);
+        assert_eq!(listed_names(&grants), ["api.example", "db.internal"]);
+    }
+
+    #[test]
+    fn public_addresses_are_told_from_the_rest() {
+        for ip in [
+            "93.184.215.14",
+            "2606:4700::6810:84e5",
+            "::ffff:93.184.215.14",
+        ] {
+            assert!(public(ip.parse().unwrap()), "{ip}");
+        }
+        for ip in [
+            "127.0.0.1",
+            "10.0.0.5",
+            "172.16.3.4",
+            "192.168.1.1",
+            "169.254.169.254",
+            "100.64.0.1",
+            "0.0.0.0",
+            "224.0.0.1",
+            "255.255.255.255",
+            "192.0.2.7",
+            "::1",
+            "::",
+            "fd00::1",
+            "fe80::1",
+            "::ffff:127.0.0.1",
+            "::ffff:169.254.169.254",
+            "2001:db8::1",
+        ] {
+            assert!(!public(ip.parse().unwrap()), "{ip}");
+        }
+    }
+
+    #[tokio::test]
+    async fn names_are_pinned_at_launch_and_non_public_answers_need_the_address_granted() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let asked = Arc::new(AtomicUsize::new(0));
+        let counted = asked.clone();
+        let lookup = Lookup::new(move |name: String| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            async move {
+                match name.as_str() {
+                    "api.example" => Ok(vec![
+                        "93.184.215.14".parse().unwrap(),
+                        "10.0.0.9".parse().unwrap(),
+                    ]),
+                    "metadata.example" => Ok(vec!["169.254.169.254".parse().unwrap()]),
+                    "db.test" => Ok(vec!["127.0.0.1".parse().unwrap()]),
+                    "empty.example" => Ok(vec![]),
+                    _ => Err(std::io::Error::other("no such name")),
+                }
+            }
+        });
+        let grants = [
+            grant("api.example", 443),
+            grant("api.example", 80),
+            grant("metadata.example", 80),
+            grant("db.test", 5432),
+            grant("127.0.0.1", 5432),
+            grant("empty.example", 443),
+            grant("gone.example", 443),
+            grant("localhost", 7000),
+        ];
+        let pinned = pin(&grants, &lookup).await;
+        assert_eq!(
+            asked.load(Ordering::SeqCst),
+            5,
+            "each name is looked up once"
+        );
+        let ok = |host: &str, port| pinned.targets(host, port).unwrap().clone().unwrap();
+        let err = |host: &str, port| pinned.targets(host, port).unwrap().clone().unwrap_err();
+        assert_eq!(
+            ok("API.example.", 443),
+            ["93.184.215.14:443".parse().unwrap()]
+        );
+        assert_eq!(ok("api.example", 80), ["93.184.215.14:80".parse().unwrap()]);
+        assert_eq!(
+            err("metadata.example", 80),
+            "resolved at launch to 169.254.169.254 only, not a public address; a name's loopback, private and link-local addresses are reached only when granted by address too (add \"169.254.169.254:80\" to `net`)"
+        );
+        assert_eq!(ok("db.test", 5432), ["127.0.0.1:5432".parse().unwrap()]);
+        assert_eq!(
+            err("empty.example", 443),
+            "resolved at launch to no address"
+        );
+        assert_eq!(
+            err("gone.example", 443),
+            "did not resolve at launch: no such name"
+        );
+        assert_eq!(
+            ok("localhost", 7000),
+            [
+                "127.0.0.1:7000".parse().unwrap(),
+                "[::1]:7000".parse().unwrap()
+            ]
+        );
+        assert!(pinned.targets("api.example", 8443).is_none());
+    }
+
+    #[test]
+    fn refusals_are_told_once_each_and_a_flood_is_cut_short() {
+        let told = Arc::new(Mutex::new(Vec::new()));
+        let sink = told.clone();
+        let recorder = Recorder {
+            server: "probe".into(),
+            observer: Some(Observer::new(move |refusal| {
+                sink.lock().unwrap().push(refusal)
+            })),
+            seen: Mutex::default(),
+        };
+        recorder.refused("evil.example", "not listed");
+        recorder.refused("evil.example", "not listed");
+        assert_eq!(
+            *told.lock().unwrap(),
+            [Refusal {
+                server: "probe".into(),
+                destination: "evil.example".into(),
+                reason: "not listed".into()
+            }]
+        );
+        for i in 0..200 {
+            recorder.refused(&format!("n{i}.example"), "not listed");
+        }
+        let told = told.lock().unwrap();
+        assert_eq!(told.len(), MAX_RECORDED + 1);
+        assert_eq!(told[MAX_RECORDED].destination, "*");
+        assert!(
+            told[MAX_RECORDED]
+                .reason
+                .contains("the rest are not recorded")
         );
     }
 

@@ -434,10 +434,23 @@ impl Gateway {
                     "egress_connections is more than a quarter of Moat's descriptor limit: bounded to that"
                 );
             }
-            host.with_egress(crate::egress::Shares::gateway(
-                config.serve.egress_connections_per_server.get(),
-                crate::egress::Pool::new(bound, "gateway"),
-            ))
+            // Each egress refusal is a record in the audit chain.
+            let audit = audit.clone();
+            host.with_egress(
+                crate::egress::Shares::gateway(
+                    config.serve.egress_connections_per_server.get(),
+                    crate::egress::Pool::new(bound, "gateway"),
+                )
+                .observe(crate::egress::Observer::new(move |refusal| {
+                    if let Some(log) = &audit {
+                        let _ = log.record(&Event::EgressRefused {
+                            server: refusal.server,
+                            destination: refusal.destination,
+                            reason: refusal.reason,
+                        });
+                    }
+                })),
+            )
         };
         Self {
             current: Arc::new(std::sync::RwLock::new(Arc::new(Generation::new(

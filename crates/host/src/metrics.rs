@@ -254,6 +254,7 @@ impl Metrics {
             Event::HttpRefused { reason, .. } => self.refused(reason),
             Event::ToolCall { .. }
             | Event::ServerStartFailed { .. }
+            | Event::EgressRefused { .. }
             | Event::Revoke { .. }
             | Event::Reload { .. } => {}
         }

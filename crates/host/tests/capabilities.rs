@@ -294,19 +294,19 @@ async fn a_listed_port_connects_and_others_are_denied(launcher: Launcher) {
     stop(unlisted, unlisted_server);
 }
 
-/// Issue 13: a native server with `net` grants runs, under the default
-/// `required` sandbox, in a network namespace whose only way out is Moat's
-/// egress proxy: the listed host and port are reached through it, an
-/// unlisted port or host (or the same address by another name) gets 403
-/// from the proxy, and a direct connection reaches nothing.
+/// Issue 13, and issue 33 item 5: a native server with `net` grants runs,
+/// under the default `required` sandbox, in a network namespace whose only
+/// ways out are Moat's: the listed host and port are reached through the
+/// proxy and directly (Moat's relay listens there inside); an unlisted port
+/// or host (or the same address by another name) gets 403 from the proxy,
+/// and directly it is refused at once or has no route.
 async fn native_egress_goes_through_the_proxy_only(spec: ServerSpec, listed: u16, unlisted: u16) {
     assert_eq!(spec.sandbox, Sandbox::Required);
     let session = connect(&spec).await;
     let sandbox = session.shared().identity().unwrap().sandbox;
     assert!(
         sandbox.lines().iter().any(|l| l
-            .starts_with("enforced: network namespace: out only through Moat's egress proxy")
-            && l.contains(&format!("to 127.0.0.1:{listed} by the name asked for"))),
+            .starts_with(&format!("enforced: network namespace: out only through Moat, to 127.0.0.1:{listed} at the addresses resolved at launch: relayed transparently (127.0.0.1:{listed}), and through the proxy at 127.0.0.1:3128"))),
         "{sandbox:?}"
     );
     let through = attempt(
@@ -333,10 +333,40 @@ async fn native_egress_goes_through_the_proxy_only(spec: ServerSpec, listed: u16
         json!({"op": "connect", "addr": format!("127.0.0.1:{listed}")}),
     )
     .await;
-    assert!(
-        direct.is_err(),
-        "a direct connection must reach nothing: {direct:?}"
+    assert_eq!(
+        direct.as_deref(),
+        Ok("pong"),
+        "the relay reaches the listed port"
     );
+    // An unlisted port: Landlock's TCP rule refuses the connect (EACCES;
+    // on a kernel without Landlock's TCP rules, nothing listens there).
+    let direct = attempt(
+        &session,
+        json!({"op": "connect", "addr": format!("127.0.0.1:{unlisted}")}),
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        [
+            "Permission denied (os error 13)",
+            "Connection refused (os error 111)"
+        ]
+        .contains(&direct.as_str()),
+        "{direct}"
+    );
+    for (unlisted, error) in [
+        (
+            format!("127.0.0.2:{listed}"),
+            "Connection refused (os error 111)",
+        ),
+        (
+            format!("192.0.2.7:{listed}"),
+            "Network is unreachable (os error 101)",
+        ),
+    ] {
+        let direct = attempt(&session, json!({"op": "connect", "addr": unlisted})).await;
+        assert_eq!(direct, Err(error.to_owned()), "{unlisted}");
+    }
     session.close().await.unwrap();
 }
 
@@ -506,11 +536,11 @@ async fn a_grant_over_what_moat_keeps_is_refused(launcher: Launcher) {
         .unwrap();
 }
 
-/// Behind the egress proxy, DNS is Moat's: /etc/resolv.conf points at
+/// Behind Moat's egress, DNS is Moat's: /etc/resolv.conf points at
 /// 127.0.0.1 in the server's namespace, where a name its `net` lists gets
-/// the addresses Moat resolved at launch and any other name is refused, so
-/// no query reaches a resolver. (The registry is the name: the only network
-/// the tests use.)
+/// its relay address inside the namespace and any other name is NXDOMAIN,
+/// so no query reaches a resolver; the refusal is told to the observer
+/// (the gateway's writes it to the audit log).
 #[tokio::test]
 async fn native_dns_answers_the_listed_names_only() {
     let listed = "registry.npmjs.org";
@@ -519,41 +549,49 @@ async fn native_dns_answers_the_listed_names_only() {
         host: listed.into(),
         port: 443,
     }];
-    let session = connect(&spec).await;
+    let refusals = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = refusals.clone();
+    let host = common::host().with_egress(
+        moat_host::egress::Shares::default()
+            .with_lookup(moat_host::egress::Lookup::new(|_name: String| async {
+                Ok(vec!["93.184.215.14".parse().unwrap()])
+            }))
+            .observe(moat_host::egress::Observer::new(move |refusal| {
+                seen.lock().unwrap().push(refusal)
+            })),
+    );
+    let session = host.connect(&spec).await.unwrap();
     let sandbox = session.shared().identity().unwrap().sandbox;
     assert!(
         sandbox.lines().iter().any(|l| l.starts_with(
-            "enforced: DNS: answered by Moat at 127.0.0.1:53 (resolv.conf covered, read-only), for registry.npmjs.org only"
+            "enforced: DNS: answered by Moat at 127.0.0.1:53 (resolv.conf covered, read-only), for registry.npmjs.org only (each with its relay address); any other name is NXDOMAIN"
         )),
         "{sandbox:?}"
     );
-    let mut expected: Vec<String> = tokio::net::lookup_host((listed, 0))
-        .await
-        .unwrap()
-        .map(|a| a.ip().to_string())
-        .collect();
-    expected.sort();
     let answer = attempt(
         &session,
         json!({"op": "resolve", "addr": format!("{listed}:443")}),
     )
-    .await
-    .unwrap();
-    let mut found: Vec<String> = answer.split(',').map(str::to_owned).collect();
-    found.sort();
-    found.dedup();
-    expected.dedup();
+    .await;
     assert_eq!(
-        found, expected,
-        "the listed name resolves to Moat's addresses"
+        answer.as_deref(),
+        Ok("127.100.0.1"),
+        "the listed name resolves to its relay"
     );
     let refused = attempt(&session, json!({"op": "resolve", "addr": "pypi.org:443"})).await;
-    // REFUSED, which the C library reports as a temporary failure.
+    assert!(
+        refusals
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|r| r.destination == "pypi.org"
+                && r.reason == "not in this server's net grants (DNS answered NXDOMAIN)"),
+        "{refusals:?}"
+    );
+    // NXDOMAIN: no such name, at once.
     assert_eq!(
         refused,
-        Err(
-            "failed to lookup address information: Temporary failure in name resolution".to_owned()
-        )
+        Err("failed to lookup address information: Name or service not known".to_owned())
     );
     let conf = attempt(&session, json!({"op": "read", "path": "/etc/resolv.conf"})).await;
     assert!(conf.unwrap().contains("nameserver 127.0.0.1"));
@@ -764,4 +802,332 @@ async fn egress_connections_are_bounded_per_server_session_and_gateway() {
         assert!(session.close().await.is_empty());
     }
     assert!(gateway.close_all().await.is_empty());
+}
+
+/// A loopback service at `address`: answers every HTTP request with `body`.
+fn http_service(address: &str, body: &'static str) -> u16 {
+    let listener = TcpListener::bind(address).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            std::thread::spawn(move || {
+                let mut head = Vec::new();
+                let mut byte = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") {
+                    match stream.read(&mut byte) {
+                        Ok(1) => head.push(byte[0]),
+                        _ => return,
+                    }
+                }
+                let _ = write!(
+                    stream,
+                    "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+            });
+        }
+    });
+    port
+}
+
+/// A loopback service that speaks just enough of PostgreSQL's protocol to
+/// turn every client away with `FATAL: granted postgres reached` (no
+/// server to install: the client's own message proves where it got).
+fn postgres_service() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            std::thread::spawn(move || {
+                loop {
+                    let mut length = [0u8; 4];
+                    if stream.read_exact(&mut length).is_err() {
+                        return;
+                    }
+                    let length = u32::from_be_bytes(length) as usize;
+                    let mut rest = vec![0u8; length.saturating_sub(4).min(1 << 16)];
+                    if stream.read_exact(&mut rest).is_err() {
+                        return;
+                    }
+                    let code = rest
+                        .get(..4)
+                        .map(|c| u32::from_be_bytes(c.try_into().unwrap()));
+                    // SSLRequest and GSSENCRequest: "not here", then the
+                    // startup message follows.
+                    if matches!(code, Some(80_877_103 | 80_877_104)) {
+                        let _ = stream.write_all(b"N");
+                        continue;
+                    }
+                    let mut fields = Vec::new();
+                    for (kind, value) in [
+                        (b'S', "FATAL"),
+                        (b'V', "FATAL"),
+                        (b'C', "28000"),
+                        (b'M', "granted postgres reached"),
+                    ] {
+                        fields.push(kind);
+                        fields.extend_from_slice(value.as_bytes());
+                        fields.push(0);
+                    }
+                    fields.push(0);
+                    let mut message = vec![b'E'];
+                    message.extend_from_slice(&(fields.len() as u32 + 4).to_be_bytes());
+                    message.extend_from_slice(&fields);
+                    let _ = stream.write_all(&message);
+                    return;
+                }
+            });
+        }
+    });
+    port
+}
+
+/// A Go program that GETs its argument with net/http and prints the body.
+fn go_client() -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("egress-go");
+    let binary = dir.join("goget");
+    std::fs::create_dir_all(&dir).unwrap();
+    let source = dir.join("goget.go");
+    std::fs::write(
+        &source,
+        "package main\n\nimport (\n\t\"fmt\"\n\t\"io\"\n\t\"net/http\"\n\t\"os\"\n)\n\nfunc main() {\n\tresponse, err := http.Get(os.Args[1])\n\tif err != nil {\n\t\tfmt.Fprintln(os.Stderr, err)\n\t\tos.Exit(1)\n\t}\n\tbody, _ := io.ReadAll(response.Body)\n\tfmt.Print(string(body))\n}\n",
+    )
+    .unwrap();
+    let built = std::process::Command::new("go")
+        .args(["build", "-o"])
+        .arg(&binary)
+        .arg(&source)
+        .env("GOCACHE", dir.join("cache"))
+        .env("GOPATH", dir.join("gopath"))
+        .env("GO111MODULE", "off")
+        .env("CGO_ENABLED", "0")
+        .output()
+        .expect("go (run `bash tests/setup.sh`, which installs it)");
+    assert!(
+        built.status.success(),
+        "go build: {}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    binary
+}
+
+/// Issue 33 item 5: egress works for any client. Inside the server's
+/// namespace a `net` grant is reached directly, as anywhere: Node's
+/// `fetch` (which ignores HTTP_PROXY), Python's requests and httpx, Go's
+/// net/http, curl (direct and through the proxy) and a PostgreSQL client
+/// each reach the granted loopback service and are refused an ungranted
+/// one at once; an ungranted name is NXDOMAIN, and told to the observer.
+/// A name is looked up once, at launch: re-pointed afterwards (to another
+/// granted address), it still reaches the launch-time address only.
+#[tokio::test]
+async fn native_egress_is_transparent_to_every_client() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+    let py_egress = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/py-egress");
+    let py_egress = std::fs::canonicalize(&py_egress)
+        .unwrap_or_else(|_| panic!("{}: run `bash tests/setup.sh`", py_egress.display()));
+    let go = go_client();
+    let granted = http_service("127.0.0.1:0", "granted service A");
+    // Service B: the same port on another loopback address.
+    let other = TcpListener::bind(("127.0.0.2", granted));
+    let repointed = match other {
+        Ok(listener) => {
+            drop(listener);
+            http_service(
+                &format!("127.0.0.2:{granted}"),
+                "service B, where the name points later",
+            )
+        }
+        Err(error) => panic!("binding 127.0.0.2:{granted}: {error}"),
+    };
+    assert_eq!(repointed, granted);
+    let ungranted = http_service("127.0.0.1:0", "ungranted service");
+    let postgres = postgres_service();
+
+    let mut spec = spec(Launcher::Native, guests::PROBE);
+    spec.net = [
+        ("127.0.0.1", granted),
+        ("127.0.0.2", granted),
+        ("127.0.0.1", postgres),
+        ("svc.test", granted),
+    ]
+    .into_iter()
+    .map(|(host, port)| NetGrant {
+        host: host.into(),
+        port,
+    })
+    .collect();
+    spec.dirs = vec![
+        DirGrant {
+            host: py_egress.clone(),
+            guest: py_egress.display().to_string(),
+            mode: DirMode::Ro,
+            inode: None,
+        },
+        DirGrant {
+            host: go.parent().unwrap().to_path_buf(),
+            guest: go.parent().unwrap().display().to_string(),
+            mode: DirMode::Ro,
+            inode: None,
+        },
+    ];
+    spec.env
+        .insert("PYTHONPATH".into(), py_egress.display().to_string());
+    let launched = Arc::new(AtomicBool::new(false));
+    let flag = launched.clone();
+    let refusals = Arc::new(Mutex::new(Vec::new()));
+    let seen = refusals.clone();
+    let host = common::host().with_egress(
+        moat_host::egress::Shares::default()
+            .with_lookup(moat_host::egress::Lookup::new(move |name: String| {
+                // At launch svc.test is 127.0.0.1; asked again, 127.0.0.2.
+                let later = flag.swap(true, Ordering::SeqCst);
+                async move {
+                    assert_eq!(name, "svc.test");
+                    Ok(vec![
+                        if later { "127.0.0.2" } else { "127.0.0.1" }
+                            .parse()
+                            .unwrap(),
+                    ])
+                }
+            }))
+            .observe(moat_host::egress::Observer::new(move |refusal| {
+                seen.lock().unwrap().push(refusal)
+            })),
+    );
+    let session = host.connect(&spec).await.unwrap();
+    let exec = |argv: Vec<String>| {
+        let session = &session;
+        async move { attempt(session, json!({"op": "exec", "argv": argv})).await }
+    };
+    let url = |port: u16| format!("http://127.0.0.1:{port}/");
+    let node = |url: String| {
+        vec![
+            "node".to_owned(),
+            "-e".to_owned(),
+            format!(
+                "fetch({url:?}).then(r => r.text()).then(t => console.log(t), e => {{ console.error(e.cause?.code ?? e.message); process.exit(1); }})"
+            ),
+        ]
+    };
+    let python = |library: &str, url: String| {
+        let get = match library {
+            "requests" => format!("import requests; print(requests.get({url:?}, timeout=10).text)"),
+            _ => format!("import httpx; print(httpx.get({url:?}, timeout=10).text)"),
+        };
+        vec!["/usr/bin/python3".to_owned(), "-c".to_owned(), get]
+    };
+    let curl = |url: String, direct: bool| {
+        let mut argv = vec![
+            "curl".to_owned(),
+            "-sS".to_owned(),
+            "--max-time".to_owned(),
+            "10".to_owned(),
+        ];
+        if direct {
+            argv.extend(["--noproxy".to_owned(), "*".to_owned()]);
+        }
+        argv.push(url);
+        argv
+    };
+    let go_path = go.display().to_string();
+    let go_get = move |url: String| vec![go_path.clone(), url];
+    type Argv<'a> = Box<dyn Fn(String) -> Vec<String> + 'a>;
+    let clients: Vec<(&str, Argv)> = vec![
+        ("node fetch", Box::new(node)),
+        ("python requests", Box::new(move |u| python("requests", u))),
+        ("python httpx", Box::new(move |u| python("httpx", u))),
+        ("go net/http", Box::new(go_get)),
+        ("curl, direct", Box::new(move |u| curl(u, true))),
+        ("curl, through the proxy", Box::new(move |u| curl(u, false))),
+    ];
+    for (client, argv) in &clients {
+        let reached = exec(argv(url(granted))).await;
+        assert_eq!(reached.as_deref(), Ok("granted service A"), "{client}");
+        // Refused: an error, or (a client that reads a 403 as an answer)
+        // the proxy's refusal.
+        let error = match exec(argv(url(ungranted))).await {
+            Ok(text) | Err(text) => text,
+        };
+        assert!(
+            !error.contains("ungranted service"),
+            "{client} reached an ungranted service: {error}"
+        );
+        assert!(
+            [
+                "ECONNREFUSED",
+                "Connection refused",
+                "connection refused",
+                "EACCES",
+                "Permission denied",
+                "permission denied",
+                "403",
+                "is not in this server's net grants",
+                "Couldn't connect to server"
+            ]
+            .iter()
+            .any(|needle| error.contains(needle)),
+            "{client}: {error}"
+        );
+    }
+    let psql = |port: u16| {
+        vec![
+            "psql".to_owned(),
+            format!(
+                "host=127.0.0.1 port={port} user=moat dbname=moat connect_timeout=10 sslmode=disable"
+            ),
+            "-c".to_owned(),
+            "select 1".to_owned(),
+        ]
+    };
+    let reached = exec(psql(postgres)).await.unwrap_err();
+    assert!(
+        reached.contains("FATAL:  granted postgres reached"),
+        "{reached}"
+    );
+    let refused = exec(psql(ungranted)).await.unwrap_err();
+    assert!(
+        refused.contains("Connection refused") || refused.contains("Permission denied"),
+        "{refused}"
+    );
+
+    // The name: pinned at launch, whatever it resolves to later.
+    for argv in [
+        curl(format!("http://svc.test:{granted}/"), true),
+        node(format!("http://svc.test:{granted}/")),
+    ] {
+        assert_eq!(exec(argv).await.as_deref(), Ok("granted service A"));
+    }
+    assert!(launched.load(Ordering::SeqCst), "svc.test was looked up");
+    let unlisted = exec(curl(format!("http://other.test:{granted}/"), true))
+        .await
+        .unwrap_err();
+    assert!(
+        unlisted.contains("Could not resolve host: other.test"),
+        "{unlisted}"
+    );
+    assert!(
+        refusals
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|r| r.server == "probe" && r.destination == "other.test"),
+        "{refusals:?}"
+    );
+    session.close().await.unwrap();
+
+    // A new launch looks the name up again: now it is service B's.
+    let session = host.connect(&spec).await.unwrap();
+    let later = attempt(
+        &session,
+        json!({"op": "exec", "argv": curl(format!("http://svc.test:{granted}/"), true)}),
+    )
+    .await;
+    assert_eq!(
+        later.as_deref(),
+        Ok("service B, where the name points later")
+    );
+    session.close().await.unwrap();
 }

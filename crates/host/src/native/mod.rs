@@ -944,6 +944,7 @@ fn spawn(
         .iter()
         .map(|(k, v)| cstring("an environment variable", &format!("{k}={v}")))
         .collect::<Result<Vec<_>, _>>()?;
+    let layout = crate::egress::Layout::of(&launch.net, ipv6());
     let channel = if proxied {
         Some(
             spawn::proxy_channel().map_err(|failure| NativeError::Spawn {
@@ -981,6 +982,8 @@ fn spawn(
         proxy: channel.as_ref().map(|(_, child)| spawn::ProxyPlan {
             channel: child.as_raw_fd(),
             port: crate::egress::PROXY_PORT,
+            aliases: layout.aliases.iter().map(|a| a.octets()).collect(),
+            relays: layout.relays.iter().map(|r| r.inside).collect(),
         }),
     };
     let spawn_error = |failure: spawn::SpawnFailure| NativeError::Spawn {
@@ -1010,12 +1013,23 @@ fn spawn(
                     source,
                 })
             };
-            let listener = received("recvmsg of the egress listener")?;
+            let proxy = received("recvmsg of the egress listener")?;
             let dns = received("recvmsg of the DNS socket")?;
+            let relays = layout
+                .relays
+                .iter()
+                .map(|_| {
+                    received("recvmsg of an egress relay listener").map(std::net::TcpListener::from)
+                })
+                .collect::<Result<Vec<_>, _>>()?;
             let task = crate::egress::serve(
                 launch.name.clone(),
-                std::net::TcpListener::from(listener),
-                std::net::UdpSocket::from(dns),
+                crate::egress::Sockets {
+                    proxy: std::net::TcpListener::from(proxy),
+                    dns: std::net::UdpSocket::from(dns),
+                    relays,
+                },
+                layout,
                 launch.net.clone(),
                 launch.egress.clone(),
             )
@@ -1166,6 +1180,11 @@ fn proxied(launch: &NativeLaunch) -> bool {
     !launch.net.is_empty() && launch.learn.is_none() && spawn::namespace_support().available
 }
 
+/// Whether the kernel has IPv6 (a namespace's `lo` then has `::1`).
+fn ipv6() -> bool {
+    Path::new("/proc/net/if_inet6").exists()
+}
+
 /// Aborts a task when dropped.
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
 
@@ -1236,13 +1255,36 @@ fn isolation(
                     .to_owned(),
             );
         } else if net {
+            let layout = crate::egress::Layout::of(&launch.net, ipv6());
+            let relays: Vec<String> = layout
+                .relays
+                .iter()
+                .map(|relay| {
+                    let entry = crate::config::NetGrant {
+                        host: relay.host.clone(),
+                        port: relay.port,
+                    };
+                    if relay.inside.ip().to_string() == relay.host {
+                        entry.to_string()
+                    } else {
+                        format!("{entry} at {}", relay.inside)
+                    }
+                })
+                .collect();
             enforced.push(format!(
-                "network namespace: out only through Moat's egress proxy (HTTP CONNECT and plain HTTP at 127.0.0.1:{}, HTTP_PROXY and HTTPS_PROXY set), to {} by the name asked for; nothing else leaves",
+                "network namespace: out only through Moat, to {} at the addresses resolved at launch: relayed transparently ({}), and through the proxy at 127.0.0.1:{} (HTTP_PROXY and HTTPS_PROXY set); no other address is routed",
+                crate::config::net_line(&launch.net),
+                if relays.is_empty() { "none".to_owned() } else { relays.join(", ") },
                 crate::egress::PROXY_PORT,
-                crate::config::net_line(&launch.net)
             ));
+            if !layout.proxy_only.is_empty() {
+                not_enforced.push(format!(
+                    "a transparent relay for {} (reached through the proxy only)",
+                    crate::config::net_line(&layout.proxy_only)
+                ));
+            }
         }
-        // Behind the proxy, names resolve through Moat: listed ones only.
+        // Behind Moat, names resolve through Moat: listed ones only.
         let resolv = net
             && !launch.net.is_empty()
             && tmp.is_some()
@@ -1251,7 +1293,7 @@ fn isolation(
             let names = crate::egress::listed_names(&launch.net);
             if resolv || !Path::new("/etc/resolv.conf").exists() {
                 enforced.push(format!(
-                    "DNS: answered by Moat at 127.0.0.1:{} (resolv.conf{}), for {} only; any other name is refused",
+                    "DNS: answered by Moat at 127.0.0.1:{} (resolv.conf{}), for {} only (each with its relay address); any other name is NXDOMAIN",
                     crate::egress::DNS_PORT,
                     if resolv { " covered, read-only" } else { " absent: the default" },
                     if names.is_empty() { "no name".to_owned() } else { names.join(", ") }

@@ -138,6 +138,8 @@ pub enum Step {
     ProxyHandOver,
     BindReadOnly,
     DnsListen,
+    ProxyAlias,
+    RelayListen,
     Resolv,
     BindScript,
     RootSource,
@@ -151,7 +153,7 @@ pub enum Step {
 }
 
 impl Step {
-    const ALL: [Step; 36] = [
+    const ALL: [Step; 38] = [
         Step::Stdio,
         Step::DeathSignal,
         Step::ParentGone,
@@ -178,6 +180,8 @@ impl Step {
         Step::ProxyHandOver,
         Step::BindReadOnly,
         Step::DnsListen,
+        Step::ProxyAlias,
+        Step::RelayListen,
         Step::Resolv,
         Step::BindScript,
         Step::RootSource,
@@ -203,6 +207,10 @@ impl Step {
             Step::MountTmp => "mount(tmpfs, /tmp)",
             Step::BindGrant => "mount(MS_BIND) of a granted path under /tmp",
             Step::DnsListen => "bind UDP 127.0.0.1:53 for Moat's DNS answers",
+            Step::ProxyAlias => {
+                "ioctl(SIOCSIFADDR, SIOCSIFNETMASK) making a granted address an alias of lo"
+            }
+            Step::RelayListen => "bind and listen at a granted address for Moat's egress relay",
             Step::Resolv => "mount(MS_BIND) of Moat's resolv.conf over /etc/resolv.conf",
             Step::BindScript => {
                 "mount(MS_BIND) of the script's sealed copy, read-only, over the script's path"
@@ -386,16 +394,21 @@ pub struct ChildPlan {
     pub drop_bounding: bool,
     pub seccomp: Vec<seccompiler::BpfProgram>,
     /// In a network namespace with `net` grants: the child brings its
-    /// loopback up, listens on 127.0.0.1:`port` and hands the listener to
-    /// Moat over `channel`, Moat's egress proxy for it.
+    /// loopback up, listens on 127.0.0.1:`port` (the proxy), binds UDP
+    /// 127.0.0.1:53 (DNS) and listens at each relay address, and hands
+    /// them all to Moat over `channel`, in that order.
     pub proxy: Option<ProxyPlan>,
 }
 
-/// Where the child's egress listener goes.
+/// Where the child's egress sockets go, and what it makes.
 pub struct ProxyPlan {
     /// The child's end of a Unix socket pair.
     pub channel: RawFd,
     pub port: u16,
+    /// IPv4 addresses to add to `lo` (as `lo:1`, `lo:2`, ...).
+    pub aliases: Vec<[u8; 4]>,
+    /// The relay listeners' addresses, in the order they are handed over.
+    pub relays: Vec<std::net::SocketAddr>,
 }
 
 /// A Unix socket pair for handing the egress listener over: (Moat's end,
@@ -668,6 +681,89 @@ unsafe fn hand_over_listener(proxy: &ProxyPlan, report: RawFd) {
         let dns = bound(libc::SOCK_DGRAM, crate::egress::DNS_PORT, Step::DnsListen);
         send_fd(proxy.channel, listener, report);
         send_fd(proxy.channel, dns, report);
+        // Granted addresses outside 127.0.0.0/8 become lo's own (a /32
+        // each), so a connection to one stays inside, at Moat's relay.
+        for (index, octets) in proxy.aliases.iter().enumerate() {
+            let control = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+            check(control >= 0, Step::ProxyAlias);
+            let mut request: libc::ifreq = std::mem::zeroed();
+            // "lo:N", N = index + 1 (at most 5 digits: IFNAMSIZ is 16).
+            let label = index + 1;
+            let mut digits = [0u8; 5];
+            let mut count = 0;
+            let mut rest = label;
+            loop {
+                digits[count] = b'0' + (rest % 10) as u8;
+                count += 1;
+                rest /= 10;
+                if rest == 0 || count == digits.len() {
+                    break;
+                }
+            }
+            for (at, byte) in b"lo:".iter().enumerate() {
+                request.ifr_name[at] = *byte as libc::c_char;
+            }
+            for at in 0..count {
+                request.ifr_name[3 + at] = digits[count - 1 - at] as libc::c_char;
+            }
+            let set = |request: &mut libc::ifreq, address: [u8; 4], call: libc::c_ulong| {
+                let mut sin: libc::sockaddr_in = std::mem::zeroed();
+                sin.sin_family = libc::AF_INET as libc::sa_family_t;
+                sin.sin_addr.s_addr = u32::from_be_bytes(address).to_be();
+                std::ptr::write_unaligned(
+                    std::ptr::addr_of_mut!(request.ifr_ifru.ifru_addr).cast::<libc::sockaddr_in>(),
+                    sin,
+                );
+                check(
+                    libc::ioctl(control, call as _, request as *mut libc::ifreq) == 0,
+                    Step::ProxyAlias,
+                );
+            };
+            set(&mut request, *octets, libc::SIOCSIFADDR);
+            set(&mut request, [255, 255, 255, 255], libc::SIOCSIFNETMASK);
+            libc::close(control);
+        }
+        for address in &proxy.relays {
+            let fd = match address {
+                std::net::SocketAddr::V4(v4) => {
+                    let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+                    check(fd >= 0, Step::RelayListen);
+                    let mut sin: libc::sockaddr_in = std::mem::zeroed();
+                    sin.sin_family = libc::AF_INET as libc::sa_family_t;
+                    sin.sin_port = v4.port().to_be();
+                    sin.sin_addr.s_addr = u32::from_be_bytes(v4.ip().octets()).to_be();
+                    check(
+                        libc::bind(
+                            fd,
+                            (&sin as *const libc::sockaddr_in).cast(),
+                            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+                        ) == 0,
+                        Step::RelayListen,
+                    );
+                    fd
+                }
+                std::net::SocketAddr::V6(v6) => {
+                    let fd =
+                        libc::socket(libc::AF_INET6, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+                    check(fd >= 0, Step::RelayListen);
+                    let mut sin6: libc::sockaddr_in6 = std::mem::zeroed();
+                    sin6.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+                    sin6.sin6_port = v6.port().to_be();
+                    sin6.sin6_addr.s6_addr = v6.ip().octets();
+                    check(
+                        libc::bind(
+                            fd,
+                            (&sin6 as *const libc::sockaddr_in6).cast(),
+                            std::mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t,
+                        ) == 0,
+                        Step::RelayListen,
+                    );
+                    fd
+                }
+            };
+            check(libc::listen(fd, 128) == 0, Step::RelayListen);
+            send_fd(proxy.channel, fd, report);
+        }
         libc::close(proxy.channel);
     }
 }

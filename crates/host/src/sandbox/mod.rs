@@ -487,10 +487,13 @@ pub fn plan_for_abi(grants: &Grants<'_>, version: i32) -> Result<Plan, SandboxEr
             starting.push(path.display().to_string());
         }
     }
-    let mut ports: Vec<u16> = match grants.proxy_port {
-        Some(port) => vec![port],
-        None => grants.net.iter().map(|g| g.port).collect(),
-    };
+    // Behind Moat's egress, the proxy's port and every granted port (each
+    // has Moat's relay inside); without it, the granted ports.
+    let mut ports: Vec<u16> = grants
+        .proxy_port
+        .into_iter()
+        .chain(grants.net.iter().map(|g| g.port))
+        .collect();
     ports.sort_unstable();
     ports.dedup();
     if net_rules {

@@ -6,7 +6,9 @@
 //! `resolve` looks `addr` up `count` times; `proxy` reaches `addr` through
 //! `CONNECT` on `$HTTPS_PROXY` and pings it; `hold` opens `count` such
 //! tunnels and keeps them open until the server exits (it stops at the
-//! first refusal, saying how many it holds). The answer is JSON text:
+//! first refusal, saying how many it holds); `exec` (native only) runs
+//! `argv` (no shell) with the server's environment and answers its stdout,
+//! or its exit status and stderr. The answer is JSON text:
 //! `{"ok": true, "data": "..."}` or `{"ok": false, "error": "..."}`.
 use std::io::{Read, Write};
 use std::sync::Mutex;
@@ -109,6 +111,35 @@ fn run(arguments: &Value) -> Result<String, String> {
                     .map_err(|e| e.to_string());
             }
             last
+        }
+        "exec" => {
+            let argv: Vec<String> = arguments["argv"]
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|v| v.as_str().map(str::to_owned))
+                        .collect()
+                })
+                .unwrap_or_default();
+            let (program, rest) = argv.split_first().ok_or("exec needs argv")?;
+            let output = std::process::Command::new(program)
+                .args(rest)
+                .stdin(std::process::Stdio::null())
+                .output()
+                .map_err(|e| format!("{program}: {e}"))?;
+            let shown = |bytes: &[u8]| {
+                let text = String::from_utf8_lossy(bytes);
+                text.trim().chars().take(4000).collect::<String>()
+            };
+            if output.status.success() {
+                Ok(shown(&output.stdout))
+            } else {
+                Err(format!(
+                    "{}: {}",
+                    output.status,
+                    shown(&[output.stderr.as_slice(), output.stdout.as_slice()].concat())
+                ))
+            }
         }
         #[cfg(unix)]
         "swap" => {
