@@ -923,3 +923,78 @@ async fn a_server_that_cannot_start_hides_no_other_servers_tools() {
         "{failed:?}"
     );
 }
+
+/// Issue 33 items 5 and 6: what Moat's egress refuses a native server is a
+/// record in the audit chain (`egress_refused`, naming server, destination
+/// and why): here an unlisted name asked of Moat's DNS, and the proxy asked
+/// for an unlisted destination; each distinct refusal once.
+#[tokio::test]
+async fn egress_refusals_are_recorded_in_the_audit_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("moat.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[servers.probe]\ncommand = {:?}\nallow_unmeasured = true\nnet = [\"127.0.0.1:9\"]\n",
+            guests::PROBE_NATIVE,
+        ),
+    )
+    .unwrap();
+    let audit = dir.path().join("audit.jsonl");
+    let mut child = serve_stdio_with(
+        &config,
+        &["--audit".as_ref(), audit.as_ref()],
+        Stdio::inherit(),
+    );
+    let stdout = child.stdout.take().unwrap();
+    let stdin = child.stdin.take().unwrap();
+    let agent = ().serve((stdout, stdin)).await.expect("initialize");
+    let attempt = |arguments: serde_json::Value| {
+        let agent = &agent;
+        async move {
+            let mut params = CallToolRequestParams::new("probe__attack");
+            params.arguments = arguments.as_object().cloned();
+            let result = agent.call_tool(params).await.unwrap();
+            serde_json::to_value(&result.content).unwrap()[0]["text"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        }
+    };
+    for _ in 0..2 {
+        let resolved =
+            attempt(serde_json::json!({"op": "resolve", "addr": "exfil.example:443"})).await;
+        assert!(resolved.contains("Name or service not known"), "{resolved}");
+    }
+    let proxied = attempt(serde_json::json!({"op": "proxy", "addr": "203.0.113.9:443"})).await;
+    assert!(proxied.contains("403 Forbidden"), "{proxied}");
+    agent.cancel().await.unwrap();
+    let status = child.wait().await.unwrap();
+    assert!(status.success(), "moat serve exited with {status}");
+    moat_host::audit::verify(&audit, &common::audit_key()).unwrap();
+    let refused: Vec<(String, String, String)> = std::fs::read_to_string(&audit)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|e| e["event"] == "egress_refused")
+        .map(|e| {
+            let field = |name: &str| e[name].as_str().unwrap().to_owned();
+            (field("server"), field("destination"), field("reason"))
+        })
+        .collect();
+    assert_eq!(
+        refused,
+        [
+            (
+                "probe".to_owned(),
+                "exfil.example".to_owned(),
+                "not in this server's net grants (DNS answered NXDOMAIN)".to_owned()
+            ),
+            (
+                "probe".to_owned(),
+                "203.0.113.9:443".to_owned(),
+                "not in this server's net grants (proxy answered 403)".to_owned()
+            ),
+        ]
+    );
+}

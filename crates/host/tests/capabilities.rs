@@ -952,6 +952,8 @@ async fn native_egress_is_transparent_to_every_client() {
         ("127.0.0.2", granted),
         ("127.0.0.1", postgres),
         ("svc.test", granted),
+        // An address outside 127/8: made an alias of the namespace's lo.
+        ("10.255.255.1", granted),
     ]
     .into_iter()
     .map(|(host, port)| NetGrant {
@@ -1092,6 +1094,16 @@ async fn native_egress_is_transparent_to_every_client() {
         refused.contains("Connection refused") || refused.contains("Permission denied"),
         "{refused}"
     );
+
+    // 10.255.255.1 is the namespace's own (an alias of lo, where Moat's
+    // relay listens on the granted port): another port there is refused at
+    // once, where without the alias it would have no route.
+    let alias = attempt(
+        &session,
+        json!({"op": "connect", "addr": format!("10.255.255.1:{postgres}")}),
+    )
+    .await;
+    assert_eq!(alias, Err("Connection refused (os error 111)".to_owned()));
 
     // The name: pinned at launch, whatever it resolves to later.
     for argv in [
