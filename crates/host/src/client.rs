@@ -121,6 +121,16 @@ pub enum ClientError {
         /// denied A, B".
         denied: String,
     },
+    #[error(
+        "handshake on server `{server}` failed: {fault}. It tried to reach the network ({hosts}), which the native sandbox refuses to what `net` does not list: a server that downloads code or data when it starts (an `npm install`, `pip install` or model download at first use) needs it installed ahead of time (`moat add`), or the host granted (`net = [\"HOST:443\"]`; `moat learn {server}` shows where it connects)"
+    )]
+    NetworkRefused {
+        server: String,
+        fault: Fault,
+        /// The hosts its stderr names beside a failed lookup or
+        /// connection, or "a host its stderr does not name".
+        hosts: String,
+    },
     #[error(transparent)]
     Lock(#[from] crate::lock::LockError),
     #[cfg(unix)]
@@ -1195,6 +1205,18 @@ fn sandbox_hint(server: String, fault: Fault) -> ClientError {
             fault,
         };
     };
+    if stderr_tail.lines().any(is_network_failure) {
+        let hosts = hosts_in(stderr_tail);
+        return ClientError::NetworkRefused {
+            server,
+            fault,
+            hosts: if hosts.is_empty() {
+                "a host its stderr does not name".to_owned()
+            } else {
+                hosts.join(", ")
+            },
+        };
+    }
     if !stderr_tail.lines().any(is_denial) {
         return ClientError::Fault {
             server,
@@ -1262,6 +1284,63 @@ const DENIALS: [&str; 9] = [
     "No module named",
     "Cannot find module",
 ];
+
+/// What a line of stderr says when a name did not resolve or a network
+/// was unreachable: inside the sandbox, the server reached for the network
+/// beyond its grants.
+const NETWORK_FAILURES: [&str; 10] = [
+    "EAI_AGAIN",
+    "ENOTFOUND",
+    "Temporary failure in name resolution",
+    "Name or service not known",
+    "Could not resolve host",
+    "getaddrinfo failed",
+    "ENETUNREACH",
+    "Network is unreachable",
+    "nodename nor servname",
+    "NameResolutionError",
+];
+
+fn is_network_failure(line: &str) -> bool {
+    NETWORK_FAILURES.iter().any(|d| line.contains(d))
+}
+
+/// The host names on stderr lines that report a network failure: in a
+/// URL, or right after `ENOTFOUND`, `EAI_AGAIN` or `host:`; at most four.
+fn hosts_in(stderr: &str) -> Vec<String> {
+    let mut hosts: Vec<String> = Vec::new();
+    for line in stderr.lines().filter(|l| is_network_failure(l)) {
+        let words: Vec<&str> = line
+            .split(|c: char| c.is_whitespace() || "'\"`,;()[]<>".contains(c))
+            .filter(|w| !w.is_empty())
+            .collect();
+        for (at, word) in words.iter().enumerate() {
+            let candidate = if let Some((_, rest)) = word.split_once("://") {
+                rest
+            } else if at > 0 && ["ENOTFOUND", "EAI_AGAIN", "host:"].contains(&words[at - 1]) {
+                word
+            } else {
+                continue;
+            };
+            let authority = candidate.split(['/', '?', '#']).next().unwrap_or_default();
+            let host = authority
+                .rsplit_once(':')
+                .filter(|(_, port)| port.chars().all(|c| c.is_ascii_digit()))
+                .map_or(authority, |(host, _)| host)
+                .trim_end_matches(['.', ':'])
+                .to_ascii_lowercase();
+            let valid = !host.is_empty()
+                && host
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.');
+            if valid && !hosts.contains(&host) {
+                hosts.push(host);
+            }
+        }
+    }
+    hosts.truncate(4);
+    hosts
+}
 
 /// A missing file: a denial when the path it names exists on the host (in
 /// a root of its own, a server does not see what it was not granted).
@@ -2116,6 +2195,35 @@ impl Session {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_start_that_reached_for_the_network_is_told_so_naming_the_host() {
+        let fault = |stderr: &str| Fault::Exited {
+            server: "s".into(),
+            code: 1,
+            stderr_tail: stderr.to_owned(),
+        };
+        let npm = "npm error code EAI_AGAIN\nnpm error request to https://registry.npmjs.org/turndown failed, reason: getaddrinfo EAI_AGAIN registry.npmjs.org\n";
+        let error = sandbox_hint("fetch".into(), fault(npm)).to_string();
+        assert!(
+            error.contains("It tried to reach the network (registry.npmjs.org), which the native sandbox refuses")
+                && error.contains("needs it installed ahead of time (`moat add`)")
+                && error.contains("`moat learn fetch`"),
+            "{error}"
+        );
+        let python = "httpx.ConnectError: [Errno -3] Temporary failure in name resolution\n  while fetching https://huggingface.co:443/api/models from /opt/app/main.py\n";
+        let error = sandbox_hint("models".into(), fault(python)).to_string();
+        assert!(
+            error.contains("(a host its stderr does not name)"),
+            "{error}"
+        );
+        let both =
+            "Could not resolve host: files.example.com while reading /srv/data/config.json\n";
+        assert_eq!(hosts_in(both), ["files.example.com"]);
+        // No network failure, no denial: the server's own exit.
+        let own = sandbox_hint("x".into(), fault("error: API_KEY is not set\n"));
+        assert!(matches!(own, ClientError::Fault { .. }), "{own}");
+    }
 
     fn client_side() -> (ClientSide, Askers) {
         let askers = Askers::default();
