@@ -370,6 +370,11 @@ fn import_entry(
     }
     let (secret, plain): (Vec<_>, Vec<_>) =
         entry.env.iter().partition(|(name, _)| looks_secret(name));
+    let writer = match &package {
+        Some((_, installed)) => is_writer(&installed.record.name, &entry.args),
+        None => is_writer(&command, &entry.args),
+    };
+    infer_env_grants(&mut inferred, &plain, writer, original);
     if !plain.is_empty() {
         let pairs: Vec<String> = plain
             .iter()
@@ -641,13 +646,27 @@ pub fn script_package(script: &Path) -> Option<PathBuf> {
 }
 
 /// Servers whose documented purpose is writing what they are pointed at:
-/// their path arguments are granted read-write. Everything else gets
-/// read-only grants.
+/// their path arguments (and paths in their `env`) are granted read-write,
+/// a file by its directory. Everything else gets read-only grants.
 pub const WRITERS: &[&str] = &[
     "server-filesystem",
     "mcp-server-git",
     "mcp-server-sqlite",
     "server-memory",
+    // A workbook directory (`--allow-dir`), or workbooks anywhere: both
+    // PyPI's excel-mcp-server and npm's @negokaz/excel-mcp-server.
+    "excel-mcp-server",
+    // A vault of notes it creates and edits.
+    "obsidian-mcp",
+    // A knowledge graph's file (`--memory-path`, MEMORY_FILE_PATH).
+    "mcp-knowledge-graph",
+    // Papers it downloads and the topics it watches (`--storage-path`).
+    "arxiv-mcp-server",
+    // Projects' memory files under MEMORY_BANK_ROOT.
+    "memory-bank-mcp",
+    // A database file (`--db-path`) with its journal beside it.
+    "mcp-server-duckdb",
+    "mcp-sqlite",
 ];
 
 /// Grants and measured paths inferred from a server's argv.
@@ -661,21 +680,120 @@ pub struct Inferred {
     pub notes: Vec<String>,
 }
 
+/// Whether `command args` is one of the [`WRITERS`].
+pub fn is_writer(command: &str, args: &[String]) -> bool {
+    std::iter::once(command)
+        .chain(args.iter().map(String::as_str))
+        .any(|a| WRITERS.iter().any(|w| a.contains(w)))
+}
+
+/// `value` as an absolute path (`~/` taken from `HOME`), if it is one.
+fn absolute(value: &str, home: Option<&Path>) -> Option<PathBuf> {
+    let path = match (value.strip_prefix("~/"), home) {
+        (Some(rest), Some(home)) => home.join(rest),
+        _ => PathBuf::from(value),
+    };
+    path.is_absolute().then_some(path)
+}
+
+/// Grants `path` (named `how`), as [`infer_grants`] says: for a writer,
+/// read-write, and a file (or one it is to create, in a directory that
+/// exists) by its directory, where a database keeps its journal and an
+/// editor writes its new copy before the rename; otherwise read-only, and
+/// only what exists. `false` when nothing was granted.
+fn grant_path(
+    inferred: &mut Inferred,
+    path: &Path,
+    writer: bool,
+    original: &str,
+    how: &str,
+) -> bool {
+    let real = std::fs::canonicalize(path).ok();
+    let dir = match (&real, writer) {
+        (Some(real), true) if real.is_file() => real.parent().map(Path::to_owned),
+        (None, true) => path
+            .parent()
+            .and_then(|parent| std::fs::canonicalize(parent).ok())
+            .filter(|parent| parent.is_dir()),
+        _ => None,
+    };
+    // A directory no implicit grant may be (the root, a system or
+    // top-level directory, the home directory, one holding Moat's own) is
+    // not granted for a file in it: the file alone is, when it exists.
+    let refused = dir.as_deref().and_then(|dir| {
+        let home = std::env::var_os("HOME").map(PathBuf::from);
+        crate::native::learn::refusal(dir, true, home.as_deref())
+            .map(str::to_owned)
+            .or_else(|| crate::grants::Kept::from_env(&[]).refusal(dir))
+    });
+    if let (Some(dir), Some(why)) = (&dir, &refused) {
+        inferred.notes.push(format!(
+            "`{original}`: {} ({how}) is a file it writes, but its directory {} is not granted ({why}): grant what it needs with a `dirs` entry",
+            path.display(),
+            dir.display(),
+        ));
+    }
+    match (dir.filter(|_| refused.is_none()), real) {
+        (Some(dir), _) => {
+            inferred.notes.push(format!(
+                "`{original}`: grants read-write {}, the directory of {} ({how}), for the files it writes beside it",
+                dir.display(),
+                path.display(),
+            ));
+            inferred.dirs.push((dir, true));
+        }
+        (None, Some(real)) => {
+            inferred.notes.push(format!(
+                "`{original}`: grants {} {} ({how})",
+                if writer { "read-write" } else { "read-only" },
+                real.display()
+            ));
+            inferred.dirs.push((real, writer));
+        }
+        (None, None) => return false,
+    }
+    true
+}
+
+/// Grants the paths in a server's `env` values (`MEMORY_FILE_PATH=/p/g.jsonl`,
+/// `DATA_DIR=~/d`) as [`infer_grants`] grants its arguments' paths. `env`
+/// holds only what is copied into the config, never a secret's value.
+pub fn infer_env_grants(
+    inferred: &mut Inferred,
+    env: &[(&String, &String)],
+    writer: bool,
+    original: &str,
+) {
+    let home = std::env::var_os("HOME").map(PathBuf::from);
+    for (name, value) in env {
+        let Some(path) = absolute(value, home.as_deref()) else {
+            continue;
+        };
+        let how = format!("named in its env {name}");
+        if !grant_path(inferred, &path, writer, original, &how) {
+            inferred.notes.push(format!(
+                "`{original}`: env {name} names {}, which does not exist: not granted",
+                path.display()
+            ));
+        }
+    }
+}
+
 /// Infers grants from argv (see the README, "Bringing your existing
 /// config"): an interpreter's script file makes its package (the nearest
 /// directory holding `package.json`, `pyproject.toml` or `setup.py`, else
 /// the script's directory) measured and granted read-only; every other
 /// absolute (or `~/`) argument naming an existing file or directory is
-/// granted, read-write for the [`WRITERS`], read-only otherwise.
+/// granted, read-write for the [`WRITERS`], read-only otherwise. A writer's
+/// file (its database, its graph), or a file it is to create in a
+/// directory that exists, is granted by its directory, read-write.
 pub fn infer_grants(command: &str, args: &[String], original: &str) -> Inferred {
     let mut inferred = Inferred::default();
     let base = command.rsplit('/').next().unwrap_or(command);
     let interpreter = ["node", "python", "python3", "deno", "bun"]
         .iter()
         .any(|i| base == *i || (base.starts_with("python3.") && *i == "python3"));
-    let writer = std::iter::once(command)
-        .chain(args.iter().map(String::as_str))
-        .any(|a| WRITERS.iter().any(|w| a.contains(w)));
+    let writer = is_writer(command, args);
     let home = std::env::var_os("HOME").map(PathBuf::from);
     let mut entry_seen = false;
     for arg in args {
@@ -686,22 +804,19 @@ pub fn infer_grants(command: &str, args: &[String], original: &str) -> Inferred 
                 arg.as_str()
             }
         });
-        let path = match (value.strip_prefix("~/"), &home) {
-            (Some(rest), Some(home)) => home.join(rest),
-            _ => PathBuf::from(value),
-        };
-        if !path.is_absolute() {
+        let Some(path) = absolute(value, home.as_deref()) else {
             if interpreter && !arg.starts_with('-') {
                 entry_seen = true;
             }
             continue;
-        }
-        let Ok(real) = std::fs::canonicalize(&path) else {
-            continue;
         };
-        if interpreter && !entry_seen && real.is_file() {
+        let real = std::fs::canonicalize(&path).ok();
+        if let Some(real) = real
+            .as_ref()
+            .filter(|r| interpreter && !entry_seen && r.is_file())
+        {
             entry_seen = true;
-            let package = package_root(&real);
+            let package = package_root(real);
             inferred.notes.push(format!(
                 "`{original}`: measures and grants read-only {}, the package of its script",
                 package.display()
@@ -710,15 +825,20 @@ pub fn infer_grants(command: &str, args: &[String], original: &str) -> Inferred 
             inferred.dirs.push((package, false));
             continue;
         }
+        // What does not exist is granted only as a writer's file to be.
+        if real.is_none() && !writer {
+            continue;
+        }
         if interpreter && !arg.starts_with('-') {
             entry_seen = true;
         }
-        inferred.notes.push(format!(
-            "`{original}`: grants {} {} (named in its arguments)",
-            if writer { "read-write" } else { "read-only" },
-            real.display()
-        ));
-        inferred.dirs.push((real, writer));
+        grant_path(
+            &mut inferred,
+            &path,
+            writer,
+            original,
+            "named in its arguments",
+        );
     }
     inferred
 }
@@ -846,6 +966,74 @@ mod tests {
         let notes = imported.skipped.join("\n");
         assert!(
             notes.contains("`x`: env GITHUB_TOKEN looks like a secret: its value was not copied"),
+            "{notes}"
+        );
+    }
+
+    /// Issue 33: what a writer writes is granted read-write with no hand
+    /// edit: a directory in its arguments, a path in its env, and a file
+    /// (its database, its graph, one it is yet to create) by its directory,
+    /// where a journal or a new copy goes beside it. A reader's stay
+    /// read-only, and a file in a directory no implicit grant may be is
+    /// granted alone.
+    #[test]
+    fn writers_data_is_granted_read_write_from_arguments_and_env() {
+        let dir = tempfile::tempdir().unwrap();
+        let real = |p: &Path| std::fs::canonicalize(p).unwrap();
+        let workbooks = dir.path().join("workbooks");
+        let graph = dir.path().join("graph");
+        let db = dir.path().join("db");
+        for d in [&workbooks, &graph, &db] {
+            std::fs::create_dir(d).unwrap();
+        }
+        std::fs::write(db.join("birds.db"), "").unwrap();
+        let file = dir.path().join("claude.json");
+        std::fs::write(
+            &file,
+            serde_json::json!({"mcpServers": {
+                "excel": {"command": "/nonexistent/excel-mcp-server", "args": ["stdio", "--allow-dir", workbooks]},
+                "graph": {"command": "/nonexistent/mcp-knowledge-graph",
+                          "env": {"MEMORY_FILE_PATH": graph.join("memory.jsonl"), "LOG_LEVEL": "debug", "API_KEY": "/not/a/grant"}},
+                "sqlite": {"command": "/nonexistent/mcp-server-sqlite", "args": ["--db-path", db.join("birds.db")]},
+                "reader": {"command": "/nonexistent/reader", "args": [workbooks, graph.join("gone.db")],
+                           "env": {"DATA": db.join("birds.db")}},
+                "root": {"command": "/nonexistent/mcp-server-sqlite", "args": ["--db-path", "/nonexistent-moat.db"]}
+            }})
+            .to_string(),
+        )
+        .unwrap();
+        let imported = import(&file, None, None).unwrap();
+        let parsed = crate::config::Config::parse(&dir.path().join("moat.toml"), &imported.toml)
+            .unwrap_or_else(|e| panic!("{e}\n{}", imported.toml));
+        let grants = |name: &str| -> Vec<(PathBuf, crate::config::DirMode)> {
+            parsed
+                .server(name)
+                .unwrap()
+                .dirs
+                .iter()
+                .map(|d| (d.host.clone(), d.mode))
+                .collect()
+        };
+        use crate::config::DirMode::{Ro, Rw};
+        assert_eq!(grants("excel"), [(real(&workbooks), Rw)]);
+        assert_eq!(grants("graph"), [(real(&graph), Rw)], "{}", imported.toml);
+        assert_eq!(grants("sqlite"), [(real(&db), Rw)]);
+        assert_eq!(
+            grants("reader"),
+            [(real(&workbooks), Ro), (real(&db.join("birds.db")), Ro)]
+        );
+        assert!(grants("root").is_empty(), "{}", imported.toml);
+        let notes = imported.skipped.join("\n");
+        assert!(
+            notes.contains(&format!(
+                "`graph`: grants read-write {}, the directory of {} (named in its env MEMORY_FILE_PATH)",
+                real(&graph).display(),
+                graph.join("memory.jsonl").display()
+            )),
+            "{notes}"
+        );
+        assert!(
+            notes.contains("`root`: /nonexistent-moat.db (named in its arguments) is a file it writes, but its directory / is not granted"),
             "{notes}"
         );
     }
