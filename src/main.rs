@@ -203,6 +203,11 @@ enum Command {
         /// directory itself and Moat's own files.
         #[arg(long = "write", value_name = "DIR")]
         write: Vec<PathBuf>,
+        /// After start-up, call TOOL with ARGS (a JSON object) and watch
+        /// what it opens and writes too (repeatable, in order): files named
+        /// only in tool arguments (a workbook, a database) are seen this way.
+        #[arg(long = "call", num_args = 2, value_names = ["TOOL", "ARGS"])]
+        call: Vec<String>,
         /// The server, as named in the config.
         server: String,
     },
@@ -499,8 +504,9 @@ async fn run(command: Command) -> Result<ExitCode> {
             config,
             yes,
             write,
+            call,
             server,
-        } => learn(&config, &server, yes, &write).await,
+        } => learn(&config, &server, yes, &write, &call).await,
         Command::Import {
             file,
             component: Some(component),
@@ -1370,9 +1376,39 @@ async fn serve(
 /// the `--write` directories, and prints the grants as TOML: `rw` only where
 /// it wrote, writes it wanted and did not do as lines to confirm, and what
 /// is never proposed with why.
-async fn learn(config: &Path, server: &str, yes: bool, write: &[PathBuf]) -> Result<ExitCode> {
+async fn learn(
+    config: &Path,
+    server: &str,
+    yes: bool,
+    write: &[PathBuf],
+    call: &[String],
+) -> Result<ExitCode> {
     let loaded = Config::load(config)?;
     let spec = loaded.server(server)?;
+    let calls = call
+        .chunks(2)
+        .map(|pair| {
+            let [tool, arguments] = pair else {
+                bail!("moat learn --call needs TOOL and ARGS (a JSON object)");
+            };
+            let arguments: serde_json::Value =
+                serde_json::from_str(arguments).with_context(|| {
+                    format!(
+                        "moat learn --call {} {}: ARGS is not JSON",
+                        printable(tool),
+                        printable(arguments)
+                    )
+                })?;
+            match arguments {
+                serde_json::Value::Object(object) => Ok((tool.clone(), Some(object))),
+                serde_json::Value::Null => Ok((tool.clone(), None)),
+                other => bail!(
+                    "moat learn --call {}: ARGS must be a JSON object, not {other}",
+                    printable(tool)
+                ),
+            }
+        })
+        .collect::<Result<Vec<_>>>()?;
     let writes = std::iter::once("its private /tmp".to_owned())
         .chain(
             write
@@ -1394,12 +1430,40 @@ async fn learn(config: &Path, server: &str, yes: bool, write: &[PathBuf]) -> Res
         }
     }
     let host = new_host(config)?;
-    let (proposal, outcome) = host.learn(spec, write).await?;
+    let moat_host::client::Learned {
+        proposal,
+        outcome,
+        calls: called,
+    } = host.learn(spec, write, &calls).await?;
     if let Err(error) = &outcome {
         eprintln!(
             "moat learn: `{}` failed during the learn run (which lets it read everything but write only {writes}): {error}",
             printable(server)
         );
+    }
+    for (tool, result) in &called {
+        let what = match result {
+            Ok(result) => {
+                let text: String = result
+                    .content
+                    .iter()
+                    .filter_map(|c| c.as_text().map(|t| t.text.as_str()))
+                    .collect::<Vec<_>>()
+                    .join(" ");
+                let short: String = text.chars().take(200).collect();
+                format!(
+                    "{}: {}",
+                    if result.is_error == Some(true) {
+                        "the tool answered an error"
+                    } else {
+                        "answered"
+                    },
+                    printable(&short)
+                )
+            }
+            Err(error) => format!("failed: {error}"),
+        };
+        eprintln!("moat learn: call {}: {what}", printable(tool));
     }
     let name = toml_key(server);
     let shown = |path: &Path| printable(&path.display().to_string());

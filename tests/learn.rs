@@ -358,3 +358,84 @@ fn moat_learn_refuses_to_let_a_server_write_system_directories_home_or_moats_own
         assert!(refused.stdout.is_empty(), "{}", dir.display());
     }
 }
+
+/// Issue 33 item 7: files named only in tool arguments (a workbook to
+/// read, a database to write) are invisible to start-up; `moat learn
+/// --call TOOL ARGS` makes the calls in the watched run, so what they read
+/// is proposed `ro` and what they wrote (in a `--write` directory) `rw`.
+#[test]
+fn a_learn_run_sees_what_tool_calls_open_and_write() {
+    let (work, config) = workspace();
+    let inputs = work.path().join("inputs");
+    let outputs = work.path().join("outputs");
+    std::fs::create_dir(&inputs).unwrap();
+    std::fs::create_dir(&outputs).unwrap();
+    std::fs::write(inputs.join("book.txt"), "a workbook").unwrap();
+    std::fs::write(
+        &config,
+        format!(
+            "[servers.scribbler]\ncommand = {:?}\nallow_unmeasured = true\n",
+            guests::PROBE_NATIVE
+        ),
+    )
+    .unwrap();
+    let write = outputs.display().to_string();
+    // Start-up alone opens neither.
+    let started = moat(&config, &["learn", "--yes", "--write", &write, "scribbler"]);
+    assert!(
+        started.status.success(),
+        "{}",
+        String::from_utf8_lossy(&started.stderr)
+    );
+    assert_eq!(proposed_dirs(&String::from_utf8_lossy(&started.stdout)), []);
+
+    let read = json!({"op": "read", "path": inputs.join("book.txt")}).to_string();
+    let written = json!({"op": "write", "path": outputs.join("table.db")}).to_string();
+    let learned = moat(
+        &config,
+        &[
+            "learn",
+            "--yes",
+            "--write",
+            &write,
+            "--call",
+            "attack",
+            &read,
+            "--call",
+            "attack",
+            &written,
+            "scribbler",
+        ],
+    );
+    let stderr = String::from_utf8_lossy(&learned.stderr);
+    assert!(learned.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("moat learn: call attack: answered: {\"data\":\"a workbook\",\"ok\":true}"),
+        "{stderr}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(outputs.join("table.db")).unwrap(),
+        "written by probe"
+    );
+    let mut proposed = proposed_dirs(&String::from_utf8_lossy(&learned.stdout));
+    proposed.sort();
+    assert_eq!(
+        proposed,
+        [
+            (inputs.display().to_string(), "ro".to_owned()),
+            (write.clone(), "rw".to_owned())
+        ]
+    );
+
+    let bad = moat(
+        &config,
+        &["learn", "--yes", "--call", "attack", "[1]", "scribbler"],
+    );
+    assert!(!bad.status.success());
+    assert!(
+        String::from_utf8_lossy(&bad.stderr)
+            .contains("moat learn --call attack: ARGS must be a JSON object, not [1]"),
+        "{}",
+        String::from_utf8_lossy(&bad.stderr)
+    );
+}

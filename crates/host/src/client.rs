@@ -286,6 +286,15 @@ pub struct Host {
     egress: crate::egress::Shares,
 }
 
+/// What a `moat learn` run found: the grants it proposes, how the run
+/// ended, and each tool call it made with what came of it.
+#[derive(Debug)]
+pub struct Learned {
+    pub proposal: crate::native::learn::Proposal,
+    pub outcome: Result<(), ClientError>,
+    pub calls: Vec<(String, Result<CallToolResult, ClientError>)>,
+}
+
 impl Host {
     /// How many instances this host (and its clones) has started.
     pub fn launches(&self) -> u64 {
@@ -507,7 +516,8 @@ impl Host {
         &self,
         spec: &ServerSpec,
         writable: &[PathBuf],
-    ) -> Result<(crate::native::learn::Proposal, Result<(), ClientError>), ClientError> {
+        calls: &[(String, Option<JsonObject>)],
+    ) -> Result<Learned, ClientError> {
         let ServerKind::Native { cwd, measure, .. } = &spec.kind else {
             return Err(ClientError::Protocol {
                 server: spec.name.clone(),
@@ -566,9 +576,18 @@ impl Host {
             }
         };
         let transport = planned.transport(&spec.name, spec.limits.clone());
+        let mut called = Vec::new();
         let outcome = async {
             let session = Session::connect(transport, Handshake::Auto).await?;
             let listed = session.live_tools().await.map(drop);
+            // The calls the user asked for, in order: what they open and
+            // write is watched as start-up is.
+            if listed.is_ok() {
+                for (tool, arguments) in calls {
+                    let result = session.call_tool(tool, arguments.clone()).await;
+                    called.push((tool.clone(), result));
+                }
+            }
             let closed = session.close().await;
             listed.and(closed)
         }
@@ -604,7 +623,11 @@ impl Host {
                 home,
             },
         );
-        Ok((proposal, outcome))
+        Ok(Learned {
+            proposal,
+            outcome,
+            calls: called,
+        })
     }
 
     /// Launches `spec` and completes the handshake.
