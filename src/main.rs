@@ -154,6 +154,10 @@ enum Command {
         /// Add a package launcher as configured instead of installing it.
         #[arg(long)]
         no_install: bool,
+        /// Replace the entry of a server of the same name (its pins in
+        /// moat.lock stay until `moat lock` measures the new one).
+        #[arg(long)]
+        replace: bool,
         /// The command and its arguments, after `--`.
         #[arg(last = true, required = true, value_name = "COMMAND")]
         command: Vec<String>,
@@ -538,8 +542,9 @@ async fn run(command: Command) -> Result<ExitCode> {
             config,
             name,
             no_install,
+            replace,
             command,
-        } => packages::add(&config, name.as_deref(), &command, !no_install),
+        } => packages::add(&config, name.as_deref(), &command, !no_install, replace),
         Command::Update {
             config,
             version,

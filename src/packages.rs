@@ -18,6 +18,7 @@ pub fn add(
     name: Option<&str>,
     command: &[String],
     install: bool,
+    replace: bool,
 ) -> Result<ExitCode> {
     let (program, args) = command
         .split_first()
@@ -27,8 +28,25 @@ pub fn add(
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => String::new(),
         Err(error) => return Err(error).context(format!("reading {}", config_path.display())),
     };
-    if !existing.is_empty() {
-        Config::parse(config_path, &existing)?;
+    let configured = if existing.is_empty() {
+        None
+    } else {
+        Some(Config::parse(config_path, &existing)?)
+    };
+    let taken = |name: &str| {
+        configured
+            .as_ref()
+            .is_some_and(|config| config.servers.contains_key(name))
+    };
+    // A name given and taken is refused before anything is installed.
+    if let Some(name) = name
+        && taken(name)
+        && !replace
+    {
+        bail!(
+            "{}: a server named `{name}` is already configured (choose another with --name, or replace it with --replace)",
+            config_path.display()
+        );
     }
     let base = config_path
         .parent()
@@ -48,6 +66,19 @@ pub fn add(
         path_var.as_deref(),
         store.as_deref(),
     );
+    let replaced = taken(&name);
+    if replaced && !replace {
+        bail!(
+            "{}: a server named `{name}` is already configured (choose another with --name, or replace it with --replace)",
+            config_path.display()
+        );
+    }
+    let existing = if replaced {
+        without_server(&existing, &name)
+            .with_context(|| format!("taking `{name}` out of {}", config_path.display()))?
+    } else {
+        existing
+    };
     let combined = if existing.is_empty() || existing.ends_with("\n\n") {
         format!("{existing}{}", imported.toml)
     } else if existing.ends_with('\n') {
@@ -55,14 +86,6 @@ pub fn add(
     } else {
         format!("{existing}\n\n{}", imported.toml)
     };
-    if let Ok(config) = Config::parse(config_path, &existing)
-        && config.servers.contains_key(&name)
-    {
-        bail!(
-            "{}: a server named `{name}` is already configured (choose another with --name)",
-            config_path.display()
-        );
-    }
     Config::parse(config_path, &combined)
         .context("the new entry would not be a valid moat.toml")?;
     std::fs::write(config_path, combined)
@@ -71,7 +94,9 @@ pub fn add(
         eprintln!("moat: add: {}", printable(line));
     }
     println!(
-        "added server `{name}` to {}; run `moat lock` to pin its tools",
+        "{} server `{name}` {} {}; run `moat lock` to pin its tools",
+        if replaced { "replaced" } else { "added" },
+        if replaced { "in" } else { "to" },
         config_path.display()
     );
     Ok(ExitCode::SUCCESS)
@@ -206,4 +231,18 @@ fn tool_diff(before: &[LockedTool], after: &[LockedTool]) -> Vec<String> {
         out.push(format!("- {name} (removed)"));
     }
     out
+}
+
+/// `text` (a moat.toml) without server `name`'s tables, the rest kept as
+/// written.
+fn without_server(text: &str, name: &str) -> Result<String> {
+    let mut doc: toml_edit::DocumentMut = text.parse()?;
+    let removed = doc
+        .get_mut("servers")
+        .and_then(toml_edit::Item::as_table_like_mut)
+        .and_then(|servers| servers.remove(name));
+    if removed.is_none() {
+        bail!("no [servers.{name}] table");
+    }
+    Ok(doc.to_string())
 }

@@ -968,3 +968,55 @@ fn lock_measures_every_server_and_reports_each_failure_at_the_end() {
     assert!(lock.contains("[servers.b-good]"), "{lock}");
     assert!(!lock.contains("broken"), "{lock}");
 }
+
+/// Issue 33 item 8: `moat add` refuses a name that is taken before it
+/// installs anything, and `--replace` swaps the entry in place, keeping the
+/// rest of moat.toml (its comments too) as written.
+#[test]
+fn moat_add_refuses_a_taken_name_and_replaces_an_entry_when_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("moat.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "# my servers\n[servers.kept]\ncommand = {:?}\nallow_unmeasured = true\n\n[servers.everything]\ncommand = {:?}\nallow_unmeasured = true\nargs = [\"old\"]\n[servers.everything.env]\nOLD = \"1\"\n",
+            guests::EVERYTHING_NATIVE,
+            guests::EVERYTHING_NATIVE
+        ),
+    )
+    .unwrap();
+    let config_text = config.display().to_string();
+    let add = |extra: &[&str]| {
+        let mut args = vec!["add", "--config", &config_text, "--name", "everything"];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["--", guests::EVERYTHING_NATIVE, "new"]);
+        moat(&args)
+    };
+    let refused = add(&[]);
+    assert!(!refused.status.success());
+    assert!(
+        stderr(&refused).contains(
+            "a server named `everything` is already configured (choose another with --name, or replace it with --replace)"
+        ),
+        "{}",
+        stderr(&refused)
+    );
+    let replaced = add(&["--replace"]);
+    assert!(replaced.status.success(), "{}", stderr(&replaced));
+    assert!(
+        stdout(&replaced).contains("replaced server `everything` in"),
+        "{}",
+        stdout(&replaced)
+    );
+    let text = std::fs::read_to_string(&config).unwrap();
+    assert!(text.starts_with("# my servers\n[servers.kept]\n"), "{text}");
+    let loaded = moat_host::Config::load(&config).unwrap();
+    let entry = loaded.server("everything").unwrap();
+    assert_eq!(entry.args, ["new"], "{text}");
+    assert!(
+        entry.env.is_empty(),
+        "the old entry's tables went with it: {text}"
+    );
+    assert!(loaded.server("kept").is_ok());
+    assert_eq!(text.matches("[servers.everything]").count(), 1, "{text}");
+}

@@ -1220,7 +1220,7 @@ fn sandboxed(shared: &Shared) -> bool {
 /// the sandbox may be why, with the paths its stderr names beside it.
 /// Without a denial the sandbox is not blamed: the error is the server's
 /// own exit, with its stderr.
-fn sandbox_hint(server: String, fault: Fault) -> ClientError {
+fn sandbox_hint(server: String, fault: Fault, granted: &[(PathBuf, bool)]) -> ClientError {
     let (Fault::Exited { stderr_tail, .. } | Fault::Crashed { stderr_tail, .. }) = &fault else {
         return ClientError::Fault {
             server,
@@ -1248,24 +1248,59 @@ fn sandbox_hint(server: String, fault: Fault) -> ClientError {
         };
     }
     let denied = denied_paths(stderr_tail);
-    let grants = probable_grants(&denied);
+    // Each path: under a read-only grant (to write it, that grant wants
+    // `rw`), under the server's private /tmp, or outside every grant.
+    let mut read_only: Vec<&PathBuf> = Vec::new();
+    let mut private_tmp: Vec<&str> = Vec::new();
+    let mut outside: Vec<String> = Vec::new();
+    for path in &denied {
+        let under = granted
+            .iter()
+            .filter(|(dir, _)| Path::new(path).starts_with(dir))
+            .max_by_key(|(dir, _)| dir.as_os_str().len());
+        match under {
+            Some((dir, false)) => {
+                if !read_only.contains(&dir) {
+                    read_only.push(dir);
+                }
+            }
+            Some((_, true)) => {}
+            None if Path::new(path).starts_with("/tmp") => private_tmp.push(path),
+            None => outside.push(path.clone()),
+        }
+    }
+    let grants = probable_grants(&outside);
+    let mut said = match (denied.is_empty(), grants.is_empty()) {
+        (true, _) => String::new(),
+        (false, true) => format!("; its stderr names {} beside a denial", denied.join(", ")),
+        (false, false) => format!(
+            "; its stderr names {} beside a denial, so the grant probably missing is {}",
+            denied.join(", "),
+            grants
+                .iter()
+                .map(|g| format!(
+                    "[[servers.{server}.dirs]] host = {} mode = \"ro\"",
+                    crate::importer::toml_string(g)
+                ))
+                .collect::<Vec<_>>()
+                .join(" and ")
+        ),
+    };
+    for dir in read_only {
+        said.push_str(&format!(
+            "; {} is granted read-only: if the server is to write there, change that entry to `[[servers.{server}.dirs]] host = {} mode = \"rw\"`",
+            dir.display(),
+            crate::importer::toml_string(&dir.display().to_string())
+        ));
+    }
+    if !private_tmp.is_empty() {
+        said.push_str(&format!(
+            "; {} is under /tmp, which is the server's own (private and empty): a host path there is seen only when granted",
+            private_tmp.join(", ")
+        ));
+    }
     ClientError::Sandboxed {
-        denied: match (denied.is_empty(), grants.is_empty()) {
-            (true, _) => String::new(),
-            (false, true) => format!("; its stderr names {} beside a denial", denied.join(", ")),
-            (false, false) => format!(
-                "; its stderr names {} beside a denial, so the grant probably missing is {}",
-                denied.join(", "),
-                grants
-                    .iter()
-                    .map(|g| format!(
-                        "[[servers.{server}.dirs]] host = {} mode = \"ro\"",
-                        crate::importer::toml_string(g)
-                    ))
-                    .collect::<Vec<_>>()
-                    .join(" and ")
-            ),
-        },
+        denied: said,
         server,
         fault,
     }
@@ -1433,7 +1468,14 @@ impl Session {
                 execution: None,
             }),
             Err(error) => Err(match shared.settled_fault(HANDSHAKE_SETTLE).await {
-                Some(fault) if sandboxed(&shared) => sandbox_hint(server, fault),
+                Some(fault) if sandboxed(&shared) => sandbox_hint(
+                    server,
+                    fault,
+                    &shared
+                        .identity()
+                        .map(|identity| identity.sandbox.granted)
+                        .unwrap_or_default(),
+                ),
                 Some(fault) => ClientError::Fault {
                     server,
                     operation: "handshake".into(),
@@ -2227,7 +2269,7 @@ mod tests {
             stderr_tail: stderr.to_owned(),
         };
         let npm = "npm error code EAI_AGAIN\nnpm error request to https://registry.npmjs.org/turndown failed, reason: getaddrinfo EAI_AGAIN registry.npmjs.org\n";
-        let error = sandbox_hint("fetch".into(), fault(npm)).to_string();
+        let error = sandbox_hint("fetch".into(), fault(npm), &[]).to_string();
         assert!(
             error.contains("It tried to reach the network (registry.npmjs.org), which the native sandbox refuses")
                 && error.contains("needs it installed ahead of time (`moat add`)")
@@ -2235,7 +2277,7 @@ mod tests {
             "{error}"
         );
         let python = "httpx.ConnectError: [Errno -3] Temporary failure in name resolution\n  while fetching https://huggingface.co:443/api/models from /opt/app/main.py\n";
-        let error = sandbox_hint("models".into(), fault(python)).to_string();
+        let error = sandbox_hint("models".into(), fault(python), &[]).to_string();
         assert!(
             error.contains("(a host its stderr does not name)"),
             "{error}"
@@ -2244,8 +2286,33 @@ mod tests {
             "Could not resolve host: files.example.com while reading /srv/data/config.json\n";
         assert_eq!(hosts_in(both), ["files.example.com"]);
         // No network failure, no denial: the server's own exit.
-        let own = sandbox_hint("x".into(), fault("error: API_KEY is not set\n"));
+        let own = sandbox_hint("x".into(), fault("error: API_KEY is not set\n"), &[]);
         assert!(matches!(own, ClientError::Fault { .. }), "{own}");
+    }
+
+    #[test]
+    fn a_refusal_says_whether_the_path_was_read_only_private_or_outside_every_grant() {
+        let fault = Fault::Exited {
+            server: "s".into(),
+            code: 1,
+            stderr_tail: "OSError: [Errno 30] Read-only file system: '/srv/vault/.obsidian/new.md'\nPermissionError: [Errno 13] Permission denied: '/tmp/host-cache/x'\n".into(),
+        };
+        let granted = [
+            (PathBuf::from("/srv"), true),
+            (PathBuf::from("/srv/vault"), false),
+        ];
+        let error = sandbox_hint("notes".into(), fault, &granted).to_string();
+        assert!(
+            error.contains("; /srv/vault is granted read-only: if the server is to write there, change that entry to `[[servers.notes.dirs]] host = \"/srv/vault\" mode = \"rw\"`"),
+            "{error}"
+        );
+        assert!(
+            error.contains(
+                "; /tmp/host-cache/x is under /tmp, which is the server's own (private and empty)"
+            ),
+            "{error}"
+        );
+        assert!(!error.contains("grant probably missing"), "{error}");
     }
 
     fn client_side() -> (ClientSide, Askers) {

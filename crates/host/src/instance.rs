@@ -128,6 +128,9 @@ pub struct SandboxReport {
     /// Whether the instance's filesystem access is confined by the kernel
     /// (Landlock) rather than by the wasm host's preopens or not at all.
     pub kernel_filesystem: bool,
+    /// The directories granted (host path, and whether read-write), to
+    /// tell a refusal under a read-only grant from one outside every grant.
+    pub granted: Vec<(std::path::PathBuf, bool)>,
 }
 
 /// One rule of a [`SandboxReport`].

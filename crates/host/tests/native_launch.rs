@@ -875,3 +875,38 @@ async fn a_server_past_its_data_limit_is_told_which_limit() {
         "{error}"
     );
 }
+
+/// Issue 33 items 6 and 8: a server refused a write under a read-only
+/// grant (EROFS) is told which entry to change, and the sandbox is named
+/// as the cause; the path outside every grant is not what is suggested.
+#[tokio::test]
+async fn a_write_refused_under_a_read_only_grant_names_the_entry_to_change() {
+    let data = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let data = data.path().canonicalize().unwrap();
+    let mut spec = ServerSpec::native("notes", "/bin/sh");
+    spec.allow_unmeasured = true;
+    spec.args = vec![
+        "-c".into(),
+        format!("echo note > {}/new.md; exit 1", data.display()),
+    ];
+    spec.dirs = vec![moat_host::config::DirGrant {
+        host: data.clone(),
+        guest: data.display().to_string(),
+        mode: moat_host::config::DirMode::Ro,
+        inode: None,
+    }];
+    let error = match host().connect(&spec).await {
+        Err(error) => error.to_string(),
+        Ok(_) => panic!("the shell exits"),
+    };
+    assert!(
+        error.contains("The native sandbox may be the cause")
+            && error.contains(&format!(
+                "; {} is granted read-only: if the server is to write there, change that entry to `[[servers.notes.dirs]] host = \"{}\" mode = \"rw\"`",
+                data.display(),
+                data.display()
+            )),
+        "{error}"
+    );
+    assert!(!std::path::Path::new(&data.join("new.md")).exists());
+}

@@ -751,6 +751,11 @@ fn spawn(
         measured.push((interpreter.path.clone(), digest));
     }
     let dirs = crate::grants::open_all(&launch.name, &launch.dirs)?;
+    report.granted = launch
+        .dirs
+        .iter()
+        .map(|d| (d.host.clone(), d.mode == crate::config::DirMode::Rw))
+        .collect();
     // What is granted without listing goes through the same check as what
     // is listed: never a key, never Moat's directories, never $HOME or
     // $HOME/.local whole.
