@@ -401,6 +401,109 @@ fn update_shows_the_diff_and_re_pins_only_when_asked() {
     assert!(!tools.contains("drifted"), "{tools}");
 }
 
+/// Issue 33: launchers that name more than the package, as READMEs write
+/// them: `uvx --with REQ --from PKG==V CMD` and `npx -y -p PKG@V -p OTHER@V
+/// CMD`. Every requirement goes into the one install, the named program
+/// runs from it, and what `moat update` must install again is recorded.
+#[test]
+fn launchers_naming_more_than_the_package_install_it_all_and_run_the_program() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = std::fs::canonicalize(tmp.path()).unwrap();
+    let config = dir.join("moat.toml");
+    for (name, command) in [
+        (
+            "time",
+            &[
+                "uvx",
+                "--with",
+                "six==1.17.0",
+                "--from",
+                "mcp-server-time==2026.10.19",
+                "mcp-server-time",
+                "--local-timezone",
+                "UTC",
+            ][..],
+        ),
+        (
+            "memory",
+            &[
+                "npx",
+                "-y",
+                "-p",
+                "@modelcontextprotocol/server-memory@2026.8.31",
+                "--package=is-number@7.0.0",
+                "mcp-server-memory",
+            ][..],
+        ),
+    ] {
+        succeeded(
+            moat(&dir)
+                .args(["add", "--name", name, "--"])
+                .args(command)
+                .output()
+                .unwrap(),
+            "moat add",
+        );
+    }
+    let loaded = Config::load(&config).unwrap();
+    let time = loaded.server("time").unwrap().package.clone().unwrap();
+    assert_eq!(
+        (
+            time.name.as_str(),
+            time.version.as_str(),
+            time.entry.as_str()
+        ),
+        ("mcp-server-time", "2026.10.19", "mcp-server-time")
+    );
+    assert_eq!(time.with, ["six==1.17.0"]);
+    let requirements = std::fs::read_to_string(time.store.join("requirements.txt")).unwrap();
+    assert!(
+        requirements
+            .lines()
+            .any(|l| l.starts_with("six==1.17.0 --hash=sha256:")),
+        "{requirements}"
+    );
+    assert!(time.store.join("site/six.py").is_file());
+    let memory = loaded.server("memory").unwrap().package.clone().unwrap();
+    assert_eq!(
+        (
+            memory.name.as_str(),
+            memory.version.as_str(),
+            memory.entry.as_str()
+        ),
+        (
+            "@modelcontextprotocol/server-memory",
+            "2026.8.31",
+            "mcp-server-memory"
+        )
+    );
+    assert_eq!(memory.with, ["is-number@7.0.0"]);
+    let number: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(memory.store.join("node_modules/is-number/package.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(number["version"], "7.0.0");
+
+    succeeded(moat(&dir).arg("lock").output().unwrap(), "moat lock");
+    let now = succeeded(
+        moat(&dir)
+            .args(["call", "--locked", "time", "get_current_time"])
+            .arg(r#"{"timezone": "UTC"}"#)
+            .output()
+            .unwrap(),
+        "moat call time",
+    );
+    assert!(now.contains("datetime") && now.contains("UTC"), "{now}");
+    let graph = succeeded(
+        moat(&dir)
+            .args(["call", "--locked", "memory", "read_graph", "{}"])
+            .output()
+            .unwrap(),
+        "moat call memory",
+    );
+    assert!(graph.contains("entities"), "{graph}");
+}
+
 /// The real file of the `python3` on PATH (a pyenv shim resolved).
 fn python() -> PathBuf {
     let output = Command::new("python3")

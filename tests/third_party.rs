@@ -81,6 +81,13 @@ fn calls(who: &str) -> serde_json::Value {
         // tools only open workbooks that exist.
         {"name": "excel-go__excel_describe_sheets", "arguments": {
             "fileAbsolutePath": "/tmp/none.xlsx"}},
+        // 15-16 MCP Toolbox for Databases (npm, a Go binary beside a node
+        // launcher): a table created in, and read back from, the SQLite
+        // file its env SQLITE_DATABASE names.
+        {"name": "sqlite__execute_sql", "arguments": {"sql": format!(
+            "CREATE TABLE nests_{who} (bird TEXT, eggs INTEGER); INSERT INTO nests_{who} VALUES ('heron', 4), ('wren', 6)")}},
+        {"name": "sqlite__execute_sql", "arguments": {"sql": format!(
+            "SELECT bird FROM nests_{who} WHERE eggs > 5")}},
     ])
 }
 
@@ -95,6 +102,7 @@ fn check(report: &serde_json::Value, who: &str, dir: &Path) {
         "excel",
         "duckdb",
         "arxiv",
+        "sqlite",
     ] {
         assert!(
             tools
@@ -145,6 +153,9 @@ fn check(report: &serde_json::Value, who: &str, dir: &Path) {
     ok(13, &[&format!("ti:heron-{who}")]);
     let (error, text) = result(14);
     assert!(error && text.contains("no such file"), "{who}: {text}");
+    ok(15, &[]);
+    let rows = ok(16, &["wren"]);
+    assert!(!rows.contains("heron"), "{who}: {rows}");
 
     // What the servers wrote is on the host, where the config said.
     let graph = std::fs::read_to_string(dir.join("graph/memory.jsonl")).unwrap();
@@ -161,6 +172,19 @@ fn check(report: &serde_json::Value, who: &str, dir: &Path) {
     assert!(dir.join(format!("workbooks/budget-{who}.xlsx")).is_file());
     let watches = std::fs::read_to_string(dir.join("papers/watched_topics.json")).unwrap();
     assert!(watches.contains(&format!("ti:heron-{who}")), "{watches}");
+    // The table is in the database file on the host.
+    let output = Command::new("python3")
+        .arg("-c")
+        .arg("import sqlite3, sys; print(sqlite3.connect(sys.argv[1]).execute(sys.argv[2]).fetchall())")
+        .arg(dir.join("db/birds.db"))
+        .arg(format!("SELECT bird, eggs FROM nests_{who} ORDER BY bird"))
+        .output()
+        .expect("python3");
+    assert_eq!(
+        succeeded(output, "reading the SQLite file").trim(),
+        "[('heron', 4), ('wren', 6)]",
+        "{who}"
+    );
 }
 
 #[test]
@@ -185,6 +209,7 @@ fn third_party_servers_from_a_claude_desktop_config_run_with_no_hand_edits() {
         "vault/.obsidian",
         "workbooks",
         "papers",
+        "db",
     ] {
         std::fs::create_dir_all(dir.join(sub)).unwrap();
     }
@@ -225,7 +250,12 @@ fn third_party_servers_from_a_claude_desktop_config_run_with_no_hand_edits() {
             "notes": {"command": "node", "args": [main_js, dir.join("vault")]},
             "excel": {"command": "uvx", "args": ["excel-mcp-server@2.2.2", "stdio", "--allow-dir", dir.join("workbooks")]},
             "duckdb": {"command": "uvx", "args": ["mcp-server-motherduck@1.1.0", "--db-path", ":memory:", "--read-write", "--allow-switch-databases"]},
-            "arxiv": {"command": "uvx", "args": ["arxiv-mcp-server@0.8.2", "--storage-path", dir.join("papers")]}
+            "arxiv": {"command": "uvx", "args": ["arxiv-mcp-server@0.8.2", "--storage-path", dir.join("papers")]},
+            // MCP Toolbox for Databases' SQLite guide, run from npm as its
+            // package's README says (`npx @toolbox-sdk/server --prebuilt
+            // sqlite --stdio`); the file does not exist yet.
+            "sqlite": {"command": "npx", "args": ["-y", "@toolbox-sdk/server@1.12.0", "--prebuilt", "sqlite", "--stdio"],
+                       "env": {"SQLITE_DATABASE": dir.join("db/birds.db")}}
         }})
         .to_string(),
     )
@@ -243,7 +273,7 @@ fn third_party_servers_from_a_claude_desktop_config_run_with_no_hand_edits() {
     // What import inferred: the data each server writes is granted
     // read-write, from its arguments or its env; a file by its directory.
     let config = Config::load(&config_path).unwrap();
-    assert_eq!(config.servers.len(), 7, "{toml}\n{stderr}");
+    assert_eq!(config.servers.len(), 8, "{toml}\n{stderr}");
     for (name, spec) in &config.servers {
         assert_eq!(spec.sandbox, Sandbox::Required, "{name}");
         assert!(spec.sha256.is_some() && !spec.allow_unmeasured, "{name}");
@@ -267,6 +297,7 @@ fn third_party_servers_from_a_claude_desktop_config_run_with_no_hand_edits() {
     rw("notes", &dir.join("vault"));
     rw("excel", &dir.join("workbooks"));
     rw("arxiv", &dir.join("papers"));
+    rw("sqlite", &dir.join("db"));
     assert!(
         stderr.contains(&format!(
             "`knowledge-graph`: grants read-write {}, the directory of {} (named in its env MEMORY_FILE_PATH)",

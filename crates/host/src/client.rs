@@ -112,25 +112,33 @@ pub enum ClientError {
         detail: String,
     },
     #[error(
-        "handshake on server `{server}` failed: {fault}. The native sandbox may be the cause: the server may read only what `moat inspect {server}` lists{denied}. Run `moat learn {server}` to see the files and addresses it uses, and grant them with `dirs` and `net`"
+        "{operation} on server `{server}` failed: {fault}. The native sandbox may be the cause: the server may read only what `moat inspect {server}` lists{denied}. Run `moat learn {server}` to see the files and addresses it uses, and grant them with `dirs` and `net`"
     )]
     Sandboxed {
         server: String,
+        /// `handshake`, or the request that was in flight.
+        operation: String,
         fault: Fault,
         /// Paths the server's stderr names beside a denial, as ": it was
         /// denied A, B".
         denied: String,
     },
     #[error(
-        "handshake on server `{server}` failed: {fault}. It tried to reach the network ({hosts}), which the native sandbox refuses to what `net` does not list: a server that downloads code or data when it starts (an `npm install`, `pip install` or model download at first use) needs it installed ahead of time (`moat add`), or the host granted (`net = [\"HOST:443\"]`; `moat learn {server}` shows where it connects)"
+        "{operation} on server `{server}` failed: {fault}. It tried to reach the network ({hosts}), which the native sandbox refuses to what `net` does not list: a server that downloads code or data when it starts (an `npm install`, `pip install` or model download at first use) needs it installed ahead of time (`moat add`), or the host granted (`net = [\"HOST:443\"]`; `moat learn {server}` shows where it connects)"
     )]
     NetworkRefused {
         server: String,
+        /// `handshake`, or the request that was in flight.
+        operation: String,
         fault: Fault,
         /// The hosts its stderr names beside a failed lookup or
         /// connection, or "a host its stderr does not name".
         hosts: String,
     },
+    #[error(
+        "handshake on server `{server}` failed: its answer to server/discover is not a discover result Moat can read ({detail})"
+    )]
+    DiscoverUnreadable { server: String, detail: String },
     #[error(transparent)]
     Lock(#[from] crate::lock::LockError),
     #[cfg(unix)]
@@ -635,6 +643,29 @@ impl Host {
         self.connect_with(spec, Handshake::Auto).await
     }
 
+    /// Launches with `launch` and completes `handshake`. A server whose
+    /// answer to `server/discover` cannot be read (a revision's draft
+    /// shape: Toolbox 1.12 answers without `ttlMs` and `cacheScope`) is
+    /// launched again and spoken to with `initialize`, under `Auto`.
+    async fn connect_falling_back(
+        &self,
+        server: &str,
+        launch: impl Fn() -> Result<ServerTransport, LaunchError>,
+        handshake: Handshake,
+    ) -> Result<Session, ClientError> {
+        match Session::connect(launch()?, handshake).await {
+            Err(ClientError::DiscoverUnreadable { detail, .. }) if handshake == Handshake::Auto => {
+                tracing::warn!(
+                    %server,
+                    %detail,
+                    "its answer to server/discover could not be read; starting it again with initialize"
+                );
+                Session::connect(launch()?, Handshake::Initialize).await
+            }
+            other => other,
+        }
+    }
+
     /// Launches `spec` and completes the given handshake. With a lock, the
     /// bytes must be the locked bytes, the identity the locked identity, and
     /// the session exposes pinned tools only.
@@ -646,8 +677,9 @@ impl Host {
         self.launches
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let Some((lock, lock_path)) = &self.lock else {
-            let transport = self.transport(spec)?;
-            let mut session = Session::connect(transport, handshake).await?;
+            let mut session = self
+                .connect_falling_back(&spec.name, || self.transport(spec), handshake)
+                .await?;
             self.track(&spec.name, &session);
             session.execution = session.execution_identity(spec);
             return Ok(session);
@@ -668,10 +700,10 @@ impl Host {
                 revocation,
             });
         }
-        let transport = if matches!(spec.kind, ServerKind::Remote { .. }) {
+        let pinned = if matches!(spec.kind, ServerKind::Remote { .. }) {
             // No bytes to pin: the locked identity (the endpoint) and the
             // tool pins are checked below.
-            self.transport(spec)?
+            None
         } else {
             let digest: Digest = locked.sha256.parse().map_err(|e| ClientError::BadLock {
                 server: spec.name.clone(),
@@ -693,9 +725,20 @@ impl Host {
                 lock: lock_name.clone(),
             })?;
             let spec = pin_oci(spec, &locked, &lock_name).map_err(|e| *e)?;
-            self.transport_expecting(&spec, Expectation::Pinned(digest))?
+            Some((spec, digest))
         };
-        let mut session = Session::connect(transport, handshake).await?;
+        let mut session = self
+            .connect_falling_back(
+                &spec.name,
+                || match &pinned {
+                    None => self.transport(spec),
+                    Some((spec, digest)) => {
+                        self.transport_expecting(spec, Expectation::Pinned(*digest))
+                    }
+                },
+                handshake,
+            )
+            .await?;
         self.track(&spec.name, &session);
         session.execution = session.execution_identity(spec);
         if let Err(error) = session.enforce(&locked).await {
@@ -721,8 +764,13 @@ impl Host {
             grants.insert(dir.host.display().to_string(), opened.inode);
         }
         let spec = &spec;
-        let transport = self.transport_expecting(spec, expected)?;
-        let session = Session::connect(transport, Handshake::Auto).await?;
+        let session = self
+            .connect_falling_back(
+                &spec.name,
+                || self.transport_expecting(spec, expected),
+                Handshake::Auto,
+            )
+            .await?;
         let listed = async {
             let tools = session.list_tools().await?;
             let prompts = if session.offers_prompts() {
@@ -1220,11 +1268,17 @@ fn sandboxed(shared: &Shared) -> bool {
 /// the sandbox may be why, with the paths its stderr names beside it.
 /// Without a denial the sandbox is not blamed: the error is the server's
 /// own exit, with its stderr.
-fn sandbox_hint(server: String, fault: Fault, granted: &[(PathBuf, bool)]) -> ClientError {
+fn sandbox_hint(
+    server: String,
+    operation: &str,
+    fault: Fault,
+    granted: &[(PathBuf, bool)],
+) -> ClientError {
+    let operation = operation.to_owned();
     let (Fault::Exited { stderr_tail, .. } | Fault::Crashed { stderr_tail, .. }) = &fault else {
         return ClientError::Fault {
             server,
-            operation: "handshake".into(),
+            operation,
             fault,
         };
     };
@@ -1232,6 +1286,7 @@ fn sandbox_hint(server: String, fault: Fault, granted: &[(PathBuf, bool)]) -> Cl
         let hosts = hosts_in(stderr_tail);
         return ClientError::NetworkRefused {
             server,
+            operation,
             fault,
             hosts: if hosts.is_empty() {
                 "a host its stderr does not name".to_owned()
@@ -1243,7 +1298,7 @@ fn sandbox_hint(server: String, fault: Fault, granted: &[(PathBuf, bool)]) -> Cl
     if !stderr_tail.lines().any(is_denial) {
         return ClientError::Fault {
             server,
-            operation: "handshake".into(),
+            operation,
             fault,
         };
     }
@@ -1302,6 +1357,7 @@ fn sandbox_hint(server: String, fault: Fault, granted: &[(PathBuf, bool)]) -> Cl
     ClientError::Sandboxed {
         denied: said,
         server,
+        operation,
         fault,
     }
 }
@@ -1470,6 +1526,7 @@ impl Session {
             Err(error) => Err(match shared.settled_fault(HANDSHAKE_SETTLE).await {
                 Some(fault) if sandboxed(&shared) => sandbox_hint(
                     server,
+                    "handshake",
                     fault,
                     &shared
                         .identity()
@@ -1481,6 +1538,18 @@ impl Session {
                     operation: "handshake".into(),
                     fault,
                 },
+                None if matches!(
+                    &error,
+                    rmcp::service::ClientInitializeError::ExpectedInitResult(Some(
+                        rmcp::model::ServerResult::CustomResult(_)
+                    ))
+                ) =>
+                {
+                    ClientError::DiscoverUnreadable {
+                        server,
+                        detail: error.to_string(),
+                    }
+                }
                 None => ClientError::Protocol {
                     server,
                     operation: "handshake".into(),
@@ -1542,6 +1611,16 @@ impl Session {
     fn error(&self, operation: &str, error: ServiceError) -> ClientError {
         let server = self.server().to_owned();
         if let Some(fault) = self.shared.fault() {
+            // A server that died of a refusal mid-call is told so as at
+            // its start: the agent's error carries the same line.
+            if sandboxed(&self.shared) {
+                let granted = self
+                    .shared
+                    .identity()
+                    .map(|identity| identity.sandbox.granted)
+                    .unwrap_or_default();
+                return sandbox_hint(server, operation, fault, &granted);
+            }
             return ClientError::Fault {
                 server,
                 operation: operation.to_owned(),
@@ -2269,7 +2348,7 @@ mod tests {
             stderr_tail: stderr.to_owned(),
         };
         let npm = "npm error code EAI_AGAIN\nnpm error request to https://registry.npmjs.org/turndown failed, reason: getaddrinfo EAI_AGAIN registry.npmjs.org\n";
-        let error = sandbox_hint("fetch".into(), fault(npm), &[]).to_string();
+        let error = sandbox_hint("fetch".into(), "handshake", fault(npm), &[]).to_string();
         assert!(
             error.contains("It tried to reach the network (registry.npmjs.org), which the native sandbox refuses")
                 && error.contains("needs it installed ahead of time (`moat add`)")
@@ -2277,7 +2356,7 @@ mod tests {
             "{error}"
         );
         let python = "httpx.ConnectError: [Errno -3] Temporary failure in name resolution\n  while fetching https://huggingface.co:443/api/models from /opt/app/main.py\n";
-        let error = sandbox_hint("models".into(), fault(python), &[]).to_string();
+        let error = sandbox_hint("models".into(), "handshake", fault(python), &[]).to_string();
         assert!(
             error.contains("(a host its stderr does not name)"),
             "{error}"
@@ -2286,7 +2365,12 @@ mod tests {
             "Could not resolve host: files.example.com while reading /srv/data/config.json\n";
         assert_eq!(hosts_in(both), ["files.example.com"]);
         // No network failure, no denial: the server's own exit.
-        let own = sandbox_hint("x".into(), fault("error: API_KEY is not set\n"), &[]);
+        let own = sandbox_hint(
+            "x".into(),
+            "handshake",
+            fault("error: API_KEY is not set\n"),
+            &[],
+        );
         assert!(matches!(own, ClientError::Fault { .. }), "{own}");
     }
 
@@ -2301,7 +2385,7 @@ mod tests {
             (PathBuf::from("/srv"), true),
             (PathBuf::from("/srv/vault"), false),
         ];
-        let error = sandbox_hint("notes".into(), fault, &granted).to_string();
+        let error = sandbox_hint("notes".into(), "tools/call", fault, &granted).to_string();
         assert!(
             error.contains("; /srv/vault is granted read-only: if the server is to write there, change that entry to `[[servers.notes.dirs]] host = \"/srv/vault\" mode = \"rw\"`"),
             "{error}"

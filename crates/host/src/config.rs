@@ -1097,6 +1097,14 @@ pub struct PackageRecord {
     pub name: String,
     /// The exact version installed.
     pub version: String,
+    /// Its extras as requested (Python: `pkg[extra]`), installed with it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub extras: Vec<String>,
+    /// The other requirements installed beside it, as requested
+    /// (`uvx --with REQ`, a second `npx -p PKG`): `moat update` moves the
+    /// package on and installs these again as they are written.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub with: Vec<String>,
     /// The program run: an npm `bin` name, a console script, or `-m MOD`.
     pub entry: String,
     /// The leading arguments that start the entry point; the server's own

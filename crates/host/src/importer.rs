@@ -300,9 +300,11 @@ fn import_entry(
                 }
             }
             imported.skipped.push(format!(
-                "`{original}`: installed {} {} ({} `{}`) into {}{}; it runs from there, measured and read-only, and fetches nothing at launch",
+                "`{original}`: installed {}{} {}{} ({} `{}`) into {}{}; it runs from there, measured and read-only, and fetches nothing at launch",
                 record.name,
+                if record.extras.is_empty() { String::new() } else { format!("[{}]", record.extras.join(",")) },
                 record.version,
+                if record.with.is_empty() { String::new() } else { format!(" with {}", record.with.join(", ")) },
                 record.ecosystem,
                 record.entry,
                 record.store.display(),
@@ -402,12 +404,21 @@ fn import_entry(
     if let Some((_, installed)) = &package {
         let record = &installed.record;
         let entry_args: Vec<String> = record.entry_args.iter().map(|a| toml_string(a)).collect();
+        let list = |key: &str, items: &[String]| -> String {
+            if items.is_empty() {
+                return String::new();
+            }
+            let items: Vec<String> = items.iter().map(|a| toml_string(a)).collect();
+            format!("{key} = [{}]\n", items.join(", "))
+        };
         let _ = writeln!(
             imported.toml,
-            "[servers.{name}.package]\necosystem = \"{}\"\nname = {}\nversion = {}\nentry = {}\nentry_args = [{}]\nstore = {}\nlockfile_sha256 = \"{}\"",
+            "[servers.{name}.package]\necosystem = \"{}\"\nname = {}\nversion = {}\n{}{}entry = {}\nentry_args = [{}]\nstore = {}\nlockfile_sha256 = \"{}\"",
             record.ecosystem,
             toml_string(&record.name),
             toml_string(&record.version),
+            list("extras", &record.extras),
+            list("with", &record.with),
             toml_string(&record.entry),
             entry_args.join(", "),
             toml_string(&record.store.display().to_string()),
@@ -667,6 +678,9 @@ pub const WRITERS: &[&str] = &[
     // A database file (`--db-path`) with its journal beside it.
     "mcp-server-duckdb",
     "mcp-sqlite",
+    // MCP Toolbox for Databases: a SQLite file (`--prebuilt sqlite`,
+    // SQLITE_DATABASE) it creates tables in, its journal beside it.
+    "@toolbox-sdk/server",
 ];
 
 /// Grants and measured paths inferred from a server's argv.
@@ -1036,6 +1050,39 @@ mod tests {
             notes.contains("`root`: /nonexistent-moat.db (named in its arguments) is a file it writes, but its directory / is not granted"),
             "{notes}"
         );
+    }
+
+    /// Issue 33: a launcher option Moat does not know is named, with the
+    /// entry, and nothing is installed under a guess at what it meant.
+    #[test]
+    fn an_unknown_launcher_option_is_named_with_its_entry() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("claude.json");
+        std::fs::write(
+            &file,
+            r#"{"mcpServers": {
+                "time": {"command": "uvx", "args": ["--python", "3.12", "mcp-server-time"]},
+                "memory": {"command": "npx", "args": ["-y", "--registry", "https://r.example", "@modelcontextprotocol/server-memory"]}
+            }}"#,
+        )
+        .unwrap();
+        let store = dir.path().join("store");
+        let imported = import(&file, None, Some(&store)).unwrap();
+        let notes = imported.skipped.join("\n");
+        assert!(
+            notes.contains("`time`: `uvx`: option --python is not understood by Moat's import (it knows --from PKG, --with REQ and -q)"),
+            "{notes}"
+        );
+        assert!(
+            notes.contains("`memory`: `npx`: option --registry is not understood"),
+            "{notes}"
+        );
+        assert!(!store.exists(), "nothing was installed");
+        let parsed = crate::config::Config::parse(&dir.path().join("moat.toml"), &imported.toml)
+            .unwrap_or_else(|e| panic!("{e}\n{}", imported.toml));
+        let time = parsed.server("time").unwrap();
+        assert!(time.package.is_none());
+        assert_eq!(time.args, ["--python", "3.12", "mcp-server-time"]);
     }
 
     #[test]

@@ -64,9 +64,15 @@ pub struct Request {
     pub ecosystem: Ecosystem,
     /// The package, without a version.
     pub name: String,
+    /// Its extras (Python's `pkg[extra]`), installed with it.
+    pub extras: Vec<String>,
     /// The version asked for, if any (exact or a range, the ecosystem's
     /// syntax).
     pub version: Option<String>,
+    /// Other requirements installed beside it, each as the installer takes
+    /// it (`name@version` for npm, `name[extra]==version` for pip):
+    /// `uvx --with REQ`, every `npx -p PKG` but the one that is run.
+    pub with: Vec<String>,
     /// What to run from it: an npm `bin` or console script name (`None`:
     /// the package's only one, or the one named like it), or a module.
     pub entry: Entry,
@@ -131,11 +137,40 @@ fn python_module(base: &str, args: &[String]) -> Result<Request, PackageError> {
     Ok(Request {
         ecosystem: Ecosystem::Python,
         name: module.split('.').next().unwrap_or(module).replace('_', "-"),
+        extras: Vec::new(),
         version: None,
+        with: Vec::new(),
         entry: Entry::Module(module.clone()),
         args: args[1..].to_vec(),
         launcher,
     })
+}
+
+/// What a launcher's option does.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Flag {
+    /// Takes no value and changes nothing Moat does.
+    Quiet,
+    /// Names the package to install (repeatable for npm: `-p a -p b`);
+    /// the positional argument is then the program to run.
+    Package,
+    /// Names another requirement to install beside it (`uvx --with`).
+    With,
+}
+
+/// The options a launcher takes that Moat understands; any other is
+/// refused by name rather than guessed at.
+fn flag(launcher: &str, name: &str) -> Option<Flag> {
+    let program = launcher.split(' ').next().unwrap_or(launcher);
+    match (program, name) {
+        (_, "-y" | "--yes" | "-q" | "--quiet" | "--silent") => Some(Flag::Quiet),
+        ("bunx", "--bun") => Some(Flag::Quiet),
+        ("npx" | "bunx" | "pnpm", "-p" | "--package") => Some(Flag::Package),
+        ("uvx", "--from") => Some(Flag::Package),
+        ("uvx", "--with") => Some(Flag::With),
+        ("pipx", "--spec") => Some(Flag::Package),
+        _ => None,
+    }
 }
 
 fn launcher_request(
@@ -143,9 +178,8 @@ fn launcher_request(
     launcher: &str,
     args: &[String],
 ) -> Result<Request, PackageError> {
-    // Flags that take no value and change nothing Moat does.
-    const QUIET: &[&str] = &["-y", "--yes", "-q", "--quiet", "--bun", "--silent"];
-    let mut from: Option<String> = None;
+    let mut packages: Vec<String> = Vec::new();
+    let mut with: Vec<String> = Vec::new();
     let mut index = 0;
     while let Some(arg) = args.get(index) {
         index += 1;
@@ -156,46 +190,182 @@ fn launcher_request(
             index -= 1;
             break;
         }
-        if QUIET.contains(&arg.as_str()) {
-            continue;
-        }
-        let (flag, inline) = match arg.split_once('=') {
-            Some((flag, value)) => (flag, Some(value.to_owned())),
-            None => (arg.as_str(), None),
+        let (name, inline) = match arg.split_once('=') {
+            Some((name, value)) if name.starts_with("--") => (name, Some(value.to_owned())),
+            _ => (arg.as_str(), None),
         };
-        let takes_package = match ecosystem {
-            Ecosystem::Npm => matches!(flag, "-p" | "--package"),
-            Ecosystem::Python => matches!(flag, "--from" | "--spec"),
-        };
-        if !takes_package {
-            return Err(arguments(
+        let kind = flag(launcher, name).ok_or_else(|| {
+            arguments(
                 launcher,
                 format!(
-                    "option {arg} is not understood by Moat's import; run the package's program directly"
+                    "option {name} is not understood by Moat's import (it knows {}); run the package's program directly",
+                    known_flags(launcher)
                 ),
-            ));
+            )
+        })?;
+        if kind == Flag::Quiet {
+            if inline.is_some() {
+                return Err(arguments(launcher, format!("option {name} takes no value")));
+            }
+            continue;
         }
         let value = match inline {
             Some(value) => value,
             None => {
                 index += 1;
-                args.get(index - 1)
-                    .cloned()
-                    .ok_or_else(|| arguments(launcher, format!("{flag} needs a package")))?
+                args.get(index - 1).cloned().ok_or_else(|| {
+                    arguments(launcher, format!("option {name} needs a package after it"))
+                })?
             }
         };
-        if from.replace(value).is_some() {
-            return Err(arguments(launcher, "more than one package is named"));
+        match kind {
+            Flag::Package if ecosystem == Ecosystem::Python && !packages.is_empty() => {
+                return Err(arguments(
+                    launcher,
+                    format!(
+                        "option {name} is given more than once; name other requirements with --with"
+                    ),
+                ));
+            }
+            Flag::Package => packages.push(value),
+            Flag::With => with.push(value),
+            Flag::Quiet => {}
         }
     }
     let positional = args.get(index).cloned();
     let rest = args.get(index + 1..).unwrap_or_default().to_vec();
-    let (spec, entry) = match (from, positional) {
-        (Some(package), Some(program)) => (package, Some(program)),
-        (None, Some(package)) => (package, None),
-        (_, None) => return Err(arguments(launcher, "no package is named")),
+    let (specs, program) = match (packages.is_empty(), positional) {
+        (false, Some(program)) => (packages, Some(program)),
+        (true, Some(package)) => (vec![package], None),
+        (false, None) => {
+            return Err(arguments(
+                launcher,
+                "the package is named with an option, but no program to run from it follows",
+            ));
+        }
+        (true, None) => return Err(arguments(launcher, "no package is named")),
     };
-    let (name, version) = split_spec(ecosystem, &spec);
+    let mut requirements = specs
+        .iter()
+        .map(|spec| requirement(ecosystem, launcher, spec))
+        .collect::<Result<Vec<_>, _>>()?;
+    // Of several npm packages, the one run is the one named like the
+    // program, else the first; the others are installed beside it.
+    let primary = program
+        .as_deref()
+        .and_then(|program| {
+            requirements
+                .iter()
+                .position(|r| r.name.rsplit('/').next() == Some(program))
+        })
+        .unwrap_or(0);
+    let main = requirements.remove(primary);
+    let mut extra: Vec<String> = requirements.iter().map(|r| r.render(ecosystem)).collect();
+    for spec in &with {
+        extra.push(requirement(ecosystem, launcher, spec)?.render(ecosystem));
+    }
+    let entry = match (ecosystem, program) {
+        (_, Some(program)) => Some(program),
+        // uvx and pipx run the console script named like the package.
+        (Ecosystem::Python, None) => Some(main.name.clone()),
+        (Ecosystem::Npm, None) => None,
+    };
+    Ok(Request {
+        ecosystem,
+        name: main.name,
+        extras: main.extras,
+        version: main.version,
+        with: extra,
+        entry: Entry::Program(entry),
+        args: rest,
+        launcher: launcher.to_owned(),
+    })
+}
+
+/// The options [`flag`] knows for `launcher`, for an error message.
+fn known_flags(launcher: &str) -> String {
+    let program = launcher.split(' ').next().unwrap_or(launcher);
+    match program {
+        "uvx" => "--from PKG, --with REQ and -q",
+        "pipx" => "--spec PKG and -q",
+        "bunx" => "-p/--package PKG, --bun and -y",
+        _ => "-p/--package PKG and -y",
+    }
+    .to_owned()
+}
+
+/// One package to install: a registry name, its extras (Python) and the
+/// version asked for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Requirement {
+    name: String,
+    extras: Vec<String>,
+    version: Option<String>,
+}
+
+impl Requirement {
+    /// As the ecosystem's installer takes it.
+    fn render(&self, ecosystem: Ecosystem) -> String {
+        requirement_text(ecosystem, &self.name, &self.extras, self.version.as_deref())
+    }
+}
+
+/// `name`, its extras and `version` as the installer takes them:
+/// `name@version` (npm), `name[a,b]==version` or `name[a,b]>=range` (pip).
+fn requirement_text(
+    ecosystem: Ecosystem,
+    name: &str,
+    extras: &[String],
+    version: Option<&str>,
+) -> String {
+    match ecosystem {
+        Ecosystem::Npm => match version {
+            Some(version) => format!("{name}@{version}"),
+            None => name.to_owned(),
+        },
+        Ecosystem::Python => {
+            let extras = if extras.is_empty() {
+                String::new()
+            } else {
+                format!("[{}]", extras.join(","))
+            };
+            match version {
+                Some(v) if v.starts_with(['=', '<', '>', '~', '!']) => {
+                    format!("{name}{extras}{v}")
+                }
+                Some(v) => format!("{name}{extras}=={v}"),
+                None => format!("{name}{extras}"),
+            }
+        }
+    }
+}
+
+/// `spec` as a registry requirement, or why it is not one.
+fn requirement(
+    ecosystem: Ecosystem,
+    launcher: &str,
+    spec: &str,
+) -> Result<Requirement, PackageError> {
+    let (name, version) = split_spec(ecosystem, spec);
+    let (name, extras) = match (ecosystem, name.split_once('[')) {
+        (Ecosystem::Python, Some((name, extras))) => {
+            let extras = extras.strip_suffix(']').ok_or_else(|| {
+                arguments(
+                    launcher,
+                    format!("{spec:?}: its extras are not closed with `]`"),
+                )
+            })?;
+            let extras: Vec<String> = extras.split(',').map(|e| e.trim().to_owned()).collect();
+            if let Some(bad) = extras.iter().find(|e| !valid_name(Ecosystem::Python, e)) {
+                return Err(arguments(
+                    launcher,
+                    format!("{spec:?}: {bad:?} is not an extra's name"),
+                ));
+            }
+            (name.trim().to_owned(), extras)
+        }
+        _ => (name, Vec::new()),
+    };
     if !valid_name(ecosystem, &name) {
         return Err(arguments(
             launcher,
@@ -207,24 +377,13 @@ fn launcher_request(
     if let Some(version) = version.as_deref().filter(|v| !valid_version(v)) {
         return Err(arguments(
             launcher,
-            format!(
-                "{version:?} is not a version (URLs, markers and extras are not installed by Moat)"
-            ),
+            format!("{version:?} is not a version (URLs and markers are not installed by Moat)"),
         ));
     }
-    let entry = match (ecosystem, entry) {
-        (_, Some(program)) => Some(program),
-        // uvx and pipx run the console script named like the package.
-        (Ecosystem::Python, None) => Some(name.clone()),
-        (Ecosystem::Npm, None) => None,
-    };
-    Ok(Request {
-        ecosystem,
+    Ok(Requirement {
         name,
+        extras,
         version,
-        entry: Entry::Program(entry),
-        args: rest,
-        launcher: launcher.to_owned(),
     })
 }
 
@@ -331,8 +490,13 @@ pub fn install(
     let tmp = scratch.path();
     let version = version.or(request.version.as_deref());
     eprintln!(
-        "moat: installing {package}{} with {} (once, into {})",
+        "moat: installing {package}{}{} with {} (once, into {})",
         version.map(|v| format!(" {v}")).unwrap_or_default(),
+        if request.with.is_empty() {
+            String::new()
+        } else {
+            format!(" and beside it {}", request.with.join(", "))
+        },
         match request.ecosystem {
             Ecosystem::Npm => "npm",
             Ecosystem::Python => "pip",
@@ -371,6 +535,8 @@ pub fn install(
             ecosystem: request.ecosystem,
             name: request.name.clone(),
             version: exact,
+            extras: request.extras.clone(),
+            with: request.with.clone(),
             entry,
             entry_args,
             store: dir,
@@ -481,10 +647,7 @@ fn install_npm(
         path: manifest.clone(),
         source,
     })?;
-    let spec = match version {
-        Some(version) => format!("{}@{version}", request.name),
-        None => request.name.clone(),
-    };
+    let spec = requirement_text(Ecosystem::Npm, &request.name, &[], version);
     let mut command = Command::new(&npm.found);
     command
         .args([
@@ -497,48 +660,67 @@ fn install_npm(
         .args(["--loglevel=error", "--no-update-notifier", "--prefix"])
         .arg(tmp)
         .arg("--")
-        .arg(&spec);
+        .arg(&spec)
+        .args(&request.with);
     if let Some(path) = path_var {
         command.env("PATH", path);
     }
     run(package, &mut command)?;
-    let root = tmp.join("node_modules").join(&request.name);
-    let meta_path = root.join("package.json");
-    let meta: serde_json::Value = std::fs::read(&meta_path)
-        .ok()
-        .and_then(|b| serde_json::from_slice(&b).ok())
-        .ok_or_else(|| layout(format!("{} is missing or not JSON", meta_path.display())))?;
-    let exact = meta["version"]
+    let meta = |name: &str| -> Result<serde_json::Value, PackageError> {
+        let path = tmp.join("node_modules").join(name).join("package.json");
+        std::fs::read(&path)
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .ok_or_else(|| layout(format!("{} is missing or not JSON", path.display())))
+    };
+    let main = meta(&request.name)?;
+    let exact = main["version"]
         .as_str()
         .ok_or_else(|| layout("its package.json has no version".into()))?
         .to_owned();
-    let unscoped = request.name.rsplit('/').next().unwrap_or(&request.name);
     let wanted = match &request.entry {
         Entry::Program(program) => program.clone(),
         Entry::Module(_) => None,
     };
-    let (bin, script) = match &meta["bin"] {
-        serde_json::Value::String(script) => (unscoped.to_owned(), script.clone()),
-        serde_json::Value::Object(bins) => {
-            let names: Vec<&String> = bins.keys().collect();
-            let pick = match &wanted {
-                Some(want) => bins.get_key_value(want.as_str()),
-                None if bins.len() == 1 => bins.iter().next(),
-                None => bins.get_key_value(unscoped),
-            };
-            match pick {
-                Some((name, serde_json::Value::String(script))) => (name.clone(), script.clone()),
-                _ => {
-                    return Err(layout(format!(
-                        "{exact} has no program {} among its bins {names:?}",
-                        wanted.as_deref().unwrap_or(unscoped)
-                    )));
-                }
+    // The program is the package's own; one named with `-p` beside it
+    // (`npx -p a -p b PROG`) may come from any of them, as npx runs it.
+    let mut found =
+        bin_of(&request.name, &main, wanted.as_deref()).map(|b| (request.name.clone(), b));
+    if let (None, Some(_)) = (&found, &wanted) {
+        for other in &request.with {
+            let (name, _) = split_spec(Ecosystem::Npm, other);
+            if let Some(bin) = bin_of(&name, &meta(&name)?, wanted.as_deref()) {
+                found = Some((name, bin));
+                break;
             }
         }
-        _ => return Err(layout(format!("{exact} declares no `bin` to run"))),
+    }
+    let Some((owner, (bin, script))) = found else {
+        let unscoped = request.name.rsplit('/').next().unwrap_or(&request.name);
+        return Err(layout(match &main["bin"] {
+            serde_json::Value::Object(bins) => format!(
+                "{exact} has no program {} among its bins {:?}{}",
+                wanted.as_deref().unwrap_or(unscoped),
+                bins.keys().collect::<Vec<_>>(),
+                if request.with.is_empty() {
+                    ""
+                } else {
+                    ", nor has any package named beside it"
+                }
+            ),
+            serde_json::Value::String(_) => format!(
+                "{exact} has no program {} (its one bin is `{unscoped}`){}",
+                wanted.as_deref().unwrap_or(unscoped),
+                if request.with.is_empty() {
+                    ""
+                } else {
+                    ", nor has any package named beside it"
+                }
+            ),
+            _ => format!("{exact} declares no `bin` to run"),
+        }));
     };
-    let relative = Path::new("node_modules").join(&request.name).join(&script);
+    let relative = Path::new("node_modules").join(&owner).join(&script);
     let normal = relative.components().all(|c| {
         matches!(
             c,
@@ -551,6 +733,32 @@ fn install_npm(
         )));
     }
     Ok((exact, bin, vec![relative]))
+}
+
+/// The `bin` of npm package `name` (its `package.json` is `meta`) that
+/// runs `wanted` (`None`: its only one, or the one named like the
+/// package), as (bin name, script path inside the package).
+fn bin_of(name: &str, meta: &serde_json::Value, wanted: Option<&str>) -> Option<(String, String)> {
+    let unscoped = name.rsplit('/').next().unwrap_or(name);
+    match &meta["bin"] {
+        serde_json::Value::String(script) if wanted.is_none_or(|w| w == unscoped) => {
+            Some((unscoped.to_owned(), script.clone()))
+        }
+        serde_json::Value::Object(bins) => {
+            let pick = match wanted {
+                Some(want) => bins.get_key_value(want),
+                None if bins.len() == 1 => bins.iter().next(),
+                None => bins.get_key_value(unscoped),
+            };
+            match pick {
+                Some((name, serde_json::Value::String(script))) => {
+                    Some((name.clone(), script.clone()))
+                }
+                _ => None,
+            }
+        }
+        _ => None,
+    }
 }
 
 /// pip: `pip install --target site --report` (wheels only), a
@@ -576,11 +784,7 @@ fn install_python(
             source,
         }
     };
-    let requirement = match version {
-        Some(v) if v.starts_with(['=', '<', '>', '~', '!']) => format!("{}{v}", request.name),
-        Some(v) => format!("{}=={v}", request.name),
-        None => request.name.clone(),
-    };
+    let requirement = requirement_text(Ecosystem::Python, &request.name, &request.extras, version);
     let report = tmp.join("report.json");
     let mut command = Command::new(interpreter);
     command
@@ -601,7 +805,8 @@ fn install_python(
         .arg(tmp.join("site"))
         .arg("--report")
         .arg(&report)
-        .arg(&requirement);
+        .arg(&requirement)
+        .args(&request.with);
     run(package, &mut command)?;
     let parsed: serde_json::Value = std::fs::read(&report)
         .ok()
@@ -637,14 +842,32 @@ fn install_python(
         Entry::Program(program) => {
             let scripts = console_scripts(&tmp.join("site"), &request.name);
             let want = program.clone().unwrap_or_else(|| request.name.clone());
+            // The package's own script, else (as uvx runs it) one of a
+            // requirement installed beside it.
+            let beside = || {
+                request.with.iter().find_map(|other| {
+                    let (name, _) = split_spec(Ecosystem::Python, other);
+                    let name = name.split('[').next().unwrap_or(&name).to_owned();
+                    console_scripts(&tmp.join("site"), &name)
+                        .into_iter()
+                        .find(|(script, _)| *script == want)
+                })
+            };
             let target = scripts
                 .iter()
                 .find(|(name, _)| *name == want)
                 .or_else(|| (program.is_none() && scripts.len() == 1).then(|| &scripts[0]))
+                .cloned()
+                .or_else(beside)
                 .ok_or_else(|| {
                     let names: Vec<&str> = scripts.iter().map(|(n, _)| n.as_str()).collect();
                     layout(format!(
-                        "{exact} has no console script `{want}` (it has {names:?})"
+                        "{exact} has no console script `{want}` (it has {names:?}){}",
+                        if request.with.is_empty() {
+                            ""
+                        } else {
+                            ", nor has any requirement named beside it"
+                        }
                     ))
                 })?;
             let (module, attr) = target.1.split_once(':').unwrap_or((&target.1, ""));
@@ -707,7 +930,9 @@ impl PackageRecord {
         Request {
             ecosystem: self.ecosystem,
             name: self.name.clone(),
+            extras: self.extras.clone(),
             version: None,
+            with: self.with.clone(),
             entry: match self.entry.strip_prefix("-m ") {
                 Some(module) => Entry::Module(module.to_owned()),
                 None => Entry::Program(Some(self.entry.clone())),
@@ -803,6 +1028,11 @@ pub fn repin_config(
     table.insert("ecosystem", value(record.ecosystem.to_string()));
     table.insert("name", value(record.name.as_str()));
     table.insert("version", value(record.version.as_str()));
+    for (key, items) in [("extras", &record.extras), ("with", &record.with)] {
+        if !items.is_empty() {
+            table.insert(key, value(strings(&mut items.iter().cloned())));
+        }
+    }
     table.insert("entry", value(record.entry.as_str()));
     table.insert(
         "entry_args",
@@ -902,9 +1132,9 @@ mod tests {
             ),
             ("uvx", &["./local"][..], "is not a registry package name"),
             (
-                "npx",
-                &["-p", "a", "-p", "b", "c"][..],
-                "more than one package",
+                "uvx",
+                &["--from", "a", "--from", "b", "c"][..],
+                "option --from is given more than once",
             ),
             ("python3", &["-m", "os;x"][..], "expected a module name"),
             (
@@ -935,6 +1165,220 @@ mod tests {
                 .to_string();
             assert!(error.contains(detail), "{command} {args:?}: {error}");
         }
+    }
+
+    /// Issue 33: `uvx --with`, `uvx --from 'pkg[extra]==V' CMD`, `npx -p`
+    /// (repeated, `--package=`), `pipx run --spec`: what is installed,
+    /// beside what, and which program runs.
+    #[test]
+    fn launchers_name_extra_requirements_and_programs() {
+        let r = recognise(
+            "uvx",
+            &strings(&[
+                "--with",
+                "tzdata==2025.2",
+                "--with=six",
+                "mcp-server-time@2026.10.19",
+                "--local-timezone",
+                "UTC",
+            ]),
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            (r.name.as_str(), r.version.as_deref()),
+            ("mcp-server-time", Some("2026.10.19"))
+        );
+        assert_eq!(r.with, ["tzdata==2025.2", "six"]);
+        assert_eq!(r.entry, Entry::Program(Some("mcp-server-time".into())));
+        assert_eq!(r.args, ["--local-timezone", "UTC"]);
+
+        let r = recognise(
+            "uvx",
+            &strings(&[
+                "--from",
+                "excel-mcp-server[dev, docs]==2.2.2",
+                "excel-mcp",
+                "stdio",
+            ]),
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(r.name, "excel-mcp-server");
+        assert_eq!(r.extras, ["dev", "docs"]);
+        assert_eq!(r.version.as_deref(), Some("==2.2.2"));
+        assert_eq!(r.entry, Entry::Program(Some("excel-mcp".into())));
+        assert_eq!(r.args, ["stdio"]);
+        assert_eq!(
+            requirement_text(Ecosystem::Python, &r.name, &r.extras, r.version.as_deref()),
+            "excel-mcp-server[dev,docs]==2.2.2"
+        );
+        let r = recognise(
+            "uvx",
+            &strings(&["--with", "b[x]@1.0", "--from", "a", "cmd"]),
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            (r.name.as_str(), r.with.as_slice()),
+            ("a", &["b[x]==1.0".to_owned()][..])
+        );
+
+        // npx: every -p is installed; the program's own package is the one
+        // recorded, whatever its place.
+        let r = recognise(
+            "npx",
+            &strings(&[
+                "-y",
+                "-p",
+                "zod@3",
+                "--package=@modelcontextprotocol/server-memory@2026.8.31",
+                "server-memory",
+                "--flag",
+            ]),
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(r.name, "@modelcontextprotocol/server-memory");
+        assert_eq!(r.version.as_deref(), Some("2026.8.31"));
+        assert_eq!(r.with, ["zod@3"]);
+        assert_eq!(r.entry, Entry::Program(Some("server-memory".into())));
+        assert_eq!(r.args, ["--flag"]);
+        let r = recognise("npx", &strings(&["-p", "a@1", "-p", "b", "tool"]))
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (r.name.as_str(), r.with.as_slice()),
+            ("a", &["b".to_owned()][..])
+        );
+
+        let r = recognise(
+            "pipx",
+            &strings(&[
+                "run",
+                "--spec",
+                "mcp-server-fetch==2026.10.24",
+                "mcp-server-fetch",
+                "-x",
+            ]),
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            (r.name.as_str(), r.version.as_deref()),
+            ("mcp-server-fetch", Some("==2026.10.24"))
+        );
+        assert_eq!(r.entry, Entry::Program(Some("mcp-server-fetch".into())));
+        assert_eq!(r.args, ["-x"]);
+        let r = recognise(
+            "pipx",
+            &strings(&["run", "mcp-server-git==2026.10.19", "--repository", "/r"]),
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(r.version.as_deref(), Some("==2026.10.19"));
+        assert_eq!(r.entry, Entry::Program(Some("mcp-server-git".into())));
+        assert_eq!(r.args, ["--repository", "/r"]);
+
+        // An option a launcher does not have, or Moat does not know, is
+        // refused by name, never taken for the package or the program.
+        for (command, args, detail) in [
+            (
+                "uvx",
+                &["--python", "3.12", "x"][..],
+                "`uvx`: option --python is not understood",
+            ),
+            (
+                "uvx",
+                &["--with-editable", "./x", "y"][..],
+                "option --with-editable is not understood",
+            ),
+            (
+                "pipx",
+                &["run", "--with", "a", "b"][..],
+                "`pipx run`: option --with is not understood",
+            ),
+            (
+                "pipx",
+                &["run", "--from", "a", "b"][..],
+                "option --from is not understood",
+            ),
+            (
+                "npx",
+                &["--with", "a", "b"][..],
+                "option --with is not understood",
+            ),
+            ("npx", &["-c", "echo hi"][..], "option -c is not understood"),
+            ("npx", &["-p", "a"][..], "no program to run from it follows"),
+            ("uvx", &["--with"][..], "option --with needs a package"),
+            (
+                "uvx",
+                &["--with", "./local", "x"][..],
+                "is not a registry package name",
+            ),
+            ("uvx", &["--from", "x[a", "y"][..], "extras are not closed"),
+            (
+                "uvx",
+                &["--from", "x[a/b]", "y"][..],
+                "is not an extra's name",
+            ),
+            (
+                "npx",
+                &["-p", "a[x]", "y"][..],
+                "is not a registry package name",
+            ),
+            ("npx", &["--yes=1", "a"][..], "option --yes takes no value"),
+        ] {
+            let error = recognise(command, &strings(args))
+                .unwrap()
+                .unwrap_err()
+                .to_string();
+            assert!(error.contains(detail), "{command} {args:?}: {error}");
+        }
+    }
+
+    /// The extras and the requirements installed beside a package are
+    /// kept in moat.toml, so `moat update` installs them again.
+    #[test]
+    fn extras_and_requirements_beside_are_recorded_for_update() {
+        let text = r#"[servers.time]
+command = "/usr/bin/python3"
+allow_unmeasured = true
+args = ["-I", "/s/python-x/moat-entry.py"]
+[servers.time.package]
+ecosystem = "python"
+name = "mcp-server-time"
+version = "2026.10.19"
+extras = ["cli"]
+with = ["tzdata==2025.2"]
+entry = "mcp-server-time"
+entry_args = ["-I", "/s/python-x/moat-entry.py"]
+store = "/s/python-x"
+lockfile_sha256 = "00"
+"#;
+        let path = Path::new("/etc/moat/moat.toml");
+        let config = crate::config::Config::parse(path, text).unwrap();
+        let spec = config.server("time").unwrap();
+        let record = spec.package.as_ref().unwrap();
+        assert_eq!(record.extras, ["cli"]);
+        assert_eq!(record.with, ["tzdata==2025.2"]);
+        let request = record.request();
+        assert_eq!(request.extras, ["cli"]);
+        assert_eq!(request.with, ["tzdata==2025.2"]);
+        assert_eq!(
+            request.entry,
+            Entry::Program(Some("mcp-server-time".into()))
+        );
+
+        let mut new = spec.clone();
+        new.package.as_mut().unwrap().with = vec!["tzdata==2026.1".into()];
+        let written = repin_config(path, text, "time", &new).unwrap();
+        let again = crate::config::Config::parse(path, &written).unwrap();
+        let record = again.server("time").unwrap().package.clone().unwrap();
+        assert_eq!(
+            (record.extras.as_slice(), record.with.as_slice()),
+            (&["cli".to_owned()][..], &["tzdata==2026.1".to_owned()][..])
+        );
     }
 
     #[test]

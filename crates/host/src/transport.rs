@@ -990,7 +990,43 @@ fn parse_message(shared: &Shared, line: &[u8]) -> Result<ServerJsonRpcMessage, S
     if let Some(answer) = call_answer(shared, line) {
         return Ok(answer);
     }
-    serde_json::from_slice::<ServerJsonRpcMessage>(line).map_err(|error| error.to_string())
+    let message =
+        serde_json::from_slice::<ServerJsonRpcMessage>(line).map_err(|error| error.to_string())?;
+    Ok(draft_discover(&message, line).unwrap_or(message))
+}
+
+/// A `server/discover` answer in the shape of a draft of the 2026-07-28
+/// revision (no `ttlMs`, no `cacheScope`: Google's MCP Toolbox 1.12 answers
+/// so, and speaks nothing else), read as a discover result that may not be
+/// cached (`ttlMs` 0, `cacheScope` private). `None` for anything else; only
+/// a line that did not decode as a known result gets here.
+fn draft_discover(decoded: &ServerJsonRpcMessage, line: &[u8]) -> Option<ServerJsonRpcMessage> {
+    use rmcp::model::{JsonRpcMessage, ServerResult};
+    // Only what rmcp could not read as any known result is looked at again.
+    let JsonRpcMessage::Response(response) = decoded else {
+        return None;
+    };
+    let ServerResult::CustomResult(_) = &response.result else {
+        return None;
+    };
+    let mut value: serde_json::Value = serde_json::from_slice(line).ok()?;
+    let result = value.get_mut("result")?.as_object_mut()?;
+    if !(result.contains_key("supportedVersions") && result.contains_key("capabilities")) {
+        return None;
+    }
+    result.entry("ttlMs").or_insert(serde_json::json!(0));
+    result
+        .entry("cacheScope")
+        .or_insert(serde_json::json!("private"));
+    let patched = serde_json::from_value::<ServerJsonRpcMessage>(value).ok()?;
+    match &patched {
+        JsonRpcMessage::Response(response)
+            if matches!(response.result, ServerResult::DiscoverResult(_)) =>
+        {
+            Some(patched)
+        }
+        _ => None,
+    }
 }
 
 /// The answer to a pending `tools/call`, decoded as what it answers.
@@ -1172,6 +1208,30 @@ async fn watchdog(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_draft_discover_answer_is_read_as_one_that_may_not_be_cached() {
+        use rmcp::model::{CacheScope, JsonRpcMessage, ServerResult};
+        let line = br#"{"jsonrpc":"2.0","id":1,"result":{"resultType":"complete","supportedVersions":["2025-11-25","2026-07-28"],"capabilities":{"tools":{}},"_meta":{"io.modelcontextprotocol/serverInfo":{"name":"Toolbox","version":"1.12.0"}}}}"#;
+        let decoded = serde_json::from_slice::<ServerJsonRpcMessage>(line).unwrap();
+        let patched = draft_discover(&decoded, line).expect("read as a discover result");
+        let JsonRpcMessage::Response(response) = patched else {
+            panic!("a response");
+        };
+        let ServerResult::DiscoverResult(result) = response.result else {
+            panic!("a discover result: {:?}", response.result);
+        };
+        assert_eq!(
+            (result.ttl_ms, result.cache_scope),
+            (0, CacheScope::Private)
+        );
+        assert_eq!(result.supported_versions.len(), 2);
+        // Any other result rmcp could not read is left as it is.
+        let other =
+            br#"{"jsonrpc":"2.0","id":2,"result":{"supportedVersions":"not a list","x":1}}"#;
+        let decoded = serde_json::from_slice::<ServerJsonRpcMessage>(other).unwrap();
+        assert!(draft_discover(&decoded, other).is_none());
+    }
+
     use super::*;
 
     #[test]

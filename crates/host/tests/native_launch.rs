@@ -910,3 +910,100 @@ async fn a_write_refused_under_a_read_only_grant_names_the_entry_to_change() {
     );
     assert!(!std::path::Path::new(&data.join("new.md")).exists());
 }
+
+/// A process the server starts reads its own /proc/self, as the server
+/// does (a Go binary behind a node launcher reads /proc/self/cgroup as it
+/// starts): in a root of the server's own, /proc is its PID namespace's,
+/// readable, and shows no process but the server's own.
+#[tokio::test]
+async fn a_process_the_server_starts_reads_its_own_proc_self() {
+    let mut spec = ServerSpec::native("probe", guests::PROBE_NATIVE);
+    spec.allow_unmeasured = true;
+    let session = host().connect(&spec).await.unwrap();
+    let run = |argv: &[&str]| {
+        let arguments = serde_json::json!({"op": "exec", "argv": argv});
+        let session = &session;
+        async move {
+            let result = session
+                .call_tool("attack", arguments.as_object().cloned())
+                .await
+                .unwrap();
+            serde_json::from_str::<serde_json::Value>(&text(&result)).unwrap()
+        }
+    };
+    let cgroup = run(&["cat", "/proc/self/cgroup"]).await;
+    assert_eq!(cgroup["ok"], true, "{cgroup}");
+    let status = run(&["cat", "/proc/self/status"]).await;
+    assert!(
+        status["data"].as_str().unwrap().contains("Name:\tcat"),
+        "{status}"
+    );
+    // Its own processes only: the server (PID 1) and this `ls`.
+    let listed = run(&["ls", "/proc"]).await;
+    let pids: Vec<&str> = listed["data"]
+        .as_str()
+        .unwrap()
+        .lines()
+        .filter(|name| name.chars().all(|c| c.is_ascii_digit()))
+        .collect();
+    assert_eq!(pids.len(), 2, "{listed}");
+    assert!(pids.contains(&"1"), "{listed}");
+    session.close().await.unwrap();
+}
+
+/// A server that answers `server/discover` in a shape that cannot be read
+/// as a discover result (an early draft's `versions`) is started again and
+/// spoken to with `initialize`, instead of failing the handshake. (A draft
+/// answer that only lacks `ttlMs` and `cacheScope`, as Google's MCP Toolbox
+/// 1.12 gives, is read as a discover result: `transport.rs` unit tests and
+/// `tests/third_party.rs`.)
+#[tokio::test]
+async fn a_server_whose_discover_answer_cannot_be_read_is_spoken_to_with_initialize() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let script = dir.path().join("draft-discover");
+    std::fs::write(
+        &script,
+        r#"#!/usr/bin/python3
+import json, sys
+for line in sys.stdin:
+    message = json.loads(line)
+    method, id = message.get("method"), message.get("id")
+    if id is None:
+        continue
+    if method == "server/discover":
+        result = {"resultType": "complete", "versions": ["2025-11-25", "2026-07-28"],
+                  "capabilities": {"tools": {}},
+                  "_meta": {"io.modelcontextprotocol/serverInfo": {"name": "draft", "version": "1"}}}
+    elif method == "initialize":
+        result = {"protocolVersion": "2025-11-25", "capabilities": {"tools": {}},
+                  "serverInfo": {"name": "draft", "version": "1"}}
+    elif method == "tools/list":
+        result = {"tools": [{"name": "hello", "inputSchema": {"type": "object"}}]}
+    elif method == "tools/call":
+        result = {"content": [{"type": "text", "text": "hello from initialize"}]}
+    else:
+        result = {}
+    print(json.dumps({"jsonrpc": "2.0", "id": id, "result": result}), flush=True)
+"#,
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let mut spec = ServerSpec::native("draft", script.display().to_string());
+    spec.allow_unmeasured = true;
+    let session = host().connect(&spec).await.unwrap();
+    assert_eq!(session.protocol_version().as_deref(), Some("2025-11-25"));
+    let answer = session.call_tool("hello", None).await.unwrap();
+    assert_eq!(text(&answer), "hello from initialize");
+    session.close().await.unwrap();
+    // Asked for server/discover only, the same answer is an error naming it.
+    let error = host()
+        .connect_with(&spec, moat_host::Handshake::Discover)
+        .await
+        .err()
+        .expect("discover only")
+        .to_string();
+    assert!(
+        error.contains("its answer to server/discover is not a discover result Moat can read"),
+        "{error}"
+    );
+}

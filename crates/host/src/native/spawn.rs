@@ -1300,8 +1300,14 @@ unsafe fn child(
                 .filter(|ns| ns.tmp.is_some())
                 .and_then(|ns| ns.script.as_ref())
                 .map(|script| script.target.as_c_str());
+            // In a root of its own, /proc is the server's PID namespace's.
+            let proc = if plan.namespaces.as_ref().is_some_and(|ns| ns.root.is_some()) {
+                c"/proc"
+            } else {
+                c"/proc/self"
+            };
             if let Err(error) =
-                crate::sandbox::restrict_child(ruleset, proc_self, tmp, resolv, script)
+                crate::sandbox::restrict_child(ruleset, proc, proc_self, tmp, resolv, script)
             {
                 fail(report, Step::Landlock, error.raw_os_error().unwrap_or(0));
             }

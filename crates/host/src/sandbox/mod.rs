@@ -696,6 +696,7 @@ pub fn learn_plan_for_abi(grants: &LearnGrants<'_>, version: i32) -> Result<Plan
 /// `ruleset` must be a Landlock ruleset descriptor.
 pub unsafe fn restrict_child(
     ruleset: RawFd,
+    proc: &std::ffi::CStr,
     proc_self_access: u64,
     tmp_access: Option<u64>,
     resolv_conf: bool,
@@ -743,8 +744,12 @@ pub unsafe fn restrict_child(
         }
         Ok(())
     };
-    // A failure here only means /proc/self stays unreadable.
-    let _ = add(c"/proc/self", proc_self_access);
+    // `proc`: `/proc/self`, or, in a root of the server's own (whose /proc
+    // is its PID namespace's: its own processes only), `/proc` whole, so a
+    // process the server starts reads its own /proc/self too (a Go binary
+    // behind a node launcher reads /proc/self/cgroup as it starts). A
+    // failure here only means it stays unreadable.
+    let _ = add(proc, proc_self_access);
     if let Some(access) = tmp_access {
         add(c"/tmp", access)?;
     }

@@ -423,7 +423,7 @@ pub fn plan(inputs: &RootInputs<'_>) -> Result<RootPlan, RootError> {
         subjects.push(path);
     }
     let summary = format!(
-        "own root: the server's / is a tmpfs of its own, read-only, holding only the system directories (read-only), the executable, its interpreter and measure paths (read-only), its grants at their paths, its working directory, its private /tmp, a /proc of its own PID namespace and a /dev of {}; no other host path exists there (stat, inotify and /proc reveal no name outside it)",
+        "own root: the server's / is a tmpfs of its own, read-only, holding only the system directories (read-only), the executable, its interpreter and measure paths (read-only), its grants at their paths, its working directory, its private /tmp, a /proc of its own PID namespace (readable: it shows the server's own processes only, so each reads its own /proc/self) and a /dev of {}; no other host path exists there (stat, inotify and /proc reveal no name outside it)",
         devices
             .iter()
             .map(|d| d.trim_start_matches("/dev/"))
