@@ -593,21 +593,94 @@ fn interpreter(
     })
 }
 
-fn run(package: &str, command: &mut Command) -> Result<(), PackageError> {
+/// How often a running install says how far it has got.
+const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Runs an installer for `package`, writing into `dir`: every
+/// [`PROGRESS_EVERY`] a line on stderr says how long it has run and how
+/// much it has written, and its end says how long it took.
+fn run(package: &str, command: &mut Command, dir: &Path) -> Result<(), PackageError> {
+    run_telling(package, command, dir, PROGRESS_EVERY, &mut |line| {
+        eprintln!("{line}")
+    })
+}
+
+fn run_telling(
+    package: &str,
+    command: &mut Command,
+    dir: &Path,
+    every: std::time::Duration,
+    tell: &mut dyn FnMut(String),
+) -> Result<(), PackageError> {
+    use std::io::Read;
     let shown = format!("{command:?}").replace('"', "");
-    let output = command
+    let started = std::time::Instant::now();
+    let program = command.get_program().to_string_lossy().into_owned();
+    let spawn_error = |source| PackageError::Spawn {
+        package: package.to_owned(),
+        program: program.clone(),
+        source,
+    };
+    let mut child = command
         .stdin(Stdio::null())
-        .output()
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(spawn_error)?;
+    let drain = |pipe: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            if let Some(mut pipe) = pipe {
+                let _ = pipe.read_to_end(&mut bytes);
+            }
+            bytes
+        })
+    };
+    let stdout = drain(
+        child
+            .stdout
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let stderr = drain(
+        child
+            .stderr
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let (done, finished) = std::sync::mpsc::channel();
+    let waiter = std::thread::spawn(move || {
+        let status = child.wait();
+        let _ = done.send(());
+        status
+    });
+    while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = finished.recv_timeout(every) {
+        tell(format!(
+            "moat: still installing {package}: {} s, {} written so far",
+            started.elapsed().as_secs(),
+            human_bytes(tree_bytes(dir))
+        ));
+    }
+    let status = waiter
+        .join()
+        .unwrap_or_else(|_| Err(std::io::Error::other("the installer's waiter panicked")))
         .map_err(|source| PackageError::Spawn {
             package: package.to_owned(),
-            program: command.get_program().to_string_lossy().into_owned(),
+            program: shown.clone(),
             source,
         })?;
-    if output.status.success() {
+    let stdout = stdout.join().unwrap_or_default();
+    let stderr = stderr.join().unwrap_or_default();
+    if status.success() {
+        tell(format!(
+            "moat: installed {package} in {:.1} s ({})",
+            started.elapsed().as_secs_f64(),
+            human_bytes(tree_bytes(dir))
+        ));
         return Ok(());
     }
-    let mut text = String::from_utf8_lossy(&output.stderr).into_owned();
-    text.push_str(&String::from_utf8_lossy(&output.stdout));
+    let mut text = String::from_utf8_lossy(&stderr).into_owned();
+    text.push_str(&String::from_utf8_lossy(&stdout));
     let tail: Vec<&str> = text.lines().rev().take(12).collect();
     let mut shown_output = String::new();
     for line in tail.iter().rev() {
@@ -616,9 +689,39 @@ fn run(package: &str, command: &mut Command) -> Result<(), PackageError> {
     Err(PackageError::Installer {
         package: package.to_owned(),
         command: shown,
-        status: output.status.to_string(),
+        status: status.to_string(),
         output: shown_output,
     })
+}
+
+/// The bytes of the files under `dir` (links not followed).
+fn tree_bytes(dir: &Path) -> u64 {
+    let mut total = 0;
+    let mut pending = vec![dir.to_owned()];
+    while let Some(dir) = pending.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            match entry.file_type() {
+                Ok(kind) if kind.is_dir() => pending.push(entry.path()),
+                Ok(kind) if kind.is_file() => {
+                    total += entry.metadata().map(|m| m.len()).unwrap_or(0);
+                }
+                _ => {}
+            }
+        }
+    }
+    total
+}
+
+fn human_bytes(bytes: u64) -> String {
+    match bytes {
+        b if b >= 1 << 30 => format!("{:.1} GiB", b as f64 / f64::from(1u32 << 30)),
+        b if b >= 1 << 20 => format!("{:.1} MiB", b as f64 / f64::from(1u32 << 20)),
+        b if b >= 1 << 10 => format!("{:.1} KiB", b as f64 / f64::from(1u32 << 10)),
+        b => format!("{b} B"),
+    }
 }
 
 /// npm: a private package.json of Moat's (so the lockfile does not name
@@ -665,7 +768,7 @@ fn install_npm(
     if let Some(path) = path_var {
         command.env("PATH", path);
     }
-    run(package, &mut command)?;
+    run(package, &mut command, tmp)?;
     let meta = |name: &str| -> Result<serde_json::Value, PackageError> {
         let path = tmp.join("node_modules").join(name).join("package.json");
         std::fs::read(&path)
@@ -807,7 +910,7 @@ fn install_python(
         .arg(&report)
         .arg(&requirement)
         .args(&request.with);
-    run(package, &mut command)?;
+    run(package, &mut command, tmp)?;
     let parsed: serde_json::Value = std::fs::read(&report)
         .ok()
         .and_then(|b| serde_json::from_slice(&b).ok())
@@ -1056,6 +1159,83 @@ pub fn repin_config(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_long_install_says_how_far_it_has_got_and_how_long_it_took() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut told = Vec::new();
+        // The installer writes 300 KiB, then waits for its input to close
+        // (a fifo nobody writes: it ends when the test's writer goes).
+        let fifo = dir.path().join("fifo");
+        assert!(
+            Command::new("mkfifo")
+                .arg(&fifo)
+                .status()
+                .unwrap()
+                .success()
+        );
+        let out = dir.path().join("site");
+        std::fs::create_dir(&out).unwrap();
+        let mut command = Command::new("sh");
+        command.arg("-c").arg(format!(
+            "head -c 307200 /dev/zero > {}/wheel; cat {} > /dev/null",
+            out.display(),
+            fifo.display()
+        ));
+        let progress = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let writer = std::thread::spawn({
+            let fifo = fifo.clone();
+            let out = out.clone();
+            let progress = progress.clone();
+            move || {
+                // Opened for writing once the installer has written its
+                // files and a progress line was told; closed at once,
+                // which ends its `cat`.
+                while tree_bytes(&out) < 307_200
+                    || progress.load(std::sync::atomic::Ordering::SeqCst) == 0
+                {
+                    std::thread::yield_now();
+                }
+                let _ = std::fs::OpenOptions::new().write(true).open(&fifo);
+            }
+        });
+        run_telling(
+            "npm package slow",
+            &mut command,
+            &out,
+            std::time::Duration::from_millis(1),
+            &mut |line| {
+                progress.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                told.push(line)
+            },
+        )
+        .unwrap();
+        writer.join().unwrap();
+        let last = told.pop().unwrap();
+        assert!(
+            last.starts_with("moat: installed npm package slow in ")
+                && last.ends_with(" s (300.0 KiB)"),
+            "{last}"
+        );
+        assert!(
+            !told.is_empty()
+                && told.iter().all(|l| {
+                    l.starts_with("moat: still installing npm package slow: ")
+                        && l.ends_with(" written so far")
+                }),
+            "{told:?}"
+        );
+        let failed = run_telling(
+            "npm package broken",
+            Command::new("sh").args(["-c", "echo 'E404 not found' >&2; exit 1"]),
+            &out,
+            PROGRESS_EVERY,
+            &mut |_| {},
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(failed.contains("E404 not found"), "{failed}");
+    }
+
     use super::*;
 
     fn strings(items: &[&str]) -> Vec<String> {
