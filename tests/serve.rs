@@ -811,6 +811,17 @@ impl ClientHandler for Logged {
             .push(params.data.as_str().unwrap_or_default().to_owned());
         self.heard.notify_one();
     }
+
+    async fn on_tool_list_changed(
+        &self,
+        _context: rmcp::service::NotificationContext<rmcp::RoleClient>,
+    ) {
+        self.messages
+            .lock()
+            .unwrap()
+            .push("notifications/tools/list_changed".to_owned());
+        self.heard.notify_one();
+    }
 }
 
 /// Issue 33: one server that cannot start (it exits at once, saying why
@@ -997,4 +1008,95 @@ async fn egress_refusals_are_recorded_in_the_audit_log() {
             ),
         ]
     );
+}
+
+/// Issue 33 item 2: a server that could not start is tried again by the
+/// session when its next try is due, with no listing needed; once it
+/// starts, the agent (which may keep its tool list) is told its tools
+/// changed, and they are listed and called.
+#[tokio::test]
+async fn a_server_that_starts_on_a_later_try_is_announced_to_the_agent() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let dir = dir.path().canonicalize().unwrap();
+    let ready = dir.join("ready");
+    std::fs::create_dir(&ready).unwrap();
+    let script = dir.join("late");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh
+[ -e {marker} ] || {{ echo 'error: the database is not up yet' >&2; exit 3; }}
+exec {server}
+",
+            marker = ready.join("up").display(),
+            server = guests::EVERYTHING_NATIVE
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let guest_dir = Path::new(guests::EVERYTHING_NATIVE).parent().unwrap();
+    let config = dir.join("moat.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[servers.late]\ncommand = {:?}\nallow_unmeasured = true\n[[servers.late.dirs]]\nhost = {:?}\nmode = \"ro\"\n[[servers.late.dirs]]\nhost = {:?}\nmode = \"ro\"\n",
+            script.display().to_string(),
+            ready.display().to_string(),
+            guest_dir.display().to_string(),
+        ),
+    )
+    .unwrap();
+    let mut child = serve_stdio(&config, &[]);
+    let stdout = child.stdout.take().unwrap();
+    let stdin = child.stdin.take().unwrap();
+    let logged = Logged::default();
+    let agent = logged
+        .clone()
+        .serve((stdout, stdin))
+        .await
+        .expect("initialize");
+    let names = |tools: Vec<rmcp::model::Tool>| {
+        tools
+            .into_iter()
+            .map(|t| t.name.to_string())
+            .collect::<Vec<_>>()
+    };
+    assert!(names(agent.list_all_tools().await.unwrap()).is_empty());
+    // Told it could not start; then the database comes up.
+    while logged.messages.lock().unwrap().is_empty() {
+        logged.heard.notified().await;
+    }
+    assert!(
+        logged.messages.lock().unwrap()[0].contains("the database is not up yet"),
+        "{:?}",
+        logged.messages
+    );
+    std::fs::write(ready.join("up"), "").unwrap();
+    // No listing from the agent: the session's own try starts it (the
+    // timeout only keeps a regression from hanging the suite).
+    tokio::time::timeout(std::time::Duration::from_secs(60), async {
+        while !logged
+            .messages
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|m| m == "notifications/tools/list_changed")
+        {
+            logged.heard.notified().await;
+        }
+    })
+    .await
+    .expect("the agent is told its tools changed once the server starts");
+    let listed = names(agent.list_all_tools().await.unwrap());
+    assert!(listed.contains(&"late__add".to_owned()), "{listed:?}");
+    let mut params = CallToolRequestParams::new("late__add");
+    params.arguments = serde_json::json!({"a": 2, "b": 40}).as_object().cloned();
+    let result = agent.call_tool(params).await.unwrap();
+    assert_eq!(
+        serde_json::to_value(&result.content).unwrap()[0]["text"],
+        "42"
+    );
+    agent.cancel().await.unwrap();
+    let status = child.wait().await.unwrap();
+    assert!(status.success(), "moat serve exited with {status}");
 }

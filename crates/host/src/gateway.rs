@@ -829,6 +829,7 @@ impl Gateway {
             listeners: Arc::default(),
             closed: Arc::default(),
             told_not_started: std::sync::Mutex::default(),
+            retrying: std::sync::Mutex::default(),
         });
         {
             let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
@@ -927,6 +928,10 @@ pub struct SessionState {
     /// Servers this session has told the agent (and the audit log) could
     /// not start, while held back: once each, not at every listing.
     told_not_started: std::sync::Mutex<std::collections::BTreeSet<String>>,
+    /// Servers held back that a task of this session tries again when
+    /// their next try is due, telling the agent its tools changed once one
+    /// starts (an agent that keeps its tool list would not see it else).
+    retrying: std::sync::Mutex<std::collections::BTreeSet<String>>,
     /// The egress connections its native servers may hold at once, all
     /// together (`[serve] egress_connections_per_session`).
     #[cfg(unix)]
@@ -1481,6 +1486,84 @@ impl SessionState {
 }
 
 impl AgentSession {
+    /// Tries `server` again when its next try is due, and again after
+    /// each failure, until it starts (then the agent is told its tools
+    /// changed) or the session closes; one such task per server.
+    fn retry_later(&self, server: &str) {
+        if !self
+            .retrying
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(server.to_owned())
+        {
+            return;
+        }
+        let state = Arc::downgrade(&self.state);
+        let close_on_drop = Arc::downgrade(&self.close_on_drop);
+        let closing = self.closing.clone();
+        // The session, while someone else still holds it.
+        let session = move || {
+            Some(AgentSession {
+                state: state.upgrade()?,
+                close_on_drop: close_on_drop.upgrade()?,
+            })
+        };
+        let server = server.to_owned();
+        tokio::spawn(async move {
+            loop {
+                let due = {
+                    let Some(state) = session() else { return };
+                    state
+                        .generation
+                        .failures
+                        .held_back(&server)
+                        .map(|failure| failure.retry_in())
+                        .unwrap_or_default()
+                };
+                tokio::select! {
+                    () = closing.cancelled() => return,
+                    () = tokio::time::sleep(due) => {}
+                }
+                let Some(state) = session() else { return };
+                if state.child(&server).await.is_ok() {
+                    state
+                        .retrying
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .remove(&server);
+                    tracing::info!(session = %state.id, %server, "started on a later try; its tools are listed again");
+                    state.tell_tools_changed(&server).await;
+                    return;
+                }
+            }
+        });
+    }
+
+    /// Tells the agent (and its 2026-07-28 subscriptions) that the tool
+    /// list changed, because of `server`.
+    async fn tell_tools_changed(&self, server: &str) {
+        if let Some(agent) = self.agent.get()
+            && let Err(error) = agent.notify_tool_list_changed().await
+        {
+            tracing::debug!(%server, %error, "telling the agent its tools changed");
+        }
+        let sinks = self
+            .listeners
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        for sink in sinks {
+            if sink.accepted().tools_list_changed == Some(true) {
+                let changed = rmcp::model::ServerNotification::ToolListChangedNotification(
+                    Default::default(),
+                );
+                if let Err(error) = sink.send(changed).await {
+                    tracing::debug!(%server, %error, "telling a subscription its tools changed");
+                }
+            }
+        }
+    }
+
     /// Admits one call, or refuses it when the session is closing. The
     /// count goes up before the check, so close never misses a call; a tool
     /// call's `ticket` is registered with it, so a revocation finds it.
@@ -1557,6 +1640,7 @@ impl AgentSession {
             if first {
                 self.tell_not_started(server, &error, &failure);
             }
+            self.retry_later(server);
             return Err(error);
         }
         let restarts = self.forget_crashed(server).await?;
@@ -1595,12 +1679,17 @@ impl AgentSession {
                             .unwrap_or_else(|e| e.into_inner())
                             .insert(server.to_owned());
                         self.tell_not_started(server, &error, &failure);
+                        self.retry_later(server);
                         return Err(error);
                     }
                 }
             }
         };
         self.generation.failures.started(server);
+        self.told_not_started
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(server);
         let identity = session
             .launched_identity()
             .ok_or_else(|| ClientError::Protocol {
