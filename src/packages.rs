@@ -127,7 +127,16 @@ pub async fn update(
     let installed = tokio::task::spawn_blocking({
         let store = store.to_owned();
         let version = version.map(str::to_owned);
-        move || packages::install(&store, &request, version.as_deref(), path_var.as_deref())
+        // `moat update` is the asking: it always resolves anew.
+        move || {
+            packages::install(
+                &store,
+                &request,
+                version.as_deref(),
+                path_var.as_deref(),
+                false,
+            )
+        }
     })
     .await??;
     let new_spec = packages::respec(spec, &installed).ok_or_else(|| {

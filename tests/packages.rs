@@ -346,6 +346,39 @@ fn update_shows_the_diff_and_re_pins_only_when_asked() {
         .unwrap()
         .store
         .clone();
+    // Added again, the same exact version is taken from the store as it
+    // is: no installer runs (npm is not on PATH now, node is) and nothing
+    // changes of the install.
+    let node_only = dir.join("node-only");
+    std::fs::create_dir(&node_only).unwrap();
+    let node = String::from_utf8(
+        Command::new("sh")
+            .args(["-c", "command -v node"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    std::os::unix::fs::symlink(node.trim(), node_only.join("node")).unwrap();
+    let again = moat(&dir)
+        .args(["add", "--name", "memory-again", "--"])
+        .args(["npx", "-y", "@modelcontextprotocol/server-memory@2025.4.25"])
+        .env("PATH", &node_only)
+        .output()
+        .unwrap();
+    let told = String::from_utf8_lossy(&again.stderr).into_owned();
+    succeeded(again, "moat add, again");
+    assert!(
+        told.contains(&format!(
+            "npm package @modelcontextprotocol/server-memory 2025.4.25 is in the store already ({}): not resolved again",
+            old.display()
+        )),
+        "{told}"
+    );
+    let text = std::fs::read_to_string(&config).unwrap();
+    let restored = text[..text.find("\n[servers.memory-again]").unwrap()].to_owned() + "\n";
+    std::fs::write(&config, restored).unwrap();
+    assert_eq!(std::fs::read(&config).unwrap(), before.0);
 
     let shown = succeeded(
         moat(&dir)

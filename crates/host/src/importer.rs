@@ -240,7 +240,7 @@ fn install_package(
             top = module.split('.').next().unwrap_or(module),
         ));
     }
-    match crate::packages::install(store, &request, None, path_var) {
+    match crate::packages::install(store, &request, None, path_var, true) {
         Ok(installed) => Some((request, installed)),
         Err(error) => {
             imported.skipped.push(format!(

@@ -462,14 +462,84 @@ pub struct Installed {
     pub reused: bool,
 }
 
+/// The file in each install that says what request it was made for, so an
+/// exact version asked again is taken from the store, not resolved again.
+pub const INSTALL_RECORD: &str = "moat-install.json";
+
+/// What an install was made for: the request's package, extras, exact
+/// version, the requirements beside it and the entry point.
+fn request_key(request: &Request, version: &str) -> serde_json::Value {
+    serde_json::json!({
+        "ecosystem": request.ecosystem.to_string(),
+        "name": request.name,
+        "extras": request.extras,
+        "version": version,
+        "with": request.with,
+        "entry": match &request.entry {
+            Entry::Program(program) => format!("program:{}", program.as_deref().unwrap_or("")),
+            Entry::Module(module) => format!("module:{module}"),
+        },
+    })
+}
+
+/// Whether `version` names one release exactly (`1.2.3`, `2026.8.31`,
+/// `1.0.0-rc.1`), not a range or a tag.
+fn exact_version(version: &str) -> bool {
+    let core = version.split(['-', '+']).next().unwrap_or_default();
+    let parts: Vec<&str> = core.split('.').collect();
+    parts.len() >= 2
+        && parts
+            .iter()
+            .all(|p| !p.is_empty() && p.chars().all(|c| c.is_ascii_digit()))
+        && version
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-.+".contains(c))
+}
+
+/// An install of `request` at exactly `version` already in `store`.
+fn in_store(store: &Path, request: &Request, version: &str) -> Option<PackageRecord> {
+    let key = request_key(request, version);
+    let prefix = format!("{}-", request.ecosystem);
+    for entry in std::fs::read_dir(store).ok()?.flatten() {
+        let name = entry.file_name();
+        if !name.to_string_lossy().starts_with(&prefix) {
+            continue;
+        }
+        let Ok(bytes) = std::fs::read(entry.path().join(INSTALL_RECORD)) else {
+            continue;
+        };
+        let Ok(saved) = serde_json::from_slice::<serde_json::Value>(&bytes) else {
+            continue;
+        };
+        if saved["request"] != key {
+            continue;
+        }
+        let Ok(record) = serde_json::from_value::<PackageRecord>(saved["record"].clone()) else {
+            continue;
+        };
+        // The lockfile it names must still be the one there.
+        let lockfile = record.store.join(request.ecosystem.lockfile());
+        if record.store == entry.path()
+            && std::fs::read(&lockfile)
+                .is_ok_and(|b| hex_of(&Digest::of(&b)) == record.lockfile_sha256)
+        {
+            return Some(record);
+        }
+    }
+    None
+}
+
 /// Resolves `request` (at `version` when given, else at what it asks for,
 /// else the newest) and installs it into `store`, with the ecosystem's
-/// installer found on `path_var`. Progress goes to stderr.
+/// installer found on `path_var`. Progress goes to stderr. With `reuse`,
+/// an exact version already installed for the same request is taken from
+/// the store as it is, with no installer run and no registry asked.
 pub fn install(
     store: &Path,
     request: &Request,
     version: Option<&str>,
     path_var: Option<&OsStr>,
+    reuse: bool,
 ) -> Result<Installed, PackageError> {
     let package = format!("{} package {}", request.ecosystem, request.name);
     let io = |path: &Path| {
@@ -483,6 +553,21 @@ pub fn install(
     };
     std::fs::create_dir_all(store).map_err(io(store))?;
     let interpreter = interpreter(request.ecosystem, &package, path_var)?;
+    let asked = version.or(request.version.as_deref());
+    if reuse
+        && let Some(exact) = asked.filter(|v| exact_version(v))
+        && let Some(record) = in_store(store, request, exact)
+    {
+        eprintln!(
+            "moat: {package} {exact} is in the store already ({}): not resolved again (`moat update` resolves it anew)",
+            record.store.display()
+        );
+        return Ok(Installed {
+            record,
+            interpreter,
+            reused: true,
+        });
+    }
     let scratch = tempfile::Builder::new()
         .prefix(".install-")
         .tempdir_in(store)
@@ -514,14 +599,6 @@ pub fn install(
     let hex = hex.strip_prefix("sha256:").unwrap_or(&hex);
     let dir = store.join(format!("{}-{}", request.ecosystem, &hex[..32]));
     let reused = dir.is_dir();
-    if !reused {
-        match std::fs::rename(tmp, &dir) {
-            Ok(()) => {}
-            // Another install of the same lockfile won the race: same bytes.
-            Err(_) if dir.is_dir() => {}
-            Err(source) => return Err(io(&dir)(source)),
-        }
-    }
     let entry_args = entry_args_in
         .iter()
         .map(|rel| dir.join(rel).display().to_string())
@@ -530,18 +607,34 @@ pub fn install(
         Ecosystem::Npm => entry_args,
         Ecosystem::Python => std::iter::once("-I".to_owned()).chain(entry_args).collect(),
     };
+    let record = PackageRecord {
+        ecosystem: request.ecosystem,
+        name: request.name.clone(),
+        version: exact,
+        extras: request.extras.clone(),
+        with: request.with.clone(),
+        entry,
+        entry_args,
+        store: dir.clone(),
+        lockfile_sha256: hex_of(&lock_digest),
+    };
+    if !reused {
+        // What it was made for, beside it (and so in its tree digest).
+        let saved = serde_json::json!({
+            "request": request_key(request, &record.version),
+            "record": record,
+        });
+        let path = tmp.join(INSTALL_RECORD);
+        std::fs::write(&path, saved.to_string()).map_err(io(&path))?;
+        match std::fs::rename(tmp, &dir) {
+            Ok(()) => {}
+            // Another install of the same lockfile won the race: same bytes.
+            Err(_) if dir.is_dir() => {}
+            Err(source) => return Err(io(&dir)(source)),
+        }
+    }
     Ok(Installed {
-        record: PackageRecord {
-            ecosystem: request.ecosystem,
-            name: request.name.clone(),
-            version: exact,
-            extras: request.extras.clone(),
-            with: request.with.clone(),
-            entry,
-            entry_args,
-            store: dir,
-            lockfile_sha256: hex_of(&lock_digest),
-        },
+        record,
         interpreter,
         reused,
     })
@@ -1159,6 +1252,72 @@ pub fn repin_config(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn an_exact_version_already_installed_is_found_in_the_store_and_nothing_else_is() {
+        assert!(exact_version("2026.8.31") && exact_version("1.0.0-rc.1") && exact_version("0.25"));
+        for range in ["^1.2.3", "~1.2", ">=1", "latest", "1", "1.x", "1.2.*"] {
+            assert!(!exact_version(range), "{range}");
+        }
+        let store = tempfile::tempdir().unwrap();
+        let dir = store.path().join("npm-0123456789abcdef");
+        std::fs::create_dir(&dir).unwrap();
+        let lock = b"{\"lockfileVersion\": 3}";
+        std::fs::write(dir.join("package-lock.json"), lock).unwrap();
+        let request = Request {
+            ecosystem: Ecosystem::Npm,
+            name: "@scope/server".into(),
+            extras: Vec::new(),
+            version: Some("1.2.3".into()),
+            with: Vec::new(),
+            entry: Entry::Program(None),
+            args: Vec::new(),
+            launcher: "npx".into(),
+        };
+        let record = PackageRecord {
+            ecosystem: Ecosystem::Npm,
+            name: "@scope/server".into(),
+            version: "1.2.3".into(),
+            extras: Vec::new(),
+            with: Vec::new(),
+            entry: "server".into(),
+            entry_args: vec![
+                dir.join("node_modules/@scope/server/dist/index.js")
+                    .display()
+                    .to_string(),
+            ],
+            store: dir.clone(),
+            lockfile_sha256: hex_of(&Digest::of(lock)),
+        };
+        std::fs::write(
+            dir.join(INSTALL_RECORD),
+            serde_json::json!({"request": request_key(&request, "1.2.3"), "record": record})
+                .to_string(),
+        )
+        .unwrap();
+        assert_eq!(
+            in_store(store.path(), &request, "1.2.3"),
+            Some(record.clone())
+        );
+        assert_eq!(
+            in_store(store.path(), &request, "1.2.4"),
+            None,
+            "another version"
+        );
+        let mut beside = request.clone();
+        beside.with.push("is-number@7.0.0".into());
+        assert_eq!(
+            in_store(store.path(), &beside, "1.2.3"),
+            None,
+            "another request"
+        );
+        std::fs::write(dir.join("package-lock.json"), b"{}").unwrap();
+        assert_eq!(
+            in_store(store.path(), &request, "1.2.3"),
+            None,
+            "a lockfile changed since"
+        );
+    }
+
     #[test]
     fn a_long_install_says_how_far_it_has_got_and_how_long_it_took() {
         let dir = tempfile::tempdir().unwrap();
