@@ -979,6 +979,35 @@ async fn egress_refusals_are_recorded_in_the_audit_log() {
     }
     let proxied = attempt(serde_json::json!({"op": "proxy", "addr": "203.0.113.9:443"})).await;
     assert!(proxied.contains("403 Forbidden"), "{proxied}");
+    // Issue 33 items 6 and 10: a tool's error that shows a refusal (here a
+    // download at run time that found no network) carries Moat's line.
+    let mut params = CallToolRequestParams::new("probe__attack");
+    params.arguments = serde_json::json!({"op": "exec", "tool_error": true, "argv": [
+        "/bin/sh", "-c",
+        "echo 'npm error request to https://registry.npmjs.org/turndown failed, reason: getaddrinfo EAI_AGAIN registry.npmjs.org' >&2; exit 1"
+    ]})
+    .as_object()
+    .cloned();
+    let failed = agent.call_tool(params).await.unwrap();
+    assert_eq!(failed.is_error, Some(true));
+    let texts: Vec<String> = failed
+        .content
+        .iter()
+        .filter_map(|c| c.as_text().map(|t| t.text.clone()))
+        .collect();
+    assert_eq!(texts.len(), 2, "{texts:?}");
+    assert!(
+        texts[1].starts_with("moat: the server tried to reach the network (registry.npmjs.org), which the native sandbox refuses"),
+        "{texts:?}"
+    );
+    // A tool's error that shows no refusal is left as the server wrote it.
+    let mut params = CallToolRequestParams::new("probe__attack");
+    params.arguments =
+        serde_json::json!({"op": "read", "path": "relative/path", "tool_error": true})
+            .as_object()
+            .cloned();
+    let plain = agent.call_tool(params).await.unwrap();
+    assert_eq!((plain.is_error, plain.content.len()), (Some(true), 1));
     agent.cancel().await.unwrap();
     let status = child.wait().await.unwrap();
     assert!(status.success(), "moat serve exited with {status}");

@@ -1362,6 +1362,31 @@ fn sandbox_hint(
     }
 }
 
+/// The one line Moat adds to a tool's error when its text shows the native
+/// sandbox refusing it: the network it reached for (the hosts named), or
+/// paths named beside a denial (placed against `granted` as at start).
+/// `None` when the text shows neither, or names no path beside a denial.
+pub(crate) fn refusal_line(
+    server: &str,
+    text: &str,
+    granted: &[(PathBuf, bool)],
+) -> Option<String> {
+    let fault = Fault::Exited {
+        server: server.to_owned(),
+        code: 0,
+        stderr_tail: text.to_owned(),
+    };
+    match sandbox_hint(server.to_owned(), "tools/call", fault, granted) {
+        ClientError::NetworkRefused { hosts, .. } => Some(format!(
+            "moat: the server tried to reach the network ({hosts}), which the native sandbox refuses to what `net` does not list: a server that downloads code or data at run time (an `npm install` or `pip install` at first use) needs it installed ahead of time (`moat add`), or the host granted in `net`; `moat learn {server} --call TOOL ARGS` shows where a call connects"
+        )),
+        ClientError::Sandboxed { denied, .. } if !denied.is_empty() => Some(format!(
+            "moat: the native sandbox may be the cause: the server may read only what `moat inspect {server}` lists{denied}; `moat learn {server} --call TOOL ARGS` shows what a call uses"
+        )),
+        _ => None,
+    }
+}
+
 /// The grants that would open `denied` paths: the package an existing file
 /// belongs to (the nearest directory with `package.json`,
 /// `pyproject.toml` or `setup.py`), else its directory; an existing

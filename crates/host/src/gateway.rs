@@ -2241,6 +2241,13 @@ impl AgentSession {
             }
             error => error,
         });
+        // A tool's error that shows the sandbox refusing it says so.
+        let result = match result {
+            Ok(CallToolResponse::Complete(answer)) if answer.is_error == Some(true) => Ok(
+                CallToolResponse::Complete(explained(&child, server, answer)),
+            ),
+            other => other,
+        };
         let fuel = child.shared().metrics().fuel_consumed() - fuel_before;
         let elapsed = started.elapsed();
         let (outcome, limit) = match &result {
@@ -2772,6 +2779,34 @@ fn outcome_of(error: &ClientError) -> Outcome {
         // paths its stderr named).
         other => Outcome::with_server_text("error", Some(&other.to_string())),
     }
+}
+
+/// `answer` (a tool's error) with one more text block when its text shows
+/// the native sandbox refusing the server something (see
+/// [`crate::client::refusal_line`]): the agent's error carries the same
+/// line a failed start does. Only for a server under a kernel-enforced
+/// sandbox.
+fn explained(
+    child: &Session,
+    server: &str,
+    mut answer: rmcp::model::CallToolResult,
+) -> rmcp::model::CallToolResult {
+    let Some(identity) = child.shared().identity() else {
+        return answer;
+    };
+    if !identity.sandbox.kernel_filesystem {
+        return answer;
+    }
+    let text = answer
+        .content
+        .iter()
+        .filter_map(|c| c.as_text().map(|t| t.text.as_str()))
+        .collect::<Vec<_>>()
+        .join("\n");
+    if let Some(line) = crate::client::refusal_line(server, &text, &identity.sandbox.granted) {
+        answer.content.push(rmcp::model::ContentBlock::text(line));
+    }
+    answer
 }
 
 /// The limit that stopped a call, from its error.

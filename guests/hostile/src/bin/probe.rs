@@ -8,7 +8,8 @@
 //! tunnels and keeps them open until the server exits (it stops at the
 //! first refusal, saying how many it holds); `exec` (native only) runs
 //! `argv` (no shell) with the server's environment and answers its stdout,
-//! or its exit status and stderr. The answer is JSON text:
+//! or its exit status and stderr. With `"tool_error": true` a failure is
+//! answered as a tool error (`isError`). The answer is JSON text:
 //! `{"ok": true, "data": "..."}` or `{"ok": false, "error": "..."}`.
 use std::io::{Read, Write};
 use std::sync::Mutex;
@@ -158,11 +159,17 @@ fn main() {
         "probe",
         "Tries an operation and reports",
         |id, arguments| {
-            let report = match run(arguments) {
-                Ok(data) => json!({"ok": true, "data": data}),
-                Err(error) => json!({"ok": false, "error": error}),
+            let (report, failed) = match run(arguments) {
+                Ok(data) => (json!({"ok": true, "data": data}), false),
+                Err(error) => (json!({"ok": false, "error": error}), true),
             };
-            Some(hostile::text_result(id, &report.to_string()))
+            let mut result = hostile::text_result(id, &report.to_string());
+            // With `"tool_error": true`, a failed operation is a tool
+            // error, as a real server's is.
+            if failed && arguments["tool_error"] == json!(true) {
+                result["result"]["isError"] = json!(true);
+            }
+            Some(result)
         },
     );
 }
