@@ -88,6 +88,11 @@ fn calls(who: &str) -> serde_json::Value {
             "CREATE TABLE nests_{who} (bird TEXT, eggs INTEGER); INSERT INTO nests_{who} VALUES ('heron', 4), ('wren', 6)")}},
         {"name": "sqlite__execute_sql", "arguments": {"sql": format!(
             "SELECT bird FROM nests_{who} WHERE eggs > 5")}},
+        // 17-18 database-mcp-sqlite (PyPI): the SQLite file its `--dsn`
+        // names, queried, and a write refused by its read-only default.
+        {"name": "census__execute_sql", "arguments": {"sql":
+            "SELECT bird, count FROM sightings WHERE count > 10"}},
+        {"name": "census__execute_sql", "arguments": {"sql": "DELETE FROM sightings"}},
     ])
 }
 
@@ -103,6 +108,7 @@ fn check(report: &serde_json::Value, who: &str, dir: &Path) {
         "duckdb",
         "arxiv",
         "sqlite",
+        "census",
     ] {
         assert!(
             tools
@@ -156,6 +162,19 @@ fn check(report: &serde_json::Value, who: &str, dir: &Path) {
     ok(15, &[]);
     let rows = ok(16, &["wren"]);
     assert!(!rows.contains("heron"), "{who}: {rows}");
+    // A summary line, then the rows as JSON.
+    let text = ok(17, &["1 rows"]);
+    let rows: serde_json::Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+    assert_eq!(
+        rows["rows"],
+        serde_json::json!([{"bird": "wren", "count": 12}]),
+        "{who}"
+    );
+    let (error, text) = result(18);
+    assert!(
+        error && text.contains("read-only: statement 'DELETE' is blocked"),
+        "{who}: {text}"
+    );
 
     // What the servers wrote is on the host, where the config said.
     let graph = std::fs::read_to_string(dir.join("graph/memory.jsonl")).unwrap();
@@ -185,6 +204,19 @@ fn check(report: &serde_json::Value, who: &str, dir: &Path) {
         "[('heron', 4), ('wren', 6)]",
         "{who}"
     );
+    // The refused DELETE left the census as it was.
+    let output = Command::new("python3")
+        .arg("-c")
+        .arg("import sqlite3, sys; print(sqlite3.connect(sys.argv[1]).execute(sys.argv[2]).fetchall())")
+        .arg(dir.join("census/census.db"))
+        .arg("SELECT bird, count FROM sightings ORDER BY bird")
+        .output()
+        .expect("python3");
+    assert_eq!(
+        succeeded(output, "reading the census").trim(),
+        "[('heron', 3), ('wren', 12)]",
+        "{who}"
+    );
 }
 
 #[test]
@@ -210,6 +242,7 @@ fn third_party_servers_from_a_claude_desktop_config_run_with_no_hand_edits() {
         "workbooks",
         "papers",
         "db",
+        "census",
     ] {
         std::fs::create_dir_all(dir.join(sub)).unwrap();
     }
@@ -220,6 +253,15 @@ fn third_party_servers_from_a_claude_desktop_config_run_with_no_hand_edits() {
         "# Herons at dusk\n\nA study of wading birds.\n",
     )
     .unwrap();
+    // database-mcp-sqlite queries a database that exists: the census.
+    let output = Command::new("python3")
+        .arg("-c")
+        .arg("import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); c.executescript(sys.argv[2]); c.commit()")
+        .arg(dir.join("census/census.db"))
+        .arg("CREATE TABLE sightings (bird TEXT, count INTEGER); INSERT INTO sightings VALUES ('heron', 3), ('wren', 12);")
+        .output()
+        .expect("python3");
+    succeeded(output, "writing the census");
     // obsidian-mcp's README: `node <absolute-path-to-obsidian-mcp>/build/main.js VAULT`.
     let script = dir.join("script");
     let output = Command::new("npm")
@@ -255,7 +297,11 @@ fn third_party_servers_from_a_claude_desktop_config_run_with_no_hand_edits() {
             // package's README says (`npx @toolbox-sdk/server --prebuilt
             // sqlite --stdio`); the file does not exist yet.
             "sqlite": {"command": "npx", "args": ["-y", "@toolbox-sdk/server@1.12.0", "--prebuilt", "sqlite", "--stdio"],
-                       "env": {"SQLITE_DATABASE": dir.join("db/birds.db")}}
+                       "env": {"SQLITE_DATABASE": dir.join("db/birds.db")}},
+            // database-mcp-sqlite's quick start (`uvx database-mcp-sqlite
+            // --dsn /absolute/path/to/database.db`): read-only unless
+            // started with --allow-write, which its README's config is not.
+            "census": {"command": "uvx", "args": ["database-mcp-sqlite@0.2.1", "--dsn", dir.join("census/census.db")]}
         }})
         .to_string(),
     )
@@ -273,7 +319,7 @@ fn third_party_servers_from_a_claude_desktop_config_run_with_no_hand_edits() {
     // What import inferred: the data each server writes is granted
     // read-write, from its arguments or its env; a file by its directory.
     let config = Config::load(&config_path).unwrap();
-    assert_eq!(config.servers.len(), 8, "{toml}\n{stderr}");
+    assert_eq!(config.servers.len(), 9, "{toml}\n{stderr}");
     for (name, spec) in &config.servers {
         assert_eq!(spec.sandbox, Sandbox::Required, "{name}");
         assert!(spec.sha256.is_some() && !spec.allow_unmeasured, "{name}");
@@ -298,6 +344,17 @@ fn third_party_servers_from_a_claude_desktop_config_run_with_no_hand_edits() {
     rw("excel", &dir.join("workbooks"));
     rw("arxiv", &dir.join("papers"));
     rw("sqlite", &dir.join("db"));
+    // The census is granted (its name matches the writers' `mcp-sqlite`,
+    // so read-write, though the server opens it read-only).
+    assert!(
+        config
+            .server("census")
+            .unwrap()
+            .dirs
+            .iter()
+            .any(|d| d.host == dir.join("census")),
+        "census: {toml}\n{stderr}"
+    );
     assert!(
         stderr.contains(&format!(
             "`knowledge-graph`: grants read-write {}, the directory of {} (named in its env MEMORY_FILE_PATH)",
