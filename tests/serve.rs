@@ -933,21 +933,35 @@ async fn a_server_that_cannot_start_hides_no_other_servers_tools() {
         !failed.is_empty() && failed.iter().all(|e| e["server"] == "broken"),
         "{failed:?}"
     );
+    // It exited with no denial: no refusal is recorded.
+    assert!(
+        !std::fs::read_to_string(&audit)
+            .unwrap()
+            .contains("sandbox_refused")
+    );
 }
 
 /// Issue 33 items 5 and 6: what Moat's egress refuses a native server is a
 /// record in the audit chain (`egress_refused`, naming server, destination
 /// and why): here an unlisted name asked of Moat's DNS, and the proxy asked
-/// for an unlisted destination; each distinct refusal once.
+/// for an unlisted destination; each distinct refusal once. A refusal the
+/// server's own error shows (a download that found no network, a write
+/// to a read-only grant) is a `sandbox_refused` record.
 #[tokio::test]
 async fn egress_refusals_are_recorded_in_the_audit_log() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let notes = dir.path().canonicalize().unwrap().join("notes");
+    std::fs::create_dir(&notes).unwrap();
     let config = dir.path().join("moat.toml");
     std::fs::write(
         &config,
         format!(
-            "[servers.probe]\ncommand = {:?}\nallow_unmeasured = true\nnet = [\"127.0.0.1:9\"]\n",
+            "[servers.probe]\ncommand = {:?}\nallow_unmeasured = true\nnet = [\"127.0.0.1:9\"]\n\
+             [[servers.probe.dirs]]\nhost = {:?}\nmode = \"ro\"\n\
+             [servers.fetcher]\ncommand = \"/bin/sh\"\nallow_unmeasured = true\n\
+             args = [\"-c\", \"echo 'getaddrinfo EAI_AGAIN pypi.org' >&2; exit 1\"]\n",
             guests::PROBE_NATIVE,
+            notes.display().to_string(),
         ),
     )
     .unwrap();
@@ -960,6 +974,19 @@ async fn egress_refusals_are_recorded_in_the_audit_log() {
     let stdout = child.stdout.take().unwrap();
     let stdin = child.stdin.take().unwrap();
     let agent = ().serve((stdout, stdin)).await.expect("initialize");
+    // `fetcher` fails to start, reaching for the network at start-up.
+    let names: Vec<String> = agent
+        .list_all_tools()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|t| t.name.to_string())
+        .collect();
+    assert!(
+        names.contains(&"probe__attack".to_owned())
+            && !names.iter().any(|n| n.starts_with("fetcher__")),
+        "{names:?}"
+    );
     let attempt = |arguments: serde_json::Value| {
         let agent = &agent;
         async move {
@@ -1000,6 +1027,32 @@ async fn egress_refusals_are_recorded_in_the_audit_log() {
         texts[1].starts_with("moat: the server tried to reach the network (registry.npmjs.org), which the native sandbox refuses"),
         "{texts:?}"
     );
+    // A write refused under a read-only grant: the line names the entry to
+    // change.
+    let mut params = CallToolRequestParams::new("probe__attack");
+    params.arguments = serde_json::json!({"op": "exec", "tool_error": true, "argv": [
+        "/bin/sh", "-c",
+        format!("echo \"Error: EROFS: read-only file system, open '{}/today.md'\" >&2; exit 1", notes.display())
+    ]})
+    .as_object()
+    .cloned();
+    let failed = agent.call_tool(params).await.unwrap();
+    let texts: Vec<String> = failed
+        .content
+        .iter()
+        .filter_map(|c| c.as_text().map(|t| t.text.clone()))
+        .collect();
+    let read_only = format!(
+        "{} is granted read-only: if the server is to write there, change that entry to `[[servers.probe.dirs]] host = {:?} mode = \"rw\"`",
+        notes.display(),
+        notes.display().to_string()
+    );
+    assert!(
+        texts.len() == 2
+            && texts[1].starts_with("moat: the native sandbox may be the cause")
+            && texts[1].contains(&read_only),
+        "{texts:?}"
+    );
     // A tool's error that shows no refusal is left as the server wrote it.
     let mut params = CallToolRequestParams::new("probe__attack");
     params.arguments =
@@ -1012,10 +1065,49 @@ async fn egress_refusals_are_recorded_in_the_audit_log() {
     let status = child.wait().await.unwrap();
     assert!(status.success(), "moat serve exited with {status}");
     moat_host::audit::verify(&audit, &common::audit_key()).unwrap();
-    let refused: Vec<(String, String, String)> = std::fs::read_to_string(&audit)
+    let events: Vec<serde_json::Value> = std::fs::read_to_string(&audit)
         .unwrap()
         .lines()
         .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .collect();
+    // Each refusal a tool's error showed, once, and not the plain error.
+    let seen: Vec<(String, String, String, String)> = events
+        .iter()
+        .filter(|e| e["event"] == "sandbox_refused")
+        .map(|e| {
+            let field = |name: &str| e[name].as_str().unwrap().to_owned();
+            (
+                field("server"),
+                field("during"),
+                field("kind"),
+                field("subject"),
+            )
+        })
+        .collect();
+    assert_eq!(seen.len(), 3, "{seen:?}");
+    assert_eq!(
+        seen[..2],
+        [
+            (
+                "fetcher".to_owned(),
+                "start".to_owned(),
+                "network".to_owned(),
+                "pypi.org".to_owned()
+            ),
+            (
+                "probe".to_owned(),
+                "tools/call attack".to_owned(),
+                "network".to_owned(),
+                "registry.npmjs.org".to_owned()
+            )
+        ]
+    );
+    assert!(
+        seen[2].0 == "probe" && seen[2].2 == "filesystem" && seen[2].3.contains(&read_only),
+        "{seen:?}"
+    );
+    let refused: Vec<(String, String, String)> = events
+        .iter()
         .filter(|e| e["event"] == "egress_refused")
         .map(|e| {
             let field = |name: &str| e[name].as_str().unwrap().to_owned();

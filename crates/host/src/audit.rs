@@ -193,6 +193,20 @@ pub enum Event {
         destination: String,
         reason: String,
     },
+    /// A native server's own words (its stderr at a failed start, a tool's
+    /// error) showed the sandbox refusing it something: Moat cannot see
+    /// a Landlock denial itself, so this is what the server reported,
+    /// placed against its grants.
+    SandboxRefused {
+        session: String,
+        server: String,
+        /// `start`, or `tools/call TOOL`.
+        during: String,
+        /// `network` or `filesystem`.
+        kind: String,
+        /// The hosts, or the paths and the grant each falls under.
+        subject: String,
+    },
     /// `moat serve --http` turned a connection or request away at a limit.
     HttpRefused {
         /// `max-sessions`, `max-connections`, `header-timeout`,

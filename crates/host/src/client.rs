@@ -1362,29 +1362,67 @@ fn sandbox_hint(
     }
 }
 
-/// The one line Moat adds to a tool's error when its text shows the native
-/// sandbox refusing it: the network it reached for (the hosts named), or
-/// paths named beside a denial (placed against `granted` as at start).
-/// `None` when the text shows neither, or names no path beside a denial.
-pub(crate) fn refusal_line(
+/// A refusal by the native sandbox, as the server's own words showed it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SeenRefusal {
+    /// `network` (a name that did not resolve, a network unreachable) or
+    /// `filesystem` (a path named beside a denial).
+    pub kind: &'static str,
+    /// What was refused: the hosts, or the paths placed against the grants.
+    pub subject: String,
+}
+
+impl SeenRefusal {
+    /// What a failed start showed: `None` unless `error` is the sandbox's.
+    pub(crate) fn of(error: &ClientError) -> Option<Self> {
+        match error {
+            ClientError::NetworkRefused { hosts, .. } => Some(Self {
+                kind: "network",
+                subject: hosts.clone(),
+            }),
+            ClientError::Sandboxed { denied, .. } if !denied.is_empty() => Some(Self {
+                kind: "filesystem",
+                subject: denied.trim_start_matches("; ").to_owned(),
+            }),
+            _ => None,
+        }
+    }
+
+    /// The one line Moat adds to a tool's error that shows this refusal.
+    pub(crate) fn line(&self, server: &str) -> String {
+        match self.kind {
+            "network" => format!(
+                "moat: the server tried to reach the network ({}), which the native sandbox refuses to what `net` does not list: a server that downloads code or data at run time (an `npm install` or `pip install` at first use) needs it installed ahead of time (`moat add`), or the host granted in `net`; `moat learn {server} --call TOOL ARGS` shows where a call connects",
+                self.subject
+            ),
+            _ => format!(
+                "moat: the native sandbox may be the cause: the server may read only what `moat inspect {server}` lists; {}; `moat learn {server} --call TOOL ARGS` shows what a call uses",
+                self.subject
+            ),
+        }
+    }
+}
+
+/// What a tool's error text shows the native sandbox refusing: the
+/// network it reached for (the hosts named), or paths named beside a
+/// denial (placed against `granted` as at start). `None` when the text
+/// shows neither, or names no path beside a denial.
+pub(crate) fn refusal_seen(
     server: &str,
     text: &str,
     granted: &[(PathBuf, bool)],
-) -> Option<String> {
+) -> Option<SeenRefusal> {
     let fault = Fault::Exited {
         server: server.to_owned(),
         code: 0,
         stderr_tail: text.to_owned(),
     };
-    match sandbox_hint(server.to_owned(), "tools/call", fault, granted) {
-        ClientError::NetworkRefused { hosts, .. } => Some(format!(
-            "moat: the server tried to reach the network ({hosts}), which the native sandbox refuses to what `net` does not list: a server that downloads code or data at run time (an `npm install` or `pip install` at first use) needs it installed ahead of time (`moat add`), or the host granted in `net`; `moat learn {server} --call TOOL ARGS` shows where a call connects"
-        )),
-        ClientError::Sandboxed { denied, .. } if !denied.is_empty() => Some(format!(
-            "moat: the native sandbox may be the cause: the server may read only what `moat inspect {server}` lists{denied}; `moat learn {server} --call TOOL ARGS` shows what a call uses"
-        )),
-        _ => None,
-    }
+    SeenRefusal::of(&sandbox_hint(
+        server.to_owned(),
+        "tools/call",
+        fault,
+        granted,
+    ))
 }
 
 /// The grants that would open `denied` paths: the package an existing file

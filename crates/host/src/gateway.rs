@@ -290,7 +290,7 @@ impl Generation {
                 Ok(session) => session,
                 Err(error) => {
                     tracing::warn!(%server, %error, "could not start; its tools are left out until it does");
-                    self.failures.record(server, error.to_string());
+                    self.failures.record(server, &error);
                     continue;
                 }
             };
@@ -1672,7 +1672,7 @@ impl AgentSession {
                 match host.connect(spec).await {
                     Ok(session) => Arc::new(session),
                     Err(error) => {
-                        let failure = self.generation.failures.record(server, error.to_string());
+                        let failure = self.generation.failures.record(server, &error);
                         tracing::warn!(%server, %error, attempts = failure.attempts, retry_in = ?failure.retry_in(), "could not start; its tools are left out until it does");
                         self.told_not_started
                             .lock()
@@ -2242,11 +2242,12 @@ impl AgentSession {
             error => error,
         });
         // A tool's error that shows the sandbox refusing it says so.
-        let result = match result {
-            Ok(CallToolResponse::Complete(answer)) if answer.is_error == Some(true) => Ok(
-                CallToolResponse::Complete(explained(&child, server, answer)),
-            ),
-            other => other,
+        let (result, seen) = match result {
+            Ok(CallToolResponse::Complete(answer)) if answer.is_error == Some(true) => {
+                let (answer, seen) = explained(&child, server, answer);
+                (Ok(CallToolResponse::Complete(answer)), seen)
+            }
+            other => (other, None),
         };
         let fuel = child.shared().metrics().fuel_consumed() - fuel_before;
         let elapsed = started.elapsed();
@@ -2274,6 +2275,16 @@ impl AgentSession {
         });
         // Fails closed: an answer that cannot be recorded is not given (the
         // server did the work; the agent gets the log's error instead).
+        if let Some(seen) = seen {
+            self.audit(Event::SandboxRefused {
+                session: self.id.clone(),
+                server: server.to_owned(),
+                during: format!("tools/call {tool}"),
+                kind: seen.kind.to_owned(),
+                subject: seen.subject,
+            })
+            .map_err(|error| unaudited(&error))?;
+        }
         self.audit(Event::ToolCall {
             session: self.id.clone(),
             server: server.to_owned(),
@@ -2587,6 +2598,15 @@ impl AgentSession {
             attempts: failure.attempts,
             outcome: outcome_of(error),
         });
+        if let Some(seen) = failure.seen.clone() {
+            let _ = self.audit(Event::SandboxRefused {
+                session: self.id.clone(),
+                server: server.to_owned(),
+                during: "start".to_owned(),
+                kind: seen.kind.to_owned(),
+                subject: seen.subject,
+            });
+        }
         if let Some(agent) = self.agent.get().cloned() {
             let message = format!(
                 "moat: server `{server}` could not start, so its tools are left out (tried again in {} s): {}",
@@ -2783,19 +2803,22 @@ fn outcome_of(error: &ClientError) -> Outcome {
 
 /// `answer` (a tool's error) with one more text block when its text shows
 /// the native sandbox refusing the server something (see
-/// [`crate::client::refusal_line`]): the agent's error carries the same
-/// line a failed start does. Only for a server under a kernel-enforced
-/// sandbox.
+/// [`crate::client::refusal_seen`]), and that refusal for the audit log:
+/// the agent's error carries the same line a failed start does. Only for a
+/// server under a kernel-enforced sandbox.
 fn explained(
     child: &Session,
     server: &str,
     mut answer: rmcp::model::CallToolResult,
-) -> rmcp::model::CallToolResult {
+) -> (
+    rmcp::model::CallToolResult,
+    Option<crate::client::SeenRefusal>,
+) {
     let Some(identity) = child.shared().identity() else {
-        return answer;
+        return (answer, None);
     };
     if !identity.sandbox.kernel_filesystem {
-        return answer;
+        return (answer, None);
     }
     let text = answer
         .content
@@ -2803,10 +2826,13 @@ fn explained(
         .filter_map(|c| c.as_text().map(|t| t.text.as_str()))
         .collect::<Vec<_>>()
         .join("\n");
-    if let Some(line) = crate::client::refusal_line(server, &text, &identity.sandbox.granted) {
-        answer.content.push(rmcp::model::ContentBlock::text(line));
+    let seen = crate::client::refusal_seen(server, &text, &identity.sandbox.granted);
+    if let Some(seen) = &seen {
+        answer
+            .content
+            .push(rmcp::model::ContentBlock::text(seen.line(server)));
     }
-    answer
+    (answer, seen)
 }
 
 /// The limit that stopped a call, from its error.

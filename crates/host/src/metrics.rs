@@ -255,6 +255,7 @@ impl Metrics {
             Event::ToolCall { .. }
             | Event::ServerStartFailed { .. }
             | Event::EgressRefused { .. }
+            | Event::SandboxRefused { .. }
             | Event::Revoke { .. }
             | Event::Reload { .. } => {}
         }

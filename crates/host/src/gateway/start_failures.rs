@@ -15,6 +15,8 @@ pub struct StartFailure {
     /// The launch error, in Moat's words (with the server's stderr tail
     /// where the launch had one).
     pub reason: String,
+    /// The sandbox's refusal the server's stderr showed, if it did.
+    pub(super) seen: Option<crate::client::SeenRefusal>,
     /// Failed starts in a row.
     pub attempts: u32,
     retry_at: Instant,
@@ -42,14 +44,15 @@ impl StartFailures {
     /// Records that `server` could not start: returns the failure, with
     /// the next try 1 s away after the first failure, doubling after each
     /// one more, at most [`START_RETRY_MAX`].
-    pub(super) fn record(&self, server: &str, reason: String) -> StartFailure {
+    pub(super) fn record(&self, server: &str, error: &crate::ClientError) -> StartFailure {
         let mut failures = self.lock();
         let attempts = failures.get(server).map_or(0, |f| f.attempts) + 1;
         let backoff = Duration::from_secs(1)
             .saturating_mul(1 << (attempts - 1).min(16))
             .min(START_RETRY_MAX);
         let failure = StartFailure {
-            reason,
+            reason: error.to_string(),
+            seen: crate::client::SeenRefusal::of(error),
             attempts,
             retry_at: Instant::now() + backoff,
         };
