@@ -6,6 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
+use moat_host::grants::DirMode;
 use moat_host::lock::{LOCK_VERSION, Lock};
 use moat_host::policy::ToolStatus;
 use moat_host::rmcp::model::JsonObject;
@@ -1036,7 +1037,7 @@ async fn inspect(config_path: &Path, json: bool) -> Result<ExitCode> {
             "server": name,
             "kind": kind,
             "limits": serde_json::to_value(&spec.limits)?,
-            "dirs": spec.dirs.iter().map(|d| format!("{} -> {} ({:?})", d.host.display(), d.guest, d.mode)).collect::<Vec<_>>(),
+            "dirs": spec.dirs.iter().map(|d| format!("{} -> {} ({})", d.host.display(), d.guest, d.mode)).collect::<Vec<_>>(),
             "net": spec.net.iter().map(ToString::to_string).collect::<Vec<_>>(),
             "env": spec.env.keys().chain(spec.env_passthrough.iter()).collect::<Vec<_>>(),
             "sandbox": spec.sandbox.to_string(),
@@ -1470,7 +1471,6 @@ async fn learn(
         };
         eprintln!("moat learn: call {}: {what}", printable(tool));
     }
-    let name = toml_key(server);
     let shown = |path: &Path| printable(&path.display().to_string());
     println!(
         "# `moat learn {}`: what the server used beyond its grants. Append to {}:",
@@ -1485,9 +1485,8 @@ async fn learn(
             println!("# it wrote here during the run");
         }
         println!(
-            "[[servers.{name}.dirs]]\nhost = {}\nmode = \"{}\"",
-            moat_host::importer::toml_string(&dir.display().to_string()),
-            if *write { "rw" } else { "ro" }
+            "{}",
+            moat_host::grants::toml::dir_entry(server, dir, None, DirMode::of(*write))
         );
     }
     for (dir, how) in &proposal.confirm {
@@ -1505,10 +1504,8 @@ async fn learn(
             shown(dir),
             printable(server)
         );
-        println!(
-            "# [[servers.{name}.dirs]]\n# host = {}\n# mode = \"rw\"",
-            moat_host::importer::toml_string(&dir.display().to_string()),
-        );
+        let entry = moat_host::grants::toml::dir_entry(server, dir, None, DirMode::Rw);
+        println!("# {}", entry.replace('\n', "\n# "));
     }
     for (path, how, why) in &proposal.refused {
         let mut what = Vec::new();
@@ -1527,19 +1524,15 @@ async fn learn(
         println!(
             "# refused, not proposed: {} {} (it {}): {why}",
             shown(path),
-            if how.wants_write() { "rw" } else { "ro" },
+            DirMode::of(how.wants_write()),
             what.join(", "),
         );
     }
     if !proposal.net.is_empty() {
-        let entries: Vec<String> = proposal
-            .net
-            .iter()
-            .map(|n| moat_host::importer::toml_string(n))
-            .collect();
         println!(
-            "# and in [servers.{name}] (reached through Moat's egress proxy, by name: see README):\n# net = [{}]",
-            entries.join(", ")
+            "# and in [servers.{}] (reached through Moat's egress proxy, by name: see README):\n# net = {}",
+            moat_host::grants::toml::key(server),
+            moat_host::grants::toml::net_list(&proposal.net)
         );
     }
     for probe in &proposal.probes {
@@ -1566,19 +1559,6 @@ async fn learn(
     } else {
         ExitCode::FAILURE
     })
-}
-
-/// `name` as a TOML key: bare when it can be, quoted otherwise.
-fn toml_key(name: &str) -> String {
-    if !name.is_empty()
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
-    {
-        name.to_owned()
-    } else {
-        moat_host::importer::toml_string(name)
-    }
 }
 
 /// Ends quietly, by SIGPIPE as other tools do, when printing to stdout fails

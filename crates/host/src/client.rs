@@ -552,13 +552,13 @@ impl Host {
             }
             run.writable.push(real);
         }
-        let as_grants: Vec<crate::config::DirGrant> = run
+        let as_grants: Vec<crate::grants::DirGrant> = run
             .writable
             .iter()
-            .map(|host| crate::config::DirGrant {
+            .map(|host| crate::grants::DirGrant {
                 host: host.clone(),
                 guest: host.display().to_string(),
-                mode: crate::config::DirMode::Rw,
+                mode: crate::grants::DirMode::Rw,
                 inode: None,
             })
             .collect();
@@ -884,11 +884,8 @@ fn revoked_before_launch(revoked: &Revoked, server: &str, locked: &LockedServer)
 
 fn pin_grants(spec: &ServerSpec, locked: &LockedServer) -> Result<ServerSpec, String> {
     let mut spec = spec.clone();
-    for dir in &mut spec.dirs {
-        let host = dir.host.display().to_string();
-        let inode = locked.grants.get(&host).ok_or_else(|| host.clone())?;
-        dir.inode = Some(*inode);
-    }
+    crate::grants::fs::pin(&mut spec.dirs, &locked.grants)
+        .map_err(|host| host.display().to_string())?;
     Ok(spec)
 }
 
@@ -1333,9 +1330,10 @@ fn sandbox_hint(
             denied.join(", "),
             grants
                 .iter()
-                .map(|g| format!(
-                    "[[servers.{server}.dirs]] host = {} mode = \"ro\"",
-                    crate::importer::toml_string(g)
+                .map(|g| crate::grants::toml::dir_entry_inline(
+                    &server,
+                    Path::new(g),
+                    crate::grants::DirMode::Ro
                 ))
                 .collect::<Vec<_>>()
                 .join(" and ")
@@ -1343,9 +1341,9 @@ fn sandbox_hint(
     };
     for dir in read_only {
         said.push_str(&format!(
-            "; {} is granted read-only: if the server is to write there, change that entry to `[[servers.{server}.dirs]] host = {} mode = \"rw\"`",
+            "; {} is granted read-only: if the server is to write there, change that entry to `{}`",
             dir.display(),
-            crate::importer::toml_string(&dir.display().to_string())
+            crate::grants::toml::dir_entry_inline(&server, dir, crate::grants::DirMode::Rw)
         ));
     }
     if !private_tmp.is_empty() {
@@ -1436,7 +1434,7 @@ fn probable_grants(denied: &[String]) -> Vec<String> {
         let grant = if path.is_dir() {
             path.to_owned()
         } else if path.is_file() {
-            crate::importer::package_root(path)
+            crate::grants::fs::package_root(path)
         } else {
             continue;
         };

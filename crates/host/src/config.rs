@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use toml::Spanned;
 
+pub use crate::grants::{DirGrant, DirMode, HttpGrant, NetGrant, Writer, net_line};
 use crate::identity::{Digest, Expectation};
 use crate::limits::Limits;
 
@@ -192,149 +193,6 @@ pub struct ServerSpec {
     /// each launch. A spec made in code has none; its own `rw` grants are
     /// checked all the same.
     pub writers: Vec<Writer>,
-}
-
-/// One `rw` grant of a server, as [`ServerSpec::writers`] lists it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Writer {
-    /// The server it is granted to.
-    pub server: String,
-    /// The granted path.
-    pub grant: PathBuf,
-}
-
-/// One `[[servers.NAME.dirs]]` grant.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DirGrant {
-    /// The directory on the host (absolute).
-    pub host: PathBuf,
-    /// Where a wasm guest sees it (native servers see `host`).
-    pub guest: String,
-    /// Read-only or read-write.
-    pub mode: DirMode,
-    /// The inode `moat lock` saw at `host`; set from the lock when one is
-    /// enforced, and a grant opened to another inode is refused.
-    pub inode: Option<u64>,
-}
-
-/// Access to a granted directory.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum DirMode {
-    /// Read files and list directories.
-    Ro,
-    /// Also create, write, rename and remove.
-    Rw,
-}
-
-/// One `net` entry: `host:port`.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct NetGrant {
-    /// An IP literal or a name (resolved at launch).
-    pub host: String,
-    pub port: u16,
-}
-
-/// One HTTP origin a wasm server may reach through wasi:http: exactly this
-/// scheme, host and port (the default port of the scheme when none is
-/// written). Paths are not part of a grant.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct HttpGrant {
-    /// `http` or `https`.
-    pub scheme: String,
-    /// An IP literal or a name (resolved at launch), lower-cased.
-    pub host: String,
-    pub port: u16,
-}
-
-impl std::fmt::Display for HttpGrant {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let host = if self.host.contains(':') {
-            format!("[{}]", self.host)
-        } else {
-            self.host.clone()
-        };
-        write!(f, "{}://{host}:{}", self.scheme, self.port)
-    }
-}
-
-impl HttpGrant {
-    /// Parses `http://host[:port]` or `https://host[:port]` (nothing after
-    /// the authority but an optional `/`); `None` when `s` names no scheme
-    /// (a TCP `host:port` entry).
-    pub fn parse(s: &str) -> Option<Result<Self, String>> {
-        if !(s.starts_with("http://") || s.starts_with("https://")) {
-            return None;
-        }
-        Some((|| {
-            let url = url::Url::parse(s).map_err(|e| format!("{s:?}: {e}"))?;
-            if !(url.path() == "/" || url.path().is_empty())
-                || url.query().is_some()
-                || url.fragment().is_some()
-                || !url.username().is_empty()
-                || url.password().is_some()
-            {
-                return Err(format!(
-                    "{s:?}: an HTTP grant is a scheme, a host and a port only (no path, query or user)"
-                ));
-            }
-            let host = match url.host() {
-                Some(url::Host::Domain(d)) => d.to_owned(),
-                Some(url::Host::Ipv4(ip)) => ip.to_string(),
-                Some(url::Host::Ipv6(ip)) => ip.to_string(),
-                None => return Err(format!("{s:?} has no host")),
-            };
-            Ok(Self {
-                scheme: url.scheme().to_owned(),
-                host,
-                port: url.port_or_known_default().unwrap_or(80),
-            })
-        })())
-    }
-}
-
-/// `net` entries as one comma-separated line, for evidence.
-pub fn net_line(net: &[NetGrant]) -> String {
-    net.iter()
-        .map(|g| g.to_string())
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-impl std::fmt::Display for NetGrant {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if self.host.contains(':') {
-            write!(f, "[{}]:{}", self.host, self.port)
-        } else {
-            write!(f, "{}:{}", self.host, self.port)
-        }
-    }
-}
-
-impl std::str::FromStr for NetGrant {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let (host, port) = s
-            .rsplit_once(':')
-            .ok_or_else(|| format!("{s:?} is not host:port"))?;
-        let host = host
-            .strip_prefix('[')
-            .and_then(|h| h.strip_suffix(']'))
-            .unwrap_or(host);
-        if host.is_empty() {
-            return Err(format!("{s:?} has no host"));
-        }
-        let port: u16 = port
-            .parse()
-            .ok()
-            .filter(|p| *p != 0)
-            .ok_or_else(|| format!("{s:?}: the port must be 1-65535"))?;
-        Ok(Self {
-            host: host.to_owned(),
-            port,
-        })
-    }
 }
 
 /// Whether a rule the kernel cannot enforce refuses the launch.
@@ -823,30 +681,10 @@ impl Config {
             for dir in server.dirs {
                 let span = dir.span();
                 let dir = dir.into_inner();
-                let guest = match (dir.guest, is_wasm) {
-                    (Some(guest), _) => guest,
-                    (None, false) => dir.host.clone(),
-                    (None, true) => {
-                        return Err(invalid(
-                            Some(span),
-                            format!(
-                                "server `{name}`: dirs: a wasm server needs `guest`, the path it sees"
-                            ),
-                        ));
-                    }
-                };
-                if !guest.starts_with('/') {
-                    return Err(invalid(
-                        Some(span),
-                        format!("server `{name}`: dirs: guest {guest:?} must be an absolute path"),
-                    ));
-                }
-                dirs.push(DirGrant {
-                    host: base.join(&dir.host),
-                    guest,
-                    mode: dir.mode,
-                    inode: None,
-                });
+                let grant =
+                    DirGrant::from_entry(&name, base, &dir.host, dir.guest, dir.mode, is_wasm)
+                        .map_err(|message| invalid(Some(span), message))?;
+                dirs.push(grant);
             }
             let package = match server.package {
                 None => None,

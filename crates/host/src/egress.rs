@@ -54,7 +54,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::config::NetGrant;
+use crate::grants::NetGrant;
 
 /// The proxy's port inside every server's namespace (nothing else listens
 /// there).

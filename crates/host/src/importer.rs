@@ -10,6 +10,9 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use crate::command::resolve;
+use crate::grants::DirMode;
+use crate::grants::fs::package_root;
+use crate::grants::toml::string as toml_string;
 use crate::identity::Digest;
 
 /// Errors reading a client config.
@@ -78,28 +81,6 @@ pub fn server_name(name: &str) -> String {
     } else {
         out
     }
-}
-
-/// `value` as a one-line TOML basic string: quotes and backslashes escaped,
-/// and every control character as `\uXXXX` (or `\n`, `\t`), so nothing in
-/// it can start a line of its own or reach a terminal raw.
-pub fn toml_string(value: &str) -> String {
-    let mut out = String::with_capacity(value.len() + 2);
-    out.push('"');
-    for c in value.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\t' => out.push_str("\\t"),
-            c if crate::text::is_unsafe_on_terminal(c) => {
-                out.push_str(&format!("\\u{:04X}", c as u32))
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
 }
 
 /// Imports the client config at `path`. Commands are resolved on `path_var`
@@ -428,9 +409,8 @@ fn import_entry(
     for (path, write) in &inferred.dirs {
         let _ = writeln!(
             imported.toml,
-            "[[servers.{name}.dirs]]\nhost = {}\nmode = \"{}\"",
-            toml_string(&path.display().to_string()),
-            if *write { "rw" } else { "ro" }
+            "{}",
+            crate::grants::toml::dir_entry(name, path, None, DirMode::of(*write))
         );
     }
     imported.skipped.append(&mut inferred.notes);
@@ -611,21 +591,6 @@ pub fn looks_secret(name: &str) -> bool {
         || upper.ends_with("_KEY")
         || upper.contains("SECRET")
         || upper.contains("PASSWORD")
-}
-
-/// The package a file belongs to: the nearest directory above it holding
-/// `package.json`, `pyproject.toml` or `setup.py`, else its directory.
-pub fn package_root(file: &Path) -> PathBuf {
-    file.ancestors()
-        .skip(1)
-        .find(|dir| {
-            ["package.json", "pyproject.toml", "setup.py"]
-                .iter()
-                .any(|marker| dir.join(marker).is_file())
-        })
-        .or_else(|| file.parent())
-        .unwrap_or(file)
-        .to_owned()
 }
 
 /// What a script command runs from, to measure and grant: the virtualenv
@@ -936,7 +901,7 @@ mod tests {
         let parsed = crate::config::Config::parse(&dir.path().join("moat.toml"), &imported.toml)
             .unwrap_or_else(|e| panic!("{e}\n{}", imported.toml));
         let real = |p: &Path| std::fs::canonicalize(p).unwrap();
-        let grants = |name: &str| -> Vec<(PathBuf, crate::config::DirMode)> {
+        let grants = |name: &str| -> Vec<(PathBuf, crate::grants::DirMode)> {
             parsed
                 .server(name)
                 .unwrap()
@@ -945,7 +910,7 @@ mod tests {
                 .map(|d| (d.host.clone(), d.mode))
                 .collect()
         };
-        use crate::config::DirMode::{Ro, Rw};
+        use crate::grants::DirMode::{Ro, Rw};
         assert_eq!(
             grants("filesystem"),
             [
@@ -1019,7 +984,7 @@ mod tests {
         let imported = import(&file, None, None).unwrap();
         let parsed = crate::config::Config::parse(&dir.path().join("moat.toml"), &imported.toml)
             .unwrap_or_else(|e| panic!("{e}\n{}", imported.toml));
-        let grants = |name: &str| -> Vec<(PathBuf, crate::config::DirMode)> {
+        let grants = |name: &str| -> Vec<(PathBuf, crate::grants::DirMode)> {
             parsed
                 .server(name)
                 .unwrap()
@@ -1028,7 +993,7 @@ mod tests {
                 .map(|d| (d.host.clone(), d.mode))
                 .collect()
         };
-        use crate::config::DirMode::{Ro, Rw};
+        use crate::grants::DirMode::{Ro, Rw};
         assert_eq!(grants("excel"), [(real(&workbooks), Rw)]);
         assert_eq!(grants("graph"), [(real(&graph), Rw)], "{}", imported.toml);
         assert_eq!(grants("sqlite"), [(real(&db), Rw)]);
@@ -1083,21 +1048,6 @@ mod tests {
         let time = parsed.server("time").unwrap();
         assert!(time.package.is_none());
         assert_eq!(time.args, ["--python", "3.12", "mcp-server-time"]);
-    }
-
-    #[test]
-    fn toml_strings_are_one_line_and_round_trip() {
-        for text in [
-            "plain",
-            "quote \" and \\ backslash",
-            "line\n[servers.evil]\ncommand = \"sh\"",
-            "esc \u{1b}[31m bell \u{7} tab\t zw\u{200B} rtl\u{202E}",
-        ] {
-            let quoted = toml_string(text);
-            assert!(!quoted.chars().any(|c| c.is_control()), "{quoted}");
-            let parsed: toml::Table = toml::from_str(&format!("v = {quoted}")).unwrap();
-            assert_eq!(parsed["v"].as_str(), Some(text));
-        }
     }
 
     #[test]

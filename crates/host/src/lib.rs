@@ -35,7 +35,6 @@ pub mod dirs;
 pub mod egress;
 pub mod fuzz;
 pub mod gateway;
-#[cfg(unix)]
 pub mod grants;
 pub mod http;
 pub mod identity;

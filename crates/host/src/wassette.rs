@@ -19,8 +19,10 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+use crate::grants::DirMode;
+use crate::grants::toml::string as toml_string;
 use crate::identity::Digest;
-use crate::importer::{server_name, toml_string};
+use crate::importer::server_name;
 
 /// Why a policy could not be imported.
 #[derive(Debug, thiserror::Error)]
@@ -151,7 +153,7 @@ pub fn import(policy: &Path, component: &Path) -> Result<String, PolicyError> {
                     if !read && !write {
                         return Err(unsupported(&at, "no access listed".into()));
                     }
-                    dirs.push((path.to_owned(), if write { "rw" } else { "ro" }));
+                    dirs.push((path.to_owned(), DirMode::of(write)));
                 }
             }
             "network" => {
@@ -161,7 +163,7 @@ pub fn import(policy: &Path, component: &Path) -> Result<String, PolicyError> {
                 for (i, grant) in s.allow.iter().enumerate() {
                     let at = format!("permissions.network.allow[{i}]");
                     let entry = format!("https://{}", grant.host);
-                    match crate::config::HttpGrant::parse(&entry) {
+                    match crate::grants::HttpGrant::parse(&entry) {
                         Some(Ok(_)) => net.push(entry),
                         _ => {
                             return Err(unsupported(
@@ -222,10 +224,8 @@ pub fn import(policy: &Path, component: &Path) -> Result<String, PolicyError> {
         let _ = writeln!(out, "net = [{}]", list(&net));
     }
     for (path, mode) in &dirs {
-        let _ = writeln!(out, "\n[[servers.{name}.dirs]]");
-        let _ = writeln!(out, "host = {}", toml_string(path));
-        let _ = writeln!(out, "guest = {}", toml_string(path));
-        let _ = writeln!(out, "mode = {}", toml_string(mode));
+        let entry = crate::grants::toml::dir_entry(&name, Path::new(path), Some(path), *mode);
+        let _ = writeln!(out, "\n{entry}");
     }
     Ok(out)
 }
@@ -277,7 +277,7 @@ mod tests {
                 .collect::<Vec<_>>(),
             ["https://api.github.com:443", "https://127.0.0.1:8080"]
         );
-        let dirs: Vec<(String, String, crate::config::DirMode)> = spec
+        let dirs: Vec<(String, String, crate::grants::DirMode)> = spec
             .dirs
             .iter()
             .map(|d| (d.host.display().to_string(), d.guest.clone(), d.mode))
@@ -285,11 +285,11 @@ mod tests {
         assert_eq!(
             dirs,
             [
-                ("/data".into(), "/data".into(), crate::config::DirMode::Ro),
+                ("/data".into(), "/data".into(), crate::grants::DirMode::Ro),
                 (
                     "/scratch".into(),
                     "/scratch".into(),
-                    crate::config::DirMode::Rw
+                    crate::grants::DirMode::Rw
                 ),
             ]
         );

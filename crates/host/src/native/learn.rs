@@ -740,7 +740,7 @@ pub struct Proposal {
 pub struct Granted<'a> {
     pub executable: &'a Path,
     pub measure: &'a [PathBuf],
-    pub dirs: &'a [crate::config::DirGrant],
+    pub dirs: &'a [crate::grants::DirGrant],
     /// Package roots named in its environment (`PYTHONPATH`, `NODE_PATH`).
     pub package_paths: Vec<PathBuf>,
     /// What no grant may overlap.
@@ -765,7 +765,7 @@ pub fn propose(observed: &Observed, granted: &Granted<'_>) -> Proposal {
                 .iter()
                 .any(|m| path.starts_with(m) && !write)
             || granted.dirs.iter().any(|d| {
-                path.starts_with(&d.host) && (!write || d.mode == crate::config::DirMode::Rw)
+                path.starts_with(&d.host) && (!write || d.mode == crate::grants::DirMode::Rw)
             })
     };
     let mut anchors: BTreeMap<PathBuf, Use> = BTreeMap::new();

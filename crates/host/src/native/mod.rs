@@ -110,9 +110,9 @@ pub struct NativeLaunch {
     /// Bounds.
     pub limits: Limits,
     /// Directories granted (Landlock).
-    pub dirs: Vec<crate::config::DirGrant>,
+    pub dirs: Vec<crate::grants::DirGrant>,
     /// TCP destinations granted (Landlock: by port).
-    pub net: Vec<crate::config::NetGrant>,
+    pub net: Vec<crate::grants::NetGrant>,
     /// Whether a rule the kernel cannot enforce refuses the launch.
     pub sandbox: crate::config::Sandbox,
     /// A learn run (`moat learn`): everything readable, writes only to its
@@ -126,7 +126,7 @@ pub struct NativeLaunch {
     /// Every `rw` grant of the config (see
     /// [`crate::config::ServerSpec::writers`]): none may overlap what this
     /// server runs or measures. Its own `rw` grants are checked as well.
-    pub writers: Vec<crate::config::Writer>,
+    pub writers: Vec<crate::grants::Writer>,
     /// What its egress proxy's connections count against beside the
     /// server's own bound: its session's and its gateway's.
     pub egress: crate::egress::Shares,
@@ -727,11 +727,11 @@ fn spawn(
     let mut measured = measured;
     let mut report = SandboxReport::default();
     // No `rw` grant of this config may reach what this server runs.
-    let own: Vec<crate::config::Writer> = launch
+    let own: Vec<crate::grants::Writer> = launch
         .dirs
         .iter()
-        .filter(|d| d.mode == crate::config::DirMode::Rw)
-        .map(|d| crate::config::Writer {
+        .filter(|d| d.mode == crate::grants::DirMode::Rw)
+        .map(|d| crate::grants::Writer {
             server: launch.name.clone(),
             grant: d.host.clone(),
         })
@@ -754,7 +754,7 @@ fn spawn(
     report.granted = launch
         .dirs
         .iter()
-        .map(|d| (d.host.clone(), d.mode == crate::config::DirMode::Rw))
+        .map(|d| (d.host.clone(), d.mode == crate::grants::DirMode::Rw))
         .collect();
     // What is granted without listing goes through the same check as what
     // is listed: never a key, never Moat's directories, never $HOME or
@@ -796,13 +796,13 @@ fn spawn(
     };
     let sandbox = match &launch.learn {
         Some(run) => {
-            let writable: Vec<crate::config::DirGrant> = run
+            let writable: Vec<crate::grants::DirGrant> = run
                 .writable
                 .iter()
-                .map(|host| crate::config::DirGrant {
+                .map(|host| crate::grants::DirGrant {
                     host: host.clone(),
                     guest: host.display().to_string(),
-                    mode: crate::config::DirMode::Rw,
+                    mode: crate::grants::DirMode::Rw,
                     inode: None,
                 })
                 .collect();
@@ -1265,7 +1265,7 @@ fn isolation(
                 .relays
                 .iter()
                 .map(|relay| {
-                    let entry = crate::config::NetGrant {
+                    let entry = crate::grants::NetGrant {
                         host: relay.host.clone(),
                         port: relay.port,
                     };
@@ -1278,14 +1278,14 @@ fn isolation(
                 .collect();
             enforced.push(format!(
                 "network namespace: out only through Moat, to {} at the addresses resolved at launch: relayed transparently ({}), and through the proxy at 127.0.0.1:{} (HTTP_PROXY and HTTPS_PROXY set); no other address is routed",
-                crate::config::net_line(&launch.net),
+                crate::grants::net_line(&launch.net),
                 if relays.is_empty() { "none".to_owned() } else { relays.join(", ") },
                 crate::egress::PROXY_PORT,
             ));
             if !layout.proxy_only.is_empty() {
                 not_enforced.push(format!(
                     "a transparent relay for {} (reached through the proxy only)",
-                    crate::config::net_line(&layout.proxy_only)
+                    crate::grants::net_line(&layout.proxy_only)
                 ));
             }
         }
@@ -1361,7 +1361,7 @@ fn isolation(
                 let writable = launch
                     .dirs
                     .iter()
-                    .any(|d| d.mode == crate::config::DirMode::Rw && path.starts_with(&d.host));
+                    .any(|d| d.mode == crate::grants::DirMode::Rw && path.starts_with(&d.host));
                 binds.push(
                     spawn::Bind::new(path, writable).map_err(|source| NativeError::Io {
                         syscall: "stat of a granted path under /tmp",

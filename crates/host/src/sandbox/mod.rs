@@ -24,7 +24,8 @@ use landlock::{
 pub mod root;
 pub mod seccomp;
 
-use crate::config::{DirMode, NetGrant, Sandbox};
+use crate::config::Sandbox;
+use crate::grants::{DirMode, NetGrant};
 
 /// Why a required sandbox could not be set up.
 #[derive(Debug, thiserror::Error)]
@@ -528,15 +529,7 @@ pub fn plan_for_abi(grants: &Grants<'_>, version: i32) -> Result<Plan, SandboxEr
         ));
     }
     for dir in grants.dirs {
-        plan.enforced.push(format!(
-            "dir {} ({})",
-            dir.grant.host.display(),
-            if dir.grant.mode == DirMode::Ro {
-                "ro"
-            } else {
-                "rw"
-            }
-        ));
+        plan.enforced.push(format!("dir {}", dir.grant.describe()));
     }
     if net_rules {
         plan.enforced.push(if ports.is_empty() {

@@ -33,7 +33,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use crate::config::DirMode;
+use crate::grants::DirMode;
 use crate::grants::OpenedGrant;
 
 /// Where the new root is built in the child's mount namespace, before it

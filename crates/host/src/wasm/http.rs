@@ -28,7 +28,7 @@ use http_body::{Body, Frame};
 use http_body_util::BodyExt as _;
 use wasmtime_wasi_http::{Error, RequestOptions, WasiBody, WasiHttpHooks};
 
-use crate::config::HttpGrant;
+use crate::grants::HttpGrant;
 
 /// How long a connection may take when the guest sets no timeout.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);

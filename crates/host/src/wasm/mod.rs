@@ -32,7 +32,7 @@ use wasmtime_wasi::p2::bindings::CommandPre;
 use wasmtime_wasi::sockets::SocketAddrUse;
 use wasmtime_wasi::{FsPerms, I32Exit, WasiCtx, WasiCtxView, WasiView};
 
-use crate::config::DirMode;
+use crate::grants::DirMode;
 
 use crate::identity::{Digest, Evidence, Expectation};
 use crate::instance::{
@@ -762,11 +762,11 @@ pub struct WasmLaunch {
     /// Bounds.
     pub limits: Limits,
     /// Preopened directories.
-    pub dirs: Vec<crate::config::DirGrant>,
+    pub dirs: Vec<crate::grants::DirGrant>,
     /// TCP destinations allowed (names are resolved at launch).
-    pub net: Vec<crate::config::NetGrant>,
+    pub net: Vec<crate::grants::NetGrant>,
     /// HTTP origins allowed through wasi:http (names resolved at launch).
-    pub http: Vec<crate::config::HttpGrant>,
+    pub http: Vec<crate::grants::HttpGrant>,
     /// For a typed tool component: an instance per call, or per session.
     pub instances: crate::config::Instances,
 }
@@ -847,7 +847,7 @@ pub struct ResolvedNet {
     pub names: crate::wasm::lookup::Names,
     /// Each HTTP grant with the addresses its host has now: the only ones
     /// a wasi:http request to it connects to.
-    pub http: Vec<(crate::config::HttpGrant, Vec<SocketAddr>)>,
+    pub http: Vec<(crate::grants::HttpGrant, Vec<SocketAddr>)>,
 }
 
 /// Whether a socket operation is allowed: connects (and listens) only to
@@ -1012,12 +1012,7 @@ impl PreparedComponent {
                 launch
                     .dirs
                     .iter()
-                    .map(|d| format!(
-                        "{} as {} ({})",
-                        d.host.display(),
-                        d.guest,
-                        if d.mode == DirMode::Ro { "ro" } else { "rw" }
-                    ))
+                    .map(|d| format!("{} as {} ({})", d.host.display(), d.guest, d.mode))
                     .collect::<Vec<_>>()
                     .join(", ")
             )
@@ -1027,7 +1022,7 @@ impl PreparedComponent {
         } else {
             format!(
                 "network (wasi socket check): connect only to {}",
-                crate::config::net_line(&launch.net)
+                crate::grants::net_line(&launch.net)
             )
         });
         sandbox.enforced(if launch.http.is_empty() {
@@ -1066,7 +1061,7 @@ pub(crate) struct InstanceSetup {
     env: Vec<(String, String)>,
     limits: Limits,
     /// (path to open, grant): the path is the grant's descriptor.
-    preopens: Vec<(PathBuf, crate::config::DirGrant)>,
+    preopens: Vec<(PathBuf, crate::grants::DirGrant)>,
     /// The grants' descriptors, open while any instance may need them.
     #[cfg(unix)]
     _opened: Vec<crate::grants::OpenedGrant>,
@@ -1088,12 +1083,12 @@ impl InstanceSetup {
         #[cfg(unix)]
         let opened = crate::grants::open_all(&launch.name, &launch.dirs)?;
         #[cfg(unix)]
-        let preopens: Vec<(PathBuf, crate::config::DirGrant)> = opened
+        let preopens: Vec<(PathBuf, crate::grants::DirGrant)> = opened
             .iter()
             .map(|o| (o.fd_path(), o.grant.clone()))
             .collect();
         #[cfg(not(unix))]
-        let preopens: Vec<(PathBuf, crate::config::DirGrant)> = launch
+        let preopens: Vec<(PathBuf, crate::grants::DirGrant)> = launch
             .dirs
             .iter()
             .map(|d| (d.host.clone(), d.clone()))

@@ -1,15 +1,7 @@
-//! Directory grants, opened once: every `dirs` entry is opened a single time
-//! per launch, without following a link anywhere in its path, and that
-//! descriptor is what the sandbox rule (native) or the preopen (wasm) is made
-//! from. A server with write access somewhere cannot swap a granted path for
-//! a link to somewhere else: the open refuses the link. The inode that was
-//! opened is what `moat lock` records, and under the lock a grant whose inode
-//! changed is refused before the server starts.
-//!
-//! Grants that overlap what Moat itself must keep from servers (the
-//! compiled-component cache and its key, the config, the lock, the audit log)
-//! are refused: a server that could write there could make Moat load foreign
-//! native code or rewrite what was approved.
+//! What no grant may overlap. Grants that overlap what Moat itself must
+//! keep from servers (the compiled-component cache and its key, the config,
+//! the lock, the audit log) are refused: a server that could write there
+//! could make Moat load foreign native code or rewrite what was approved.
 //!
 //! So are `rw` grants over what another server (or the same one) runs: its
 //! executable, its `#!` interpreter, its `measure` paths. Those are hashed
@@ -17,84 +9,9 @@
 //! `node` loads the modules of a measured package lazily), so a server that
 //! could write them could change what another runs after it was measured.
 
-use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Component, Path, PathBuf};
 
-use crate::config::DirGrant;
-
-/// Errors opening or checking a grant, naming the server and the path.
-#[derive(Debug, thiserror::Error)]
-pub enum GrantError {
-    #[error(
-        "server `{server}`: grant {path}: {link} is a symbolic link (to {target}); grants are opened without following links: grant the real path {real}"
-    )]
-    Link {
-        server: String,
-        path: PathBuf,
-        link: PathBuf,
-        target: PathBuf,
-        real: PathBuf,
-    },
-    #[error("server `{server}`: grant {path}: {syscall}: {source}")]
-    Open {
-        server: String,
-        path: PathBuf,
-        syscall: &'static str,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error(
-        "server `{server}`: grant {path} overlaps Moat's {what} at {protected}: a server may not reach it; grant a directory that neither holds it nor lies inside it"
-    )]
-    Protected {
-        server: String,
-        path: PathBuf,
-        what: &'static str,
-        protected: PathBuf,
-    },
-    #[error(
-        "server `{writer}`: rw grant {grant} overlaps the {what} {path} of server `{server}`: a server Moat launches may not write what a server runs after it is measured; grant it `ro`, or a directory that neither holds {path} nor lies inside it"
-    )]
-    OverRun {
-        /// The server with the `rw` grant.
-        writer: String,
-        grant: PathBuf,
-        /// The server whose file it overlaps (maybe `writer` itself).
-        server: String,
-        /// "executable", "#! interpreter" or "measure path".
-        what: &'static str,
-        path: PathBuf,
-    },
-    #[error(
-        "server `{server}`: grant {path} is not what was locked (inode {locked} in the lock, {now} now): it was replaced since `moat lock`; check what it holds, then run `moat lock` to approve it"
-    )]
-    Changed {
-        server: String,
-        path: PathBuf,
-        locked: u64,
-        now: u64,
-    },
-}
-
-/// A grant opened for one launch.
-#[derive(Debug)]
-pub struct OpenedGrant {
-    pub grant: DirGrant,
-    /// An `O_PATH` descriptor of what was granted.
-    pub fd: OwnedFd,
-    /// The inode behind `fd`.
-    pub inode: u64,
-    /// Whether it is a directory.
-    pub dir: bool,
-}
-
-impl OpenedGrant {
-    /// A path that reaches exactly the opened inode, whatever happens to
-    /// the granted path afterwards (for APIs that take a path).
-    pub fn fd_path(&self) -> PathBuf {
-        PathBuf::from(format!("/proc/self/fd/{}", self.fd.as_raw_fd()))
-    }
-}
+use super::{DirGrant, GrantError, Writer};
 
 /// Something of Moat's that no grant may overlap.
 #[derive(Clone, Debug)]
@@ -318,7 +235,7 @@ pub struct Runs<'a> {
 /// `runs` names: the same path, or one inside the other either way, after
 /// `.`, `..` and links are resolved as far as the paths exist. The error
 /// names both servers and both paths.
-pub fn check_runs(runs: &Runs<'_>, writable: &[crate::config::Writer]) -> Result<(), GrantError> {
+pub fn check_runs(runs: &Runs<'_>, writable: &[Writer]) -> Result<(), GrantError> {
     let files = runs
         .executable
         .map(|e| ("executable", e))
@@ -343,96 +260,10 @@ pub fn check_runs(runs: &Runs<'_>, writable: &[crate::config::Writer]) -> Result
     Ok(())
 }
 
-/// Opens every grant of `server` once, refusing links and, where the lock
-/// pinned an inode, a grant whose inode changed.
-pub fn open_all(server: &str, dirs: &[DirGrant]) -> Result<Vec<OpenedGrant>, GrantError> {
-    dirs.iter().map(|dir| open(server, dir)).collect()
-}
-
-/// Opens one grant: `O_PATH`, no link followed in any component.
-pub fn open(server: &str, grant: &DirGrant) -> Result<OpenedGrant, GrantError> {
-    let path = &grant.host;
-    let error = |syscall, source| GrantError::Open {
-        server: server.to_owned(),
-        path: path.clone(),
-        syscall,
-        source,
-    };
-    let fd = open_no_links(path).map_err(|errno| {
-        if errno == rustix::io::Errno::LOOP
-            && let Some((link, target)) = first_link(path)
-        {
-            return GrantError::Link {
-                server: server.to_owned(),
-                path: path.clone(),
-                link,
-                target,
-                real: std::fs::canonicalize(path).unwrap_or_else(|_| path.clone()),
-            };
-        }
-        error("openat2(RESOLVE_NO_SYMLINKS)", errno.into())
-    })?;
-    let stat = rustix::fs::fstat(&fd).map_err(|errno| error("fstat", errno.into()))?;
-    let inode = stat.st_ino;
-    if let Some(locked) = grant.inode
-        && locked != inode
-    {
-        return Err(GrantError::Changed {
-            server: server.to_owned(),
-            path: path.clone(),
-            locked,
-            now: inode,
-        });
-    }
-    Ok(OpenedGrant {
-        grant: grant.clone(),
-        fd,
-        inode,
-        dir: rustix::fs::FileType::from_raw_mode(stat.st_mode) == rustix::fs::FileType::Directory,
-    })
-}
-
-#[cfg(target_os = "linux")]
-fn open_no_links(path: &Path) -> rustix::io::Result<OwnedFd> {
-    use rustix::fs::{Mode, OFlags, ResolveFlags};
-    rustix::fs::openat2(
-        rustix::fs::CWD,
-        path,
-        OFlags::PATH | OFlags::CLOEXEC,
-        Mode::empty(),
-        ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
-    )
-}
-
-#[cfg(not(target_os = "linux"))]
-fn open_no_links(path: &Path) -> rustix::io::Result<OwnedFd> {
-    use rustix::fs::{Mode, OFlags};
-    if first_link(path).is_some() {
-        return Err(rustix::io::Errno::LOOP);
-    }
-    rustix::fs::open(
-        path,
-        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::empty(),
-    )
-}
-
-/// The first component of `path` that is a link, and its text.
-fn first_link(path: &Path) -> Option<(PathBuf, PathBuf)> {
-    let mut walked = PathBuf::new();
-    for part in path.components() {
-        walked.push(part);
-        if let Ok(target) = std::fs::read_link(&walked) {
-            return Some((walked, target));
-        }
-    }
-    None
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::DirMode;
+    use crate::grants::DirMode;
 
     fn grant(host: PathBuf) -> DirGrant {
         DirGrant {
@@ -477,31 +308,5 @@ mod tests {
             check_protected("s", &[], &[root.path().to_owned()], &protected).is_err(),
             "a measure path over the cache is refused too"
         );
-    }
-
-    #[test]
-    fn a_link_anywhere_in_the_path_is_refused_and_named() {
-        let root = tempfile::tempdir().unwrap();
-        std::fs::create_dir_all(root.path().join("real/docs")).unwrap();
-        std::os::unix::fs::symlink(root.path().join("real"), root.path().join("work")).unwrap();
-        let error = open("s", &grant(root.path().join("work/docs"))).unwrap_err();
-        match error {
-            GrantError::Link { link, real, .. } => {
-                assert_eq!(link, root.path().join("work"));
-                assert_eq!(
-                    real,
-                    std::fs::canonicalize(root.path().join("real/docs")).unwrap()
-                );
-            }
-            other => panic!("{other}"),
-        }
-        let opened = open("s", &grant(root.path().join("real/docs"))).unwrap();
-        assert!(opened.dir);
-        let mut pinned = grant(root.path().join("real/docs"));
-        pinned.inode = Some(opened.inode + 1);
-        assert!(matches!(
-            open("s", &pinned).unwrap_err(),
-            GrantError::Changed { .. }
-        ));
     }
 }
