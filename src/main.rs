@@ -681,7 +681,7 @@ async fn run(command: Command) -> Result<ExitCode> {
             let session = connect(&config, &server, locked).await?;
             let tools = session.list_tools().await;
             let reports = session.tool_reports().await;
-            let identity = session.shared().identity();
+            let identity = session.identity();
             session.close().await?;
             let tools = tools?;
             let reports = reports?;
@@ -1044,7 +1044,7 @@ async fn inspect(config_path: &Path, json: bool) -> Result<ExitCode> {
         });
         match host.connect(spec).await {
             Ok(session) => {
-                let identity = session.shared().identity();
+                let identity = session.identity();
                 let tools = session.tool_reports().await;
                 let live = session.list_tools().await;
                 session.close().await?;

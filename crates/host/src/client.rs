@@ -2,6 +2,7 @@
 //! errors that say what failed. A transport fault (limit, exit, framing)
 //! always wins over the generic "transport closed" rmcp would report.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -786,7 +787,7 @@ impl Host {
             Ok::<_, ClientError>((tools, prompts, resources))
         }
         .await;
-        let identity = session.shared().identity();
+        let identity = session.identity();
         session.close().await?;
         let (tools, prompts, resources) = listed?;
         let identity = identity.ok_or_else(|| ClientError::Protocol {
@@ -1048,7 +1049,88 @@ impl ClientSide {
     }
 }
 
-pub use crate::transport::ProgressSender;
+/// Where one call's progress notifications go.
+pub type ProgressSender = mpsc::UnboundedSender<ProgressNotificationParam>;
+
+/// The session's tap on its transport (see [`crate::transport::Tap`]):
+/// sees each message from the server in order, before rmcp and before any
+/// later message, so a call's progress is delivered before the answer that
+/// follows it and word that the tool list changed never races the answer
+/// after it.
+#[derive(Debug)]
+struct ServerTap {
+    /// Progress by token, for the calls in flight that asked for it.
+    progress_routes: std::sync::Mutex<HashMap<rmcp::model::ProgressToken, ProgressSender>>,
+    /// Set by `notifications/tools/list_changed`, cleared when read.
+    tools_changed: std::sync::atomic::AtomicBool,
+    /// Counts each `notifications/tools/list_changed`.
+    tools_changed_events: tokio::sync::watch::Sender<u64>,
+}
+
+impl Default for ServerTap {
+    fn default() -> Self {
+        Self {
+            progress_routes: std::sync::Mutex::default(),
+            tools_changed: std::sync::atomic::AtomicBool::new(false),
+            tools_changed_events: tokio::sync::watch::Sender::new(0),
+        }
+    }
+}
+
+impl ServerTap {
+    fn routes(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<rmcp::model::ProgressToken, ProgressSender>> {
+        self.progress_routes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl crate::transport::Tap for ServerTap {
+    fn on_message(
+        &self,
+        message: &rmcp::model::ServerJsonRpcMessage,
+        book: &crate::transport::Book,
+    ) -> crate::transport::Pass {
+        use crate::transport::Pass;
+        use rmcp::model::{GetMeta, ServerJsonRpcMessage, ServerNotification};
+        let ServerJsonRpcMessage::Notification(notification) = message else {
+            return Pass::On;
+        };
+        match &notification.notification {
+            ServerNotification::ToolListChangedNotification(_) => {
+                self.tools_changed
+                    .store(true, std::sync::atomic::Ordering::SeqCst);
+                self.tools_changed_events.send_modify(|n| *n += 1);
+                Pass::On
+            }
+            // A `subscriptions/listen` stream the server acknowledged (its
+            // `_meta` names the request) stays open until either side ends
+            // it: the per-request deadline no longer applies to it.
+            ServerNotification::SubscriptionsAcknowledgedNotification(_) => {
+                if let Some(id) = notification.notification.get_meta().subscription_id() {
+                    book.lift_deadline(
+                        &id,
+                        <rmcp::model::SubscriptionsListenRequestMethod as rmcp::model::ConstString>::VALUE,
+                    );
+                }
+                Pass::On
+            }
+            ServerNotification::ProgressNotification(progress) => {
+                let route = self.routes().get(&progress.params.progress_token).cloned();
+                match route {
+                    Some(route) => {
+                        let _ = route.send(progress.params.clone());
+                        Pass::Taken
+                    }
+                    None => Pass::On,
+                }
+            }
+            _ => Pass::On,
+        }
+    }
+}
 
 impl ClientHandler for ClientSide {
     /// Moat takes tasks from every server: it hands a task on to an agent
@@ -1219,6 +1301,7 @@ impl Listening {
 pub struct Session {
     service: RunningService<RoleClient, ClientSide>,
     shared: Arc<Shared>,
+    tap: Arc<ServerTap>,
     progress: Option<mpsc::UnboundedReceiver<ProgressNotificationParam>>,
     askers: Askers,
     notices: tokio::sync::broadcast::Sender<Notice>,
@@ -1558,6 +1641,8 @@ impl Session {
     ) -> Result<Self, ClientError> {
         let shared = transport.shared().clone();
         let server = shared.server().to_owned();
+        let tap = Arc::new(ServerTap::default());
+        transport.set_tap(tap.clone());
         let connected = transport.connect().await?;
         let (progress_tx, progress) = mpsc::unbounded_channel();
         let askers = Askers::default();
@@ -1575,6 +1660,7 @@ impl Session {
             Ok(service) => Ok(Self {
                 service,
                 shared,
+                tap,
                 progress: Some(progress),
                 askers,
                 notices,
@@ -1625,9 +1711,58 @@ impl Session {
         self.shared.server()
     }
 
-    /// State shared with the transport: fault, stderr buffer, task tracker.
-    pub fn shared(&self) -> &Arc<Shared> {
+    /// State shared with the transport, for the crate's own bookkeeping
+    /// (a weak handle to learn when the session is gone).
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
         &self.shared
+    }
+
+    /// What was measured about the server, once launched: its digests,
+    /// evidence and sandbox report.
+    pub fn identity(&self) -> Option<crate::instance::Identity> {
+        self.shared.identity()
+    }
+
+    /// The fault that ended the session, if one did.
+    pub fn fault(&self) -> Option<Fault> {
+        self.shared.fault()
+    }
+
+    /// The launcher's counters (fuel, memory; zero before launch).
+    pub fn metrics(&self) -> Arc<crate::instance::Metrics> {
+        self.shared.metrics()
+    }
+
+    /// The server's stderr, a bounded rolling buffer.
+    pub fn stderr(&self) -> &crate::transport::StderrBuffer {
+        self.shared.stderr()
+    }
+
+    /// The tasks and instances of the server's transport.
+    pub fn tracker(&self) -> &Arc<crate::instance::Tracker> {
+        self.shared.tracker()
+    }
+
+    /// Requests sent to the server so far.
+    pub fn requests_sent(&self) -> u64 {
+        self.shared.requests_sent()
+    }
+
+    /// Counts each `notifications/tools/list_changed` from the server, for
+    /// whoever must pass the news on (after re-checking the pins). Ends
+    /// when the session is gone.
+    pub fn tools_changed_events(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.tap.tools_changed_events.subscribe()
+    }
+
+    /// Whether the server announced `notifications/tools/list_changed`
+    /// since the last look; clears the flag. Set before any later message
+    /// is delivered, so an answer that follows the notification never
+    /// races it.
+    fn take_tools_changed(&self) -> bool {
+        self.tap
+            .tools_changed
+            .swap(false, std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Progress notifications the server sends, in order. Taken once.
@@ -1721,7 +1856,7 @@ impl Session {
         }
         let pins = Pins::from_locked(locked, live)?;
         // What is listed now supersedes any earlier announcement.
-        self.shared.take_tools_changed();
+        self.take_tools_changed();
         let tools = self.live_tools().await?;
         let reports = pins.evaluate(&tools);
         for report in &reports {
@@ -1842,7 +1977,7 @@ impl Session {
             return Ok(None);
         };
         let mut reports = state.reports.lock().await;
-        if self.shared.take_tools_changed() {
+        if self.take_tools_changed() {
             let live = self.live_tools().await?;
             *reports = state.pins.evaluate(&live);
         }
@@ -1991,13 +2126,13 @@ impl Session {
             .map_err(|e| self.error(&operation, e))?;
         let token = handle.progress_token.clone();
         if let Some(progress) = progress {
-            self.shared.route_progress(token.clone(), progress);
+            self.tap.routes().insert(token.clone(), progress);
         }
         let outcome = tokio::select! {
             response = &mut handle.rx => Some(response),
             () = cancel.cancelled() => None,
         };
-        self.shared.unroute(&token);
+        self.tap.routes().remove(&token);
         let response = match outcome {
             Some(Ok(response)) => response.map_err(|e| self.error(&operation, e))?,
             Some(Err(_)) => return Err(self.error(&operation, ServiceError::TransportClosed)),

@@ -227,7 +227,7 @@ impl Generation {
         {
             shares.adopt(egress);
         }
-        match spare.shared().fault() {
+        match spare.fault() {
             None => Some(spare),
             Some(fault) => {
                 tracing::debug!(%server, ?fault, "the name check's instance faulted; starting afresh");
@@ -355,7 +355,7 @@ impl Generation {
         if let Some(locked) = self.host.locked(server) {
             digests.extend(locked.digests());
         }
-        if let Some(identity) = child.and_then(|c| c.shared().identity()) {
+        if let Some(identity) = child.and_then(|c| c.identity()) {
             digests.extend(identity.digest);
             digests.extend(identity.oci.map(|oci| oci.manifest));
         }
@@ -401,7 +401,7 @@ impl Generation {
                 }
             });
         }
-        let measured = child?.shared().identity()?.digest?;
+        let measured = child?.identity()?.digest?;
         (measured.to_string() != entry.sha256).then(|| {
             format!(
                 "this session runs sha256:{measured}, the lock now pins sha256:{}",
@@ -1703,7 +1703,7 @@ impl AgentSession {
         // slot, is already healthy: it serves this name too, and the new
         // child goes. A live child is never replaced.
         if let Some(old) = children.by_key.get(&key)
-            && old.session.shared().fault().is_none()
+            && old.session.fault().is_none()
         {
             let existing = old.session.clone();
             children.by_server.insert(server.to_owned(), key);
@@ -1715,7 +1715,7 @@ impl AgentSession {
             }
             return Ok(existing);
         }
-        if let Some(measured) = session.shared().identity() {
+        if let Some(measured) = session.identity() {
             let _ = self.audit(Event::ServerLaunch {
                 session: self.id.clone(),
                 server: server.to_owned(),
@@ -1748,7 +1748,6 @@ impl AgentSession {
             let child = &children.by_key[key];
             return child
                 .session
-                .shared()
                 .fault()
                 .is_none()
                 .then(|| child.session.clone());
@@ -1767,7 +1766,7 @@ impl AgentSession {
         let Some(key) = children.by_server.get(server).copied() else {
             return Ok(0);
         };
-        let Some(fault) = children.by_key[&key].session.shared().fault() else {
+        let Some(fault) = children.by_key[&key].session.fault() else {
             return Ok(0);
         };
         let mut counts = self.restarts.lock().await;
@@ -1798,7 +1797,7 @@ impl AgentSession {
         let locked = self.generation.host.locked(&spec.name);
         children.by_key.iter().find_map(|(key, child)| {
             let identity = child.session.execution_identity(spec)?;
-            (child.session.shared().fault().is_none()
+            (child.session.fault().is_none()
                 && identity == child.identity
                 && process_key(&identity, spec, locked) == *key)
                 .then(|| (*key, child.session.clone()))
@@ -1809,7 +1808,7 @@ impl AgentSession {
     /// the pins and then tells the agent, which lists them again. Ends with
     /// the child's transport.
     fn pass_on_tool_changes(&self, server: &str, child: &Arc<Session>) {
-        let mut events = child.shared().tools_changed_events();
+        let mut events = child.tools_changed_events();
         let weak = Arc::downgrade(child);
         let agent = self.agent.clone();
         let listeners = self.listeners.clone();
@@ -2149,7 +2148,7 @@ impl AgentSession {
         if let Some(error) = self.gateway.audit_failure() {
             return Err(unaudited(&error));
         }
-        let fuel_before = child.shared().metrics().fuel_consumed();
+        let fuel_before = child.metrics().fuel_consumed();
         let mut call = Box::pin(async {
             let mut answer = if child.is_current() {
                 child
@@ -2249,7 +2248,7 @@ impl AgentSession {
             }
             other => (other, None),
         };
-        let fuel = child.shared().metrics().fuel_consumed() - fuel_before;
+        let fuel = child.metrics().fuel_consumed() - fuel_before;
         let elapsed = started.elapsed();
         let (outcome, limit) = match &result {
             Ok(CallToolResponse::Complete(answer)) if answer.is_error == Some(true) => {
@@ -2759,7 +2758,6 @@ const CANCEL_GRACE: Duration = Duration::from_secs(5);
 
 fn evidence_of(child: &Session) -> String {
     child
-        .shared()
         .identity()
         .map(|identity| identity.evidence.to_string())
         .unwrap_or_default()
@@ -2814,7 +2812,7 @@ fn explained(
     rmcp::model::CallToolResult,
     Option<crate::client::SeenRefusal>,
 ) {
-    let Some(identity) = child.shared().identity() else {
+    let Some(identity) = child.identity() else {
         return (answer, None);
     };
     if !identity.sandbox.kernel_filesystem {
@@ -2855,7 +2853,6 @@ fn limit_of(error: &ClientError) -> Option<&'static str> {
 /// stdio server could write any `_meta`.
 fn typed_limit(child: &Session, answer: &rmcp::model::CallToolResult) -> Option<&'static str> {
     let typed = child
-        .shared()
         .identity()
         .and_then(|identity| identity.component)
         .is_some_and(|c| c.kind == crate::instance::ComponentKind::Typed);

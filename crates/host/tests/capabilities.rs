@@ -303,7 +303,7 @@ async fn a_listed_port_connects_and_others_are_denied(launcher: Launcher) {
 async fn native_egress_goes_through_the_proxy_only(spec: ServerSpec, listed: u16, unlisted: u16) {
     assert_eq!(spec.sandbox, Sandbox::Required);
     let session = connect(&spec).await;
-    let sandbox = session.shared().identity().unwrap().sandbox;
+    let sandbox = session.identity().unwrap().sandbox;
     assert!(
         sandbox.lines().iter().any(|l| l
             .starts_with(&format!("enforced: network namespace: out only through Moat, to 127.0.0.1:{listed} at the addresses resolved at launch: relayed transparently (127.0.0.1:{listed}), and through the proxy at 127.0.0.1:3128"))),
@@ -384,7 +384,7 @@ async fn no_network_without_a_grant(launcher: Launcher) {
         outcome,
         "a connect without any net grant",
     );
-    let sandbox = session.shared().identity().unwrap().sandbox;
+    let sandbox = session.identity().unwrap().sandbox;
     assert!(
         sandbox
             .lines()
@@ -561,7 +561,7 @@ async fn native_dns_answers_the_listed_names_only() {
             })),
     );
     let session = host.connect(&spec).await.unwrap();
-    let sandbox = session.shared().identity().unwrap().sandbox;
+    let sandbox = session.identity().unwrap().sandbox;
     assert!(
         sandbox.lines().iter().any(|l| l.starts_with(
             "enforced: DNS: answered by Moat at 127.0.0.1:53 (resolv.conf covered, read-only), for registry.npmjs.org only (each with its relay address); any other name is NXDOMAIN"

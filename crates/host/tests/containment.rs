@@ -135,7 +135,7 @@ async fn no_privilege_is_held_even_when_moat_is_root() {
         refused(&report, errno, &op.to_string());
         neighbour.answers().await;
     }
-    let identity = server.shared().identity().unwrap();
+    let identity = server.identity().unwrap();
     for line in [
         "enforced: PID namespace",
         "enforced: IPC, UTS and cgroup namespaces",
@@ -520,7 +520,7 @@ async fn sockets_open_only_in_the_allowed_families() {
     )
     .await;
     assert_eq!(pair["ok"], json!(true), "{pair}");
-    let identity = server.shared().identity().unwrap();
+    let identity = server.identity().unwrap();
     assert!(
         identity.sandbox.lines().iter().any(|l| l.contains(
             "EAFNOSUPPORT for socket in any family but AF_UNIX, AF_INET, AF_INET6, AF_NETLINK (netlink: NETLINK_ROUTE only)"
@@ -573,13 +573,7 @@ async fn an_implicit_install_root_never_reaches_moats_audit_key() {
         json!({"ok": false, "error": "Permission denied (os error 13)"}),
         "~/.local was listed"
     );
-    let rules = server
-        .shared()
-        .identity()
-        .unwrap()
-        .sandbox
-        .lines()
-        .join("\n");
+    let rules = server.identity().unwrap().sandbox.lines().join("\n");
     assert!(
         rules.contains(&format!(
             "enforced: not granted: the installation root {} of {} (it holds Moat's audit key at {})",
@@ -640,7 +634,7 @@ async fn no_host_name_outside_the_servers_own_root_exists_for_it() {
     // The grant is there, at its own path, with its mode.
     let seen = attack(&server, json!({"op": "stat", "path": granted.join("note")})).await;
     assert_eq!(seen["ok"], json!(true), "{seen}");
-    let identity = server.shared().identity().unwrap();
+    let identity = server.identity().unwrap();
     assert!(
         identity
             .sandbox

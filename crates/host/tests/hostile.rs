@@ -150,7 +150,7 @@ async fn a_server_that_ignores_eof_is_stopped_on_close(launcher: Launcher) {
     let mut deaf = spec(launcher, guests::DEAF);
     deaf.limits.close_grace_ms = 100;
     let session = connect(&deaf).await;
-    let tracker = session.shared().tracker().clone();
+    let tracker = session.tracker().clone();
     let result = session.call_tool("attack", None).await.unwrap();
     assert_eq!(text(&result), "going deaf");
     // EOF goes unheard: after the grace period the host stops it.
@@ -165,7 +165,7 @@ async fn an_answer_at_one_byte_a_second_meets_the_deadline(launcher: Launcher) {
     let mut drip = spec(launcher, guests::SLOW_DRIP);
     drip.limits.request_timeout_ms = 1_500;
     let session = connect(&drip).await;
-    let tracker = session.shared().tracker().clone();
+    let tracker = session.tracker().clone();
     assert_eq!(
         attack_faults(launcher, &session).await,
         Fault::Limit {

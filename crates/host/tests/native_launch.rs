@@ -73,7 +73,7 @@ async fn a_pinned_executable_runs_with_native_measured_evidence() {
     let digest = digest_of(guests::EVERYTHING_NATIVE);
     let spec = pinned("everything", Path::new(guests::EVERYTHING_NATIVE), digest);
     let session = host().connect(&spec).await.unwrap();
-    let identity = session.shared().identity().unwrap();
+    let identity = session.identity().unwrap();
     assert_eq!(identity.evidence, Evidence::NativeMeasured);
     assert_eq!(identity.digest, Some(digest));
     session.close().await.unwrap();
@@ -258,7 +258,7 @@ async fn a_real_mcp_server_from_npm_runs_under_node() {
         inode: None,
     }];
     let session = host().connect(&spec).await.unwrap();
-    let identity = session.shared().identity().unwrap();
+    let identity = session.identity().unwrap();
     assert_eq!(identity.evidence, Evidence::NativeMeasured);
     assert_eq!(identity.measured.len(), 1);
     assert!(
@@ -404,7 +404,7 @@ async fn a_script_runs_its_measured_bytes_through_its_measured_interpreter() {
         .await
         .unwrap();
     assert_eq!(tool_names(&session).await, ["measured"]);
-    let identity = session.shared().identity().unwrap();
+    let identity = session.identity().unwrap();
     assert!(
         identity
             .measured
@@ -519,7 +519,7 @@ for line in sys.stdin:
         Some(script.to_str().unwrap()),
         "the interpreter is given the script's own path"
     );
-    let identity = session.shared().identity().unwrap();
+    let identity = session.identity().unwrap();
     assert_eq!(identity.digest, Some(digest));
     assert!(
         identity.sandbox.lines().iter().any(|l| l.contains(&format!(
@@ -777,7 +777,6 @@ for line in sys.stdin:
     assert_eq!(env["PATH"], path);
     assert_eq!(env["TMPDIR"], "/tmp");
     let own_root = session
-        .shared()
         .identity()
         .unwrap()
         .sandbox
@@ -790,7 +789,7 @@ for line in sys.stdin:
         "{report}"
     );
     assert_eq!(report["home_written"], true, "{report}");
-    let lines = session.shared().identity().unwrap().sandbox.lines();
+    let lines = session.identity().unwrap().sandbox.lines();
     assert!(
         lines
             .iter()

@@ -353,7 +353,7 @@ async fn stderr_flood_keeps_the_protocol_working_and_the_buffer_bounded(launcher
         let result = session.call_tool("attack", None).await.unwrap();
         assert_eq!(text(&result), "flooded");
     }
-    let stderr = session.shared().stderr();
+    let stderr = session.stderr();
     assert_eq!(stderr.capacity(), 4096);
     assert_eq!(stderr.len(), 4096);
     // Each call wrote 4 MiB; the drain keeps pace (the reply follows the flood).
@@ -370,7 +370,7 @@ async fn deadline_fails_the_call_and_stops_the_server(launcher: Launcher) {
     let mut slow = spec(launcher, guests::EVERYTHING);
     slow.limits.request_timeout_ms = 300;
     let session = connect(&slow).await;
-    let tracker = session.shared().tracker().clone();
+    let tracker = session.tracker().clone();
     let fault = fault_of(
         session
             .call_tool("sleep", args(json!({"ms": 60_000})))
@@ -521,7 +521,7 @@ async fn an_unpinned_server_needs_consent(launcher: Launcher) {
     }
     // With consent it runs, and reports what it is.
     let session = connect(&spec(launcher, guests::EVERYTHING)).await;
-    let identity = session.shared().identity().unwrap();
+    let identity = session.identity().unwrap();
     let expected = match launcher {
         Launcher::Wasm => Evidence::WasmMeasured,
         Launcher::Native => Evidence::NativeUnmeasured,

@@ -678,7 +678,7 @@ async fn a_python_component_is_served_without_its_internal_init() {
             .starts_with("not an integer expression"),
         "{err}"
     );
-    let identity = session.shared().identity().unwrap();
+    let identity = session.identity().unwrap();
     assert_eq!(
         identity.component.unwrap().not_tools,
         ["exports#init: componentize-py's internal `exports#init` is not a tool"]

@@ -171,7 +171,7 @@ async fn without_a_grant_every_request_is_refused() {
     );
     assert_eq!(origin.connections(), 0);
     let session = host().connect(&spec).await.unwrap();
-    let rules = session.shared().identity().unwrap().sandbox.lines();
+    let rules = session.identity().unwrap().sandbox.lines();
     assert!(
         rules.contains(&"enforced: HTTP (wasi:http): every request refused".to_owned()),
         "{rules:?}"

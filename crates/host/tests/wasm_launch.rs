@@ -156,7 +156,7 @@ async fn an_idle_guest_burns_no_fuel_and_makes_no_busy_host_calls() {
         .call_tool("add", args(json!({"a": 1, "b": 1})))
         .await
         .unwrap();
-    let metrics = session.shared().metrics();
+    let metrics = session.metrics();
     let (calls, fuel) = (metrics.hostcalls(), metrics.fuel_consumed());
     assert!(calls > 0 && fuel > 0, "the counters count");
     let slept = session
@@ -279,7 +279,7 @@ async fn an_epoch_metered_engine_stops_a_spinning_guest_at_its_deadline() {
     spin.limits.fuel_per_request = 1_000;
     spin.limits.request_timeout_ms = 500;
     let session = host.connect(&spin).await.expect("connect");
-    let sandbox = session.shared().identity().expect("identity").sandbox;
+    let sandbox = session.identity().expect("identity").sandbox;
     assert!(
         sandbox.lines().contains(
             &"not enforced: CPU budget per request (fuel_per_request): this engine meters by \
@@ -331,7 +331,6 @@ async fn an_epoch_metered_engine_stops_a_spinning_guest_at_its_deadline() {
     assert_eq!(text(&result), "42");
     assert_eq!(
         session
-            .shared()
             .metrics()
             .fuel_consumed
             .load(std::sync::atomic::Ordering::Relaxed),

@@ -302,7 +302,6 @@ impl Runner {
                 source: Box::new(source),
             })?;
         let sha256 = session
-            .shared()
             .identity()
             .and_then(|identity| identity.digest.map(|d| d.to_string()));
         let listed = session

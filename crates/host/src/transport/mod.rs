@@ -1,0 +1,737 @@
+//! The one client transport: rmcp's `Transport<RoleClient>` over a launched
+//! server, whichever launcher started it.
+//!
+//! This module owns everything between a server's stdio and rmcp's client:
+//! connecting once, newline-delimited JSON-RPC framing with a maximum line
+//! length (fail closed), draining stderr into tracing and a bounded rolling
+//! buffer, the per-request deadline, faults on premature exit, and the
+//! lifecycle (close = EOF on stdin, grace period, stop, await every task).
+//! Launchers hand it a [`Launched`] and never see the protocol.
+
+mod book;
+mod fault;
+mod frame;
+mod tap;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use rmcp::RoleClient;
+use rmcp::model::{ClientJsonRpcMessage, ServerJsonRpcMessage};
+use rmcp::service::{RxJsonRpcMessage, TxJsonRpcMessage};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+pub use book::{AskingAgent, Book, MAX_UNANSWERED_SERVER_REQUESTS};
+pub use fault::{Fault, TransportError};
+pub use frame::{StderrBuffer, sanitize_tail};
+pub use tap::{Pass, Tap};
+
+use crate::instance::{Exit, Identity, Launched, Metrics, Tracker};
+use crate::limits::{LimitHit, Limits};
+use book::Answered;
+use frame::{FrameError, Lines};
+
+/// Bytes of stderr carried in a fault.
+const FAULT_TAIL_BYTES: usize = 2048;
+
+/// How long a fault for an exit waits for the stderr reader to finish: its
+/// pipe closes with the server, unless something the server started holds it.
+const STDERR_SETTLE: Duration = Duration::from_millis(250);
+
+/// State shared by the transport, its tasks and the session that wraps it.
+#[derive(Debug)]
+pub struct Shared {
+    server: String,
+    fault: Mutex<Option<Fault>>,
+    closing: AtomicBool,
+    stderr: StderrBuffer,
+    tracker: Arc<Tracker>,
+    /// Requests in flight, both ways.
+    book: Arc<Book>,
+    identity: OnceLock<Identity>,
+    metrics: OnceLock<Arc<Metrics>>,
+    /// What sees each message before rmcp (set before connecting).
+    tap: OnceLock<Arc<dyn Tap>>,
+    /// Set once the stderr reader has read everything (or given up).
+    stderr_drained: watch::Sender<bool>,
+}
+
+impl Shared {
+    pub(crate) fn new(server: String, limits: &Limits) -> Self {
+        Self {
+            server,
+            fault: Mutex::new(None),
+            closing: AtomicBool::new(false),
+            stderr: StderrBuffer::new(
+                usize::try_from(limits.stderr_buffer_bytes).unwrap_or(usize::MAX),
+            ),
+            tracker: Arc::new(Tracker::default()),
+            book: Arc::default(),
+            identity: OnceLock::new(),
+            metrics: OnceLock::new(),
+            tap: OnceLock::new(),
+            stderr_drained: watch::Sender::new(false),
+        }
+    }
+
+    /// See [`Book::asking_agent`].
+    pub fn asking_agent(&self) -> AskingAgent {
+        self.book.asking_agent()
+    }
+
+    /// The server's configured name.
+    pub fn server(&self) -> &str {
+        &self.server
+    }
+
+    /// What was measured about the server, once launched.
+    pub fn identity(&self) -> Option<Identity> {
+        self.identity.get().cloned()
+    }
+
+    /// The launcher's counters (zero before launch).
+    pub fn metrics(&self) -> Arc<Metrics> {
+        self.metrics.get().cloned().unwrap_or_default()
+    }
+
+    /// The fault that ended the session, once every task of the transport
+    /// has ended (waiting at most `bound`): a send that failed because the
+    /// server exited can come before the exit is known.
+    pub async fn settled_fault(&self, bound: Duration) -> Option<Fault> {
+        let _ = tokio::time::timeout(bound, self.tracker.wait_idle()).await;
+        self.fault()
+    }
+
+    /// The fault that ended the session, if one did.
+    pub fn fault(&self) -> Option<Fault> {
+        self.fault.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The server's stderr buffer.
+    pub fn stderr(&self) -> &StderrBuffer {
+        &self.stderr
+    }
+
+    /// Tasks and instances of this transport.
+    pub fn tracker(&self) -> &Arc<Tracker> {
+        &self.tracker
+    }
+
+    /// Requests sent so far.
+    pub fn requests_sent(&self) -> u64 {
+        self.book.requests_sent()
+    }
+
+    fn set_fault(&self, fault: Fault) {
+        let mut slot = self.fault.lock().unwrap_or_else(|e| e.into_inner());
+        if slot.is_none() {
+            tracing::warn!(server = %self.server, %fault, "server fault");
+            *slot = Some(fault);
+        }
+    }
+
+    fn is_closing(&self) -> bool {
+        self.closing.load(Ordering::SeqCst)
+    }
+
+    /// The fault an exit amounts to, built once the stderr reader has read
+    /// what the server wrote before it went (at most [`STDERR_SETTLE`]
+    /// later), so the fault's stderr tail is whole.
+    async fn exit_fault(&self, exit: &Exit) -> Option<Fault> {
+        if matches!(exit, Exit::Code(_) | Exit::Crashed(_)) {
+            let mut drained = self.stderr_drained.subscribe();
+            let _ = tokio::time::timeout(STDERR_SETTLE, drained.wait_for(|d| *d)).await;
+        }
+        self.fault_for_exit(exit)
+    }
+
+    fn fault_for_exit(&self, exit: &Exit) -> Option<Fault> {
+        let server = self.server.clone();
+        match exit {
+            Exit::Stopped => None,
+            Exit::Code(0) if self.is_closing() => None,
+            Exit::Code(code) => Some(Fault::Exited {
+                server,
+                code: *code,
+                stderr_tail: self.stderr.tail(FAULT_TAIL_BYTES),
+            }),
+            Exit::Limit(limit) => Some(Fault::Limit {
+                server,
+                limit: limit.clone(),
+            }),
+            Exit::Crashed(reason) => Some(Fault::Crashed {
+                server,
+                reason: reason.clone(),
+                stderr_tail: self.stderr.tail(FAULT_TAIL_BYTES),
+            }),
+        }
+    }
+}
+
+type BoxFuture<E> = Pin<Box<dyn Future<Output = Result<Launched, E>> + Send>>;
+
+/// The one client transport, before it is connected: built from a launch
+/// request, it connects at most once. `E` is the launch's error type, which
+/// the layer above defines; the transport adds only its own
+/// [`TransportError`] to it.
+pub struct ServerTransport<E> {
+    shared: Arc<Shared>,
+    limits: Limits,
+    launch: Mutex<Option<BoxFuture<E>>>,
+}
+
+impl<E: From<TransportError>> ServerTransport<E> {
+    /// A transport that will run the launch `make_launch` builds when
+    /// connected. The launch registers what it starts with the tracker.
+    pub fn new<F>(
+        server: impl Into<String>,
+        limits: Limits,
+        make_launch: impl FnOnce(Arc<Tracker>) -> F,
+    ) -> Self
+    where
+        F: Future<Output = Result<Launched, E>> + Send + 'static,
+    {
+        let shared = Arc::new(Shared::new(server.into(), &limits));
+        let launch = make_launch(shared.tracker.clone());
+        Self {
+            shared,
+            limits,
+            launch: Mutex::new(Some(Box::pin(launch))),
+        }
+    }
+
+    /// State shared with the connected transport (fault, stderr, tracker).
+    pub fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    /// Sets what sees each message from the server before rmcp (at most
+    /// once, before connecting; a later tap is ignored).
+    pub fn set_tap(&self, tap: Arc<dyn Tap>) {
+        let _ = self.shared.tap.set(tap);
+    }
+
+    /// Launches the server and returns the connected transport. A second call
+    /// fails with [`TransportError::AlreadyConnected`]; it never launches twice.
+    /// Dropping the returned future part-way leaves nothing running.
+    pub async fn connect(&self) -> Result<Connected, E> {
+        let launch = self
+            .launch
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+            .ok_or_else(|| TransportError::AlreadyConnected {
+                server: self.shared.server.clone(),
+            })?;
+        let launched = launch.await?;
+        Ok(Connected::start(
+            self.shared.clone(),
+            &self.limits,
+            launched,
+        ))
+    }
+}
+
+/// A connected transport: what rmcp's client drives.
+pub struct Connected {
+    shared: Arc<Shared>,
+    /// Boxed: a channel allocates its first block of 32 slots up front, and
+    /// 32 unboxed messages are 12 KB held by every idle session.
+    incoming: mpsc::Receiver<Box<ServerJsonRpcMessage>>,
+    stdin: Arc<tokio::sync::Mutex<Option<Box<dyn AsyncWrite + Send + Unpin>>>>,
+    on_request: Arc<dyn Fn() + Send + Sync>,
+    terminate: Box<dyn Fn() + Send + Sync>,
+    stop: Arc<dyn Fn() + Send + Sync>,
+    server_task: Option<JoinHandle<()>>,
+    tasks: Vec<JoinHandle<()>>,
+    /// The server's exit, for a drop that must still learn why it ended.
+    exit: watch::Receiver<Option<Exit>>,
+    grace: Duration,
+    request_timeout: Duration,
+}
+
+impl Connected {
+    fn start(shared: Arc<Shared>, limits: &Limits, launched: Launched) -> Self {
+        let Launched {
+            stdin,
+            stdout,
+            stderr,
+            exit,
+            task: server_task,
+            terminate,
+            stop,
+            on_request,
+            metrics,
+            identity,
+            answers_deadlines,
+        } = launched;
+        let _ = shared.identity.set(identity);
+        let _ = shared.metrics.set(metrics);
+        let stop: Arc<dyn Fn() + Send + Sync> = Arc::from(stop);
+        let (incoming_tx, incoming) = mpsc::channel(64);
+        let max_line = usize::try_from(limits.max_line_bytes).unwrap_or(usize::MAX);
+        let tracker = shared.tracker.clone();
+        let exit_for_drop = exit.clone();
+        // In this order: Drop relies on it.
+        let tasks = vec![
+            spawn_tracked(
+                &tracker,
+                read_stdout(
+                    shared.clone(),
+                    stdout,
+                    max_line,
+                    exit.clone(),
+                    incoming_tx,
+                    stop.clone(),
+                ),
+            ),
+            spawn_tracked(&tracker, {
+                let shared = shared.clone();
+                async move {
+                    frame::drain_stderr(
+                        &shared.server,
+                        &shared.stderr,
+                        stderr,
+                        &shared.stderr_drained,
+                    )
+                    .await;
+                }
+            }),
+            spawn_tracked(
+                &tracker,
+                watchdog(
+                    shared.clone(),
+                    limits.request_timeout_ms,
+                    exit,
+                    stop.clone(),
+                ),
+            ),
+        ];
+        Self {
+            shared,
+            incoming,
+            stdin: Arc::new(tokio::sync::Mutex::new(Some(stdin))),
+            on_request: Arc::from(on_request),
+            terminate,
+            stop,
+            server_task: Some(server_task),
+            tasks,
+            exit: exit_for_drop,
+            grace: limits.close_grace(),
+            // A server that answers its own deadlines gets a grace period
+            // more before the transport stops it.
+            request_timeout: if answers_deadlines {
+                limits.request_timeout() + limits.close_grace()
+            } else {
+                limits.request_timeout()
+            },
+        }
+    }
+
+    /// State shared with the transport's tasks (fault, stderr, tracker).
+    pub fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    /// Closes within twice the grace period: EOF on stdin and the grace
+    /// period; then terminate and three quarters of it; then kill, and the
+    /// rest of the second period for the server to be gone and its pipes to
+    /// drain. Nothing is waited for past that: a pipe still held open by
+    /// something the server started is dropped, never waited on.
+    async fn shutdown(&mut self) {
+        self.shared.closing.store(true, Ordering::SeqCst);
+        let start = Instant::now();
+        let deadline = start + self.grace * 2;
+        // EOF on the server's stdin.
+        if let Some(mut stdin) = self.stdin.lock().await.take() {
+            let _ = stdin.shutdown().await;
+        }
+        if let Some(mut server_task) = self.server_task.take() {
+            let mut done = tokio::time::timeout_at(start + self.grace, &mut server_task)
+                .await
+                .is_ok();
+            if !done {
+                tracing::debug!(server = %self.shared.server, "grace period over; terminating server");
+                (self.terminate)();
+                done = tokio::time::timeout_at(deadline - self.grace / 4, &mut server_task)
+                    .await
+                    .is_ok();
+            }
+            if !done {
+                tracing::debug!(server = %self.shared.server, "still running; killing server");
+                (self.stop)();
+                done = tokio::time::timeout_at(deadline, &mut server_task)
+                    .await
+                    .is_ok();
+            }
+            if !done {
+                tracing::warn!(server = %self.shared.server, "server did not stop; abandoning its task");
+                server_task.abort();
+                let _ = server_task.await;
+            }
+        }
+        // The server is gone. Its pipes close with it, unless something it
+        // started still holds them (possible only without a PID namespace):
+        // drain them until the deadline, then drop them.
+        for mut task in self.tasks.drain(..) {
+            if tokio::time::timeout_at(deadline, &mut task).await.is_err() {
+                tracing::debug!(server = %self.shared.server, "a pipe is still held open after the server stopped; dropping it");
+                task.abort();
+                let _ = task.await;
+            }
+        }
+    }
+}
+
+impl Drop for Connected {
+    fn drop(&mut self) {
+        // Dropped without close (a cancelled or failed handshake): stop the
+        // server at once, then, off this thread, learn how it ended (a
+        // server that exited on its own gets its fault, with its stderr,
+        // for whoever reports the failure), bounded by the grace period.
+        let Some(server_task) = self.server_task.take() else {
+            return;
+        };
+        (self.stop)();
+        let mut tasks = std::mem::take(&mut self.tasks).into_iter();
+        let (stdout_reader, stderr_drain, others) = (tasks.next(), tasks.next(), tasks);
+        if let Some(task) = &stdout_reader {
+            task.abort();
+        }
+        for task in others {
+            task.abort();
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            server_task.abort();
+            if let Some(task) = stderr_drain {
+                task.abort();
+            }
+            return;
+        };
+        let shared = self.shared.clone();
+        let mut exit = self.exit.clone();
+        let grace = self.grace;
+        let guard = shared.tracker.enter();
+        runtime.spawn(async move {
+            let _guard = guard;
+            let status = tokio::time::timeout(grace, exit.wait_for(Option::is_some))
+                .await
+                .ok()
+                .and_then(|s| s.ok().and_then(|s| s.clone()));
+            if let Some(status) = &status
+                && let Some(fault) = shared.exit_fault(status).await
+            {
+                shared.set_fault(fault);
+            }
+            let mut server_task = server_task;
+            if tokio::time::timeout(grace, &mut server_task).await.is_err() {
+                server_task.abort();
+            }
+            if let Some(mut task) = stderr_drain
+                && tokio::time::timeout(grace, &mut task).await.is_err()
+            {
+                task.abort();
+            }
+        });
+    }
+}
+
+fn spawn_tracked(
+    tracker: &Arc<Tracker>,
+    task: impl Future<Output = ()> + Send + 'static,
+) -> JoinHandle<()> {
+    let guard = tracker.enter();
+    tokio::spawn(async move {
+        let _guard = guard;
+        task.await;
+    })
+}
+
+impl rmcp::transport::Transport<RoleClient> for Connected {
+    type Error = TransportError;
+
+    fn send(
+        &mut self,
+        item: TxJsonRpcMessage<RoleClient>,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
+        let shared = self.shared.clone();
+        let stdin = self.stdin.clone();
+        let encoded = serde_json::to_vec(&item);
+        let answers_server = matches!(
+            item,
+            ClientJsonRpcMessage::Response(_) | ClientJsonRpcMessage::Error(_)
+        );
+        match &item {
+            ClientJsonRpcMessage::Request(request) => {
+                shared.book.sent(
+                    request.id.clone(),
+                    request.request.method().to_owned(),
+                    Instant::now() + self.request_timeout,
+                );
+                (self.on_request)();
+            }
+            ClientJsonRpcMessage::Notification(notification) => {
+                if let rmcp::model::ClientNotification::CancelledNotification(cancelled) =
+                    &notification.notification
+                    && let Some(id) = &cancelled.params.request_id
+                {
+                    shared.book.cancelled(id);
+                }
+            }
+            _ => {}
+        }
+        async move {
+            let mut line = encoded.map_err(|error| TransportError::Encode {
+                server: shared.server.clone(),
+                detail: error.to_string(),
+            })?;
+            line.push(b'\n');
+            let closed = || match shared.fault() {
+                Some(fault) => TransportError::Faulted {
+                    server: shared.server.clone(),
+                    fault,
+                },
+                None => TransportError::Closed {
+                    server: shared.server.clone(),
+                },
+            };
+            // One message per lock: lines never interleave.
+            let mut guard = stdin.lock().await;
+            let writer = guard.as_mut().ok_or_else(closed)?;
+            let written = async {
+                writer.write_all(&line).await?;
+                writer.flush().await
+            }
+            .await;
+            if answers_server {
+                shared.book.server_answered();
+            }
+            match written {
+                Ok(()) => Ok(()),
+                Err(error) => {
+                    tracing::debug!(server = %shared.server, %error, "writing to server stdin failed");
+                    Err(closed())
+                }
+            }
+        }
+    }
+
+    async fn receive(&mut self) -> Option<RxJsonRpcMessage<RoleClient>> {
+        self.incoming.recv().await.map(|message| *message)
+    }
+
+    async fn close(&mut self) -> Result<(), Self::Error> {
+        self.shutdown().await;
+        Ok(())
+    }
+}
+
+/// Reads newline-delimited JSON-RPC from stdout. A line longer than
+/// `max_line` or one that is not a JSON-RPC message is fatal: the server is
+/// stopped and nothing more is read.
+async fn read_stdout(
+    shared: Arc<Shared>,
+    stdout: Box<dyn AsyncRead + Send + Unpin>,
+    max_line: usize,
+    mut exit: watch::Receiver<Option<Exit>>,
+    incoming: mpsc::Sender<Box<ServerJsonRpcMessage>>,
+    stop: Arc<dyn Fn() + Send + Sync>,
+) {
+    let mut lines = Lines::new(stdout, max_line);
+    let fault = loop {
+        let line = match lines.next().await {
+            Ok(Some(line)) => line,
+            // EOF: the server closed stdout. Its exit status says why.
+            Ok(None) => break None,
+            Err(FrameError::Io(detail)) => {
+                break Some(Fault::Io {
+                    server: shared.server.clone(),
+                    detail,
+                });
+            }
+            Err(FrameError::TooLong) => {
+                break Some(Fault::Limit {
+                    server: shared.server.clone(),
+                    limit: LimitHit::LineLength {
+                        max_line_bytes: max_line as u64,
+                    },
+                });
+            }
+        };
+        let message = match frame::decode(&shared.book, line) {
+            Ok(message) => message,
+            Err(detail) => {
+                break Some(Fault::NotJsonRpc {
+                    server: shared.server.clone(),
+                    detail,
+                    excerpt: sanitize_tail(&line[..line.len().min(200)], 200),
+                });
+            }
+        };
+        if let Some(tap) = shared.tap.get()
+            && tap.on_message(&message, &shared.book) == Pass::Taken
+        {
+            continue;
+        }
+        if matches!(message, ServerJsonRpcMessage::Request(_)) && !shared.book.server_asked() {
+            break Some(Fault::RequestFlood {
+                server: shared.server.clone(),
+                limit: MAX_UNANSWERED_SERVER_REQUESTS,
+            });
+        }
+        if let Some(id) = frame::response_id(&message) {
+            match shared.book.answer(&id) {
+                Answered::Pending => {}
+                // A late answer to a cancelled request: dropped.
+                Answered::Late => continue,
+                // An answer to nothing, or a second answer: the stream can
+                // no longer be trusted.
+                Answered::Unknown => {
+                    break Some(Fault::UnknownResponse {
+                        server: shared.server.clone(),
+                        id: id.to_string(),
+                    });
+                }
+            }
+        }
+        if incoming.send(Box::new(message)).await.is_err() {
+            return; // the client is gone
+        }
+    };
+    match fault {
+        Some(fault) => {
+            shared.set_fault(fault);
+            stop();
+        }
+        None => {
+            // Wait for the exit status so the fault is known before rmcp sees
+            // the transport close.
+            let status = exit
+                .wait_for(Option::is_some)
+                .await
+                .ok()
+                .and_then(|s| s.clone());
+            if let Some(status) = &status
+                && let Some(fault) = shared.exit_fault(status).await
+            {
+                shared.set_fault(fault);
+            }
+        }
+    }
+    // Dropping `incoming` tells rmcp the transport is closed.
+}
+
+/// Enforces the per-request deadline, and records a fault when the server
+/// stops on its own while requests are outstanding.
+async fn watchdog(
+    shared: Arc<Shared>,
+    request_timeout_ms: u64,
+    mut exit: watch::Receiver<Option<Exit>>,
+    stop: Arc<dyn Fn() + Send + Sync>,
+) {
+    let status = loop {
+        // Registered before the state is read: a change after the read
+        // wakes this loop.
+        let changed = shared.book.changed();
+        let next = shared.book.next_deadline();
+        tokio::select! {
+            _ = async {
+                match next {
+                    Some(deadline) => tokio::time::sleep_until(deadline).await,
+                    None => std::future::pending().await,
+                }
+            } => {
+                if let Some(method) = shared.book.expired() {
+                    tracing::warn!(server = %shared.server, %method, "request deadline passed; stopping server");
+                    shared.set_fault(Fault::Limit {
+                        server: shared.server.clone(),
+                        limit: LimitHit::Deadline { request_timeout_ms },
+                    });
+                    stop();
+                    return;
+                }
+            }
+            _ = changed => {}
+            result = exit.wait_for(Option::is_some) => {
+                break result.ok().and_then(|s| s.clone());
+            }
+        }
+    };
+    if let Some(status) = &status
+        && let Some(fault) = shared.exit_fault(status).await
+    {
+        shared.set_fault(fault);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The deadline bounds the server's work, not the agent's time to
+    /// answer the server's own request; and it is not lost either.
+    #[tokio::test(start_paused = true)]
+    async fn a_request_waiting_for_the_agent_holds_the_deadline_and_moves_it_back() {
+        let shared = Arc::new(Shared::new("s".into(), &Limits::default()));
+        shared.book.sent(
+            rmcp::model::RequestId::Number(7),
+            "tools/call".to_owned(),
+            Instant::now() + Duration::from_secs(60),
+        );
+        let first = shared.book.next_deadline().unwrap();
+        let stopped = Arc::new(AtomicBool::new(false));
+        let (_exit, exit) = watch::channel(None);
+        let stop = stopped.clone();
+        let watching = tokio::spawn(watchdog(
+            shared.clone(),
+            60_000,
+            exit,
+            Arc::new(move || stop.store(true, Ordering::SeqCst)),
+        ));
+        let settle = || async {
+            for _ in 0..8 {
+                tokio::task::yield_now().await;
+            }
+        };
+        let asking = shared.asking_agent();
+        settle().await;
+        tokio::time::advance(Duration::from_secs(90)).await;
+        settle().await;
+        assert!(
+            shared.fault().is_none(),
+            "the deadline passed while the agent was asked"
+        );
+        assert!(!stopped.load(Ordering::SeqCst));
+        drop(asking);
+        assert_eq!(
+            shared.book.next_deadline(),
+            Some(first + Duration::from_secs(90))
+        );
+        settle().await;
+        tokio::time::advance(Duration::from_secs(59)).await;
+        settle().await;
+        assert!(shared.fault().is_none(), "fired before the moved deadline");
+        tokio::time::advance(Duration::from_secs(2)).await;
+        settle().await;
+        assert!(
+            stopped.load(Ordering::SeqCst),
+            "the moved deadline never fired"
+        );
+        assert!(matches!(
+            shared.fault(),
+            Some(Fault::Limit {
+                limit: LimitHit::Deadline {
+                    request_timeout_ms: 60_000
+                },
+                ..
+            })
+        ));
+        watching.await.unwrap();
+    }
+}
