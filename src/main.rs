@@ -1436,7 +1436,7 @@ async fn learn(
         }
     }
     let host = new_host(config)?;
-    let moat_host::client::Learned {
+    let moat_host::host::Learned {
         proposal,
         outcome,
         calls: called,

@@ -20,10 +20,11 @@ use tokio::sync::{Mutex, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::audit::{AuditError, AuditLog, Event, Outcome};
-use crate::client::{CallAnswer, ClientError, Host, ProgressSender, Retry, ServerAsk, Session};
 use crate::config::{Config, ServerSpec};
+use crate::host::Host;
 use crate::identity::Digest;
 use crate::revoke::Revoked;
+use crate::session::{CallAnswer, ClientError, ProgressSender, Retry, ServerAsk, Session};
 
 pub use crate::config::SEPARATOR;
 
@@ -2801,7 +2802,7 @@ fn outcome_of(error: &ClientError) -> Outcome {
 
 /// `answer` (a tool's error) with one more text block when its text shows
 /// the native sandbox refusing the server something (see
-/// [`crate::client::refusal_seen`]), and that refusal for the audit log:
+/// [`crate::session::refusal_seen`]), and that refusal for the audit log:
 /// the agent's error carries the same line a failed start does. Only for a
 /// server under a kernel-enforced sandbox.
 fn explained(
@@ -2810,7 +2811,7 @@ fn explained(
     mut answer: rmcp::model::CallToolResult,
 ) -> (
     rmcp::model::CallToolResult,
-    Option<crate::client::SeenRefusal>,
+    Option<crate::session::SeenRefusal>,
 ) {
     let Some(identity) = child.identity() else {
         return (answer, None);
@@ -2824,7 +2825,7 @@ fn explained(
         .filter_map(|c| c.as_text().map(|t| t.text.as_str()))
         .collect::<Vec<_>>()
         .join("\n");
-    let seen = crate::client::refusal_seen(server, &text, &identity.sandbox.granted);
+    let seen = crate::session::refusal_seen(server, &text, &identity.sandbox.granted);
     if let Some(seen) = &seen {
         answer
             .content

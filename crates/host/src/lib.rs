@@ -18,8 +18,10 @@
 //! 5. [`launch`]: which launcher runs a server, what is planned once and
 //!    what starts per instance, and [`LaunchError`] over the launchers'
 //!    errors.
-//! 6. [`client`] (a connected session with a server, lock enforcement,
-//!    typed errors), then [`gateway`] (`moat serve`'s agent sessions, with
+//! 6. [`session`] (one connected server: calls, tasks, listings, pins,
+//!    subscriptions, the tap on its transport, typed errors), then
+//!    [`host`] (what may be launched under the lock; measure and learn),
+//!    then [`gateway`] (`moat serve`'s agent sessions, with
 //!    the [`metrics`] it counts), [`http`] (its streamable HTTP front),
 //!    [`tasks_2025`] (2025-11-25's task requests at the wire, which rmcp
 //!    does not carry) and [`fuzz`].
@@ -27,7 +29,6 @@
 //!    (package launchers) and [`wassette`] (Wassette policies).
 
 pub mod audit;
-pub mod client;
 pub mod command;
 pub mod config;
 pub mod dirs;
@@ -36,6 +37,7 @@ pub mod egress;
 pub mod fuzz;
 pub mod gateway;
 pub mod grants;
+pub mod host;
 pub mod http;
 pub mod identity;
 pub mod importer;
@@ -55,6 +57,7 @@ pub mod revoke;
 #[cfg(target_os = "linux")]
 pub mod sandbox;
 pub mod seal;
+pub mod session;
 pub mod tasks_2025;
 pub mod text;
 pub mod trace;
@@ -63,13 +66,14 @@ pub mod wasm;
 pub mod wassette;
 pub mod watch;
 
-pub use client::{ClientError, Handshake, Host, Session};
 pub use config::{Config, ConfigError, ServerKind, ServerSpec};
+pub use host::Host;
 pub use identity::{Digest, Evidence, Expectation};
 pub use launch::LaunchError;
 pub use limits::{LimitHit, Limits};
 /// The rmcp version Moat speaks, re-exported for its protocol types.
 pub use rmcp;
+pub use session::{ClientError, Handshake, Session};
 pub use transport::{Fault, TransportError};
 
 pub use launch::ServerTransport;

@@ -20,9 +20,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use crate::client::{ClientError, Host, Session};
 use crate::config::ServerSpec;
+use crate::host::Host;
 use crate::limits::LimitHit;
+use crate::session::{ClientError, Session};
 use crate::transport::{Fault, Shared};
 
 pub use generate::{Call, Case, Generator, PROTOCOL_SUBJECT, ToolSchema};

@@ -16,7 +16,7 @@ pub struct StartFailure {
     /// where the launch had one).
     pub reason: String,
     /// The sandbox's refusal the server's stderr showed, if it did.
-    pub(super) seen: Option<crate::client::SeenRefusal>,
+    pub(super) seen: Option<crate::session::SeenRefusal>,
     /// Failed starts in a row.
     pub attempts: u32,
     retry_at: Instant,
@@ -52,7 +52,7 @@ impl StartFailures {
             .min(START_RETRY_MAX);
         let failure = StartFailure {
             reason: error.to_string(),
-            seen: crate::client::SeenRefusal::of(error),
+            seen: crate::session::SeenRefusal::of(error),
             attempts,
             retry_at: Instant::now() + backoff,
         };

@@ -1,0 +1,192 @@
+//! One `tools/call` on a session: the pins' check of the arguments, the
+//! request with its progress and cancellation, the answer checked against
+//! the pinned output schema.
+
+use rmcp::ServiceError;
+use rmcp::model::{
+    CallToolRequestParams, CallToolResult, ClientRequest, JsonObject, Request, ServerResult,
+};
+use rmcp::service::PeerRequestOptions;
+use tokio_util::sync::CancellationToken;
+
+use super::Session;
+use super::client_side::ProgressSender;
+use super::error::ClientError;
+use crate::policy::ToolStatus;
+
+/// What a server answered a `tools/call` with: 2026-07-28 adds two
+/// answers besides a result.
+#[derive(Debug)]
+pub enum CallAnswer {
+    /// The result.
+    Complete(CallToolResult),
+    /// The server needs the caller's input first: the caller answers the
+    /// requests and calls again with [`Retry`].
+    InputRequired(rmcp::model::InputRequiredResult),
+    /// The server made a task of the call: `tasks/get` follows it.
+    Task(rmcp::model::CreateTaskResult),
+}
+
+/// What a call again after [`CallAnswer::InputRequired`] carries back to
+/// the server: the caller's answers and the state the server asked to get
+/// back, as they are.
+#[derive(Clone, Debug, Default)]
+pub struct Retry {
+    pub input_responses: Option<rmcp::model::InputResponses>,
+    pub request_state: Option<String>,
+}
+
+impl Session {
+    /// Calls tool `name` with `arguments`.
+    pub async fn call_tool(
+        &self,
+        name: &str,
+        arguments: Option<JsonObject>,
+    ) -> Result<CallToolResult, ClientError> {
+        self.call_tool_with(name, arguments, None, CancellationToken::new(), None)
+            .await
+    }
+
+    /// With a lock: the tool must be as pinned and the arguments must fit
+    /// its pinned input schema, or the call is refused before it is sent.
+    pub(crate) async fn check_call(
+        &self,
+        name: &str,
+        arguments: &Option<JsonObject>,
+    ) -> Result<(), ClientError> {
+        let (Some(state), Some(reports)) = (&self.pins, self.tool_reports().await?) else {
+            return Ok(());
+        };
+        let status = reports.iter().find(|r| r.name == name).map(|r| &r.status);
+        let reason = match status {
+            Some(ToolStatus::Pinned { .. }) => None,
+            Some(ToolStatus::Drifted { locked, live }) => Some(format!(
+                "its definition drifted from the lock (locked {locked}, live {live})"
+            )),
+            Some(ToolStatus::New { .. }) | None => Some("it is not in the lock".to_owned()),
+            Some(ToolStatus::Missing { .. }) => Some("the server no longer lists it".to_owned()),
+        };
+        if let Some(reason) = reason {
+            return Err(ClientError::ToolUnavailable {
+                server: self.server().to_owned(),
+                tool: name.to_owned(),
+                reason,
+            });
+        }
+        let value = serde_json::Value::Object(arguments.clone().unwrap_or_default());
+        state
+            .pins
+            .check_arguments(name, &value)
+            .map_err(|violation| ClientError::InvalidArguments {
+                server: self.server().to_owned(),
+                tool: name.to_owned(),
+                violation,
+            })
+    }
+
+    /// Calls tool `name`, sending its progress notifications to `progress`
+    /// and cancelling it on the server (`notifications/cancelled`) when
+    /// `cancel` fires.
+    pub async fn call_tool_with(
+        &self,
+        name: &str,
+        arguments: Option<JsonObject>,
+        progress: Option<ProgressSender>,
+        cancel: CancellationToken,
+        traceparent: Option<String>,
+    ) -> Result<CallToolResult, ClientError> {
+        let answer = self
+            .call_tool_answer(
+                name,
+                arguments,
+                progress,
+                cancel.clone(),
+                traceparent,
+                Retry::default(),
+            )
+            .await?;
+        match answer {
+            CallAnswer::Complete(result) => Ok(result),
+            CallAnswer::Task(created) => self.finish_task(name, &created.task, &cancel).await,
+            CallAnswer::InputRequired(_) => Err(ClientError::InputRequired {
+                server: self.server().to_owned(),
+                tool: name.to_owned(),
+            }),
+        }
+    }
+
+    /// Calls tool `name` once and returns what the server answered: a
+    /// result, a request for input (a multi round-trip request, answered by
+    /// calling again with `retry`), or a task it made of the call.
+    pub async fn call_tool_answer(
+        &self,
+        name: &str,
+        arguments: Option<JsonObject>,
+        progress: Option<ProgressSender>,
+        cancel: CancellationToken,
+        traceparent: Option<String>,
+        retry: Retry,
+    ) -> Result<CallAnswer, ClientError> {
+        use rmcp::model::RequestParamsMeta;
+        self.check_call(name, &arguments).await?;
+        let operation = format!("tools/call `{name}`");
+        let mut params = CallToolRequestParams::new(name.to_owned());
+        if let Some(arguments) = arguments {
+            params = params.with_arguments(arguments);
+        }
+        params.input_responses = retry.input_responses;
+        params.request_state = retry.request_state;
+        if let Some(traceparent) = traceparent {
+            params.set_traceparent(&traceparent);
+        }
+        let mut handle = self
+            .service
+            .send_cancellable_request(
+                ClientRequest::CallToolRequest(Request::new(params)),
+                PeerRequestOptions::no_options(),
+            )
+            .await
+            .map_err(|e| self.error(&operation, e))?;
+        let token = handle.progress_token.clone();
+        if let Some(progress) = progress {
+            self.tap.routes().insert(token.clone(), progress);
+        }
+        let outcome = tokio::select! {
+            response = &mut handle.rx => Some(response),
+            () = cancel.cancelled() => None,
+        };
+        self.tap.routes().remove(&token);
+        let response = match outcome {
+            Some(Ok(response)) => response.map_err(|e| self.error(&operation, e))?,
+            Some(Err(_)) => return Err(self.error(&operation, ServiceError::TransportClosed)),
+            None => {
+                let _ = handle.cancel(Some("cancelled by the client".into())).await;
+                return Err(ClientError::Cancelled {
+                    server: self.server().to_owned(),
+                    tool: name.to_owned(),
+                });
+            }
+        };
+        match response {
+            ServerResult::CallToolResult(result) => match self.check_output(name, &result) {
+                Some(withheld) => Err(withheld),
+                None => Ok(CallAnswer::Complete(result)),
+            },
+            ServerResult::InputRequiredResult(asked) => Ok(CallAnswer::InputRequired(asked)),
+            ServerResult::CreateTaskResult(created) => Ok(CallAnswer::Task(created)),
+            _ => Err(self.error(&operation, ServiceError::UnexpectedResponse)),
+        }
+    }
+
+    /// A result's structured content against the tool's pinned output
+    /// schema, when a lock pins it: the error that withholds it.
+    pub(crate) fn check_output(&self, name: &str, result: &CallToolResult) -> Option<ClientError> {
+        let (state, structured) = (self.pins.as_ref()?, result.structured_content.as_ref()?);
+        let violation = state.pins.check_output(name, structured).err()?;
+        Some(ClientError::InvalidOutput {
+            server: self.server().to_owned(),
+            tool: name.to_owned(),
+            violation,
+        })
+    }
+}

@@ -1,0 +1,194 @@
+//! The errors of launching, locking and talking to a server.
+
+use crate::launch::LaunchError;
+use crate::transport::Fault;
+
+/// Errors of a client session, naming the server and the operation.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error(transparent)]
+    Launch(#[from] LaunchError),
+    /// The kill switch: moat.lock's `[[revoked]]` names the server, the
+    /// tool or a digest the server runs.
+    #[error("{subject} is refused: {revocation}")]
+    Revoked {
+        server: String,
+        /// `server `x`` or `tool `t` on server `x``.
+        subject: String,
+        /// What was revoked, by whom, when and why.
+        revocation: String,
+    },
+    #[error("{operation} on server `{server}` failed: {fault}")]
+    Fault {
+        server: String,
+        operation: String,
+        fault: Fault,
+    },
+    #[error("{operation} on server `{server}`: the server answered with error {code}: {message}")]
+    Server {
+        server: String,
+        operation: String,
+        code: i32,
+        message: String,
+    },
+    #[error("{operation} on server `{server}` failed: {detail}")]
+    Protocol {
+        server: String,
+        operation: String,
+        detail: String,
+    },
+    #[error(
+        "{operation} on server `{server}` failed: {fault}. The native sandbox may be the cause: the server may read only what `moat inspect {server}` lists{denied}. Run `moat learn {server}` to see the files and addresses it uses, and grant them with `dirs` and `net`"
+    )]
+    Sandboxed {
+        server: String,
+        /// `handshake`, or the request that was in flight.
+        operation: String,
+        fault: Fault,
+        /// Paths the server's stderr names beside a denial, as ": it was
+        /// denied A, B".
+        denied: String,
+    },
+    #[error(
+        "{operation} on server `{server}` failed: {fault}. It tried to reach the network ({hosts}), which the native sandbox refuses to what `net` does not list: a server that downloads code or data when it starts (an `npm install`, `pip install` or model download at first use) needs it installed ahead of time (`moat add`), or the host granted (`net = [\"HOST:443\"]`; `moat learn {server}` shows where it connects)"
+    )]
+    NetworkRefused {
+        server: String,
+        /// `handshake`, or the request that was in flight.
+        operation: String,
+        fault: Fault,
+        /// The hosts its stderr names beside a failed lookup or
+        /// connection, or "a host its stderr does not name".
+        hosts: String,
+    },
+    #[error(
+        "handshake on server `{server}` failed: its answer to server/discover is not a discover result Moat can read ({detail})"
+    )]
+    DiscoverUnreadable { server: String, detail: String },
+    #[error(transparent)]
+    Lock(#[from] crate::lock::LockError),
+    #[cfg(unix)]
+    #[error(transparent)]
+    Learn(#[from] crate::native::learn::LearnError),
+    #[error("server `{server}` is not in {lock}: run `moat lock` to approve it")]
+    NotLocked { server: String, lock: String },
+    #[error(
+        "server `{server}`: grant {path} is not in {lock} (added since `moat lock`, or the lock predates grant pins): run `moat lock` to approve it"
+    )]
+    GrantNotLocked {
+        server: String,
+        path: String,
+        lock: String,
+    },
+    #[error("server `{server}`: {lock} is damaged: {detail}")]
+    BadLock {
+        server: String,
+        lock: String,
+        detail: String,
+    },
+    #[error(
+        "server `{server}`: the config pins sha256 {config} but the lock approved {locked}: run `moat lock` after checking which is right"
+    )]
+    LockConflict {
+        server: String,
+        config: String,
+        locked: String,
+    },
+    #[error(
+        "server `{server}`: the config names {config} but the lock approved {locked}: run `moat lock` to approve the config's"
+    )]
+    OciLockConflict {
+        server: String,
+        config: String,
+        locked: String,
+    },
+    #[error(
+        "server `{server}`: its execution identity changed since the lock (locked {locked}, now {live}): argv, cwd, environment names or measured files differ; run `moat lock` to approve"
+    )]
+    IdentityChanged {
+        server: String,
+        locked: String,
+        live: String,
+    },
+    #[error(transparent)]
+    Policy(#[from] crate::policy::PolicyError),
+    #[error(
+        "server `{server}` crashed again after {restarts} restarts in this session; giving up: {fault}"
+    )]
+    GaveUp {
+        server: String,
+        restarts: u32,
+        fault: Fault,
+    },
+    #[error(
+        "{kind} `{name}` on server `{server}` is unavailable: {status} since `moat lock` (run `moat lock` to approve it)"
+    )]
+    NotPinned {
+        server: String,
+        kind: &'static str,
+        name: String,
+        status: &'static str,
+    },
+    #[error("tool `{tool}` on server `{server}`: the call was cancelled")]
+    Cancelled { server: String, tool: String },
+    /// The server answered with a request for input (a multi round-trip
+    /// request, or a task waiting for input) that this caller cannot answer.
+    #[error(
+        "tool `{tool}` on server `{server}` asks the caller for input, which this caller cannot give (an agent on 2026-07-28 can)"
+    )]
+    InputRequired { server: String, tool: String },
+    /// A server a session still ran when moat.lock was read again and no
+    /// longer matched it: that session stops it and refuses it from then on.
+    #[error(
+        "server `{server}` is refused in this session: moat.lock was reloaded and no longer matches what this session runs ({detail}); a new session runs what the lock pins now"
+    )]
+    Stale { server: String, detail: String },
+    /// A call in flight when a revocation of what it calls came into force,
+    /// cancelled when the drain timeout passed.
+    #[error("tool `{tool}` on server `{server}`: the call was cancelled in flight: {refusal}")]
+    CancelledByRevocation {
+        server: String,
+        tool: String,
+        refusal: String,
+    },
+    /// A server of `moat serve` that failed to start, asked for again
+    /// before its next try is due: the reason of the last failure.
+    #[error("server `{server}` could not start: {reason} (Moat tries it again in {retry_in_s} s)")]
+    NotStarted {
+        server: String,
+        reason: String,
+        retry_in_s: u64,
+    },
+    #[error("tool `{tool}` on server `{server}` is unavailable: {reason}")]
+    ToolUnavailable {
+        server: String,
+        tool: String,
+        reason: String,
+    },
+    #[error(
+        "tool `{tool}` on server `{server}`: invalid params {violation} (not sent to the server)"
+    )]
+    InvalidArguments {
+        server: String,
+        tool: String,
+        violation: crate::policy::SchemaViolation,
+    },
+    #[error(
+        "tool `{tool}` on server `{server}`: structuredContent violates the pinned outputSchema {violation}; the result was withheld"
+    )]
+    InvalidOutput {
+        server: String,
+        tool: String,
+        violation: crate::policy::SchemaViolation,
+    },
+}
+
+impl ClientError {
+    /// The transport fault behind this error, if one caused it.
+    pub fn fault(&self) -> Option<&Fault> {
+        match self {
+            Self::Fault { fault, .. } => Some(fault),
+            _ => None,
+        }
+    }
+}
