@@ -813,7 +813,7 @@ fn check_writers(spec: &ServerSpec) -> Result<(), crate::grants::GrantError> {
         .ok();
     let interpreter = executable
         .as_deref()
-        .and_then(crate::native::script_interpreter);
+        .and_then(crate::script::script_interpreter);
     crate::grants::check_runs(
         &crate::grants::Runs {
             server: &spec.name,

@@ -1,32 +1,24 @@
 //! moat-host: runs MCP servers isolated, measured and bounded.
 //!
-//! Layers, each importing only from those below it:
-//! 1. Vocabulary and data: [`text`] (untrusted text made printable),
-//!    [`dirs`] (Moat's default directories), [`config`] (parse and validate `moat.toml`),
-//!    [`identity`] (digests, evidence), [`limits`], [`lock`], [`keys`],
-//!    [`seal`], [`command`] (command resolution), [`grants`], [`oci`]
-//!    (OCI references, the store of pulled components, and the pull),
-//!    [`revoke`] (what the kill switch names, and matching it).
-//! 2. The launch contract, [`instance`]: what a launcher hands up (the
-//!    launched instance, its identity with a typed sandbox report, its exit,
-//!    metrics and tracker).
-//! 3. The launchers, each with its own error type: [`wasm`] (wasmtime, with
-//!    its name lookup), `native` (a sandboxed child process, with `sandbox`
-//!    and `egress`), [`remote`] (a bridge to streamable HTTP).
-//! 4. [`transport`]: the one client transport over any launched instance;
-//!    it imports only the contract and the limits.
-//! 5. [`launch`]: which launcher runs a server, what is planned once and
-//!    what starts per instance, and [`LaunchError`] over the launchers'
-//!    errors.
-//! 6. [`session`] (one connected server: calls, tasks, listings, pins,
-//!    subscriptions, the tap on its transport, typed errors), then
-//!    [`host`] (what may be launched under the lock; measure and learn),
-//!    then [`gateway`] (`moat serve`'s agent sessions, with
-//!    the [`metrics`] it counts), [`http`] (its streamable HTTP front),
-//!    [`tasks_2025`] (2025-11-25's task requests at the wire, which rmcp
-//!    does not carry) and [`fuzz`].
-//! 7. Bringing configs in: [`importer`] (client configs), [`packages`]
-//!    (package launchers) and [`wassette`] (Wassette policies).
+//! Layers: a module imports only from its own layer and those below, and
+//! no two modules import each other, directly or round about. The table is
+//! read and held against every module's `crate::` paths by a test
+//! (`layers.rs`), so it cannot drift from the code.
+//!
+//! | layer | modules | what they are |
+//! | --- | --- | --- |
+//! | 1 | `text`, `dirs`, `identity`, `limits`, `keys`, `seal`, `command`, `script`, `tasks_2025`, `watch` | vocabulary: printable text, Moat's directories, digests and evidence, limits, keys, command and `#!` resolution, 2025-11-25's task wire, file watching |
+//! | 2 | `grants`, `config`, `revoke`, `lock`, `policy`, `oci`, `packages` | data: one module per capability, `moat.toml`, the kill switch, `moat.lock` and its pins, OCI references, package launchers |
+//! | 3 | `instance` | the launch contract: what a launcher hands up (the instance, its identity with a typed sandbox report, exit, metrics, tracker) |
+//! | 4 | `wasm`, `native`, `sandbox`, `egress`, `remote` | the launchers, each with its own error type |
+//! | 5 | `transport` | the one client transport over any launched instance |
+//! | 6 | `launch` | which launcher runs a server; planned once, started per instance |
+//! | 7 | `session` | one connected server: calls, tasks, listings, pins, subscriptions |
+//! | 8 | `host` | what may be launched under the lock; measure and learn |
+//! | 9 | `audit`, `metrics`, `trace` | what is recorded of a run |
+//! | 10 | `gateway` | `moat serve`'s agent sessions |
+//! | 11 | `http`, `fuzz` | the streamable HTTP front; `moat fuzz` |
+//! | 12 | `importer`, `wassette` | bringing configs in: client configs, Wassette policies |
 
 pub mod audit;
 pub mod command;
@@ -44,6 +36,8 @@ pub mod importer;
 pub mod instance;
 pub mod keys;
 pub mod launch;
+#[cfg(test)]
+mod layers;
 pub mod limits;
 pub mod lock;
 pub mod metrics;
@@ -56,6 +50,8 @@ pub mod remote;
 pub mod revoke;
 #[cfg(target_os = "linux")]
 pub mod sandbox;
+#[cfg(unix)]
+pub mod script;
 pub mod seal;
 pub mod session;
 pub mod tasks_2025;

@@ -21,9 +21,7 @@ pub const SYSTEM_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin
 /// present on every glibc and musl system without a locale package.
 pub const LANG: &str = "C.UTF-8";
 
-/// `HOME` in a root of the server's own: a directory made in its private
-/// `/tmp`, writable by it and by nothing else.
-pub const PRIVATE_HOME: &str = "/tmp/home";
+pub use crate::sandbox::root::PRIVATE_HOME;
 
 /// Where the server may write for itself, which decides `HOME` and
 /// `TMPDIR`.

@@ -37,6 +37,7 @@ use crate::command::{ResolveError, Resolved};
 use crate::identity::{Digest, DigestMismatch, Evidence, Expectation};
 use crate::instance::{Exit, Identity, Launched, Metrics, SandboxReport, Tracker};
 use crate::limits::{LimitHit, Limits};
+use crate::script::{ScriptError, resolve_interpreter, shebang};
 
 pub mod env;
 pub mod learn;
@@ -184,100 +185,6 @@ impl MeasuredExecutable {
     pub fn interpreter(&self) -> Option<&Interpreter> {
         self.interpreter.as_ref()
     }
-}
-
-/// The longest `#!` line read, as the kernel's (BINPRM_BUF_SIZE).
-const SHEBANG_BYTES: usize = 256;
-
-/// The `#!` line of the file behind `fd`, when it has one: the interpreter
-/// and its optional argument, split as the kernel splits them (at the first
-/// blank after the interpreter).
-fn shebang(fd: &OwnedFd, path: &Path) -> Result<Option<(String, Option<String>)>, NativeError> {
-    let mut buf = [0u8; SHEBANG_BYTES];
-    let n = rustix::io::pread(fd, &mut buf, 0).map_err(|errno| NativeError::Io {
-        syscall: "pread",
-        path: path.to_owned(),
-        source: errno.into(),
-    })?;
-    let Some(line) = buf[..n].strip_prefix(b"#!") else {
-        return Ok(None);
-    };
-    let script = |detail: &str| NativeError::Script {
-        path: path.to_owned(),
-        detail: detail.to_owned(),
-    };
-    let end = line
-        .iter()
-        .position(|b| *b == b'\n')
-        .ok_or_else(|| script(&format!("the #! line is longer than {SHEBANG_BYTES} bytes")))?;
-    let line = std::str::from_utf8(&line[..end])
-        .map_err(|_| script("the #! line is not UTF-8"))?
-        .trim_matches(|c| c == ' ' || c == '\t' || c == '\r');
-    let (interpreter, argument) = match line.split_once([' ', '\t']) {
-        Some((interpreter, rest)) => {
-            let rest = rest.trim_matches([' ', '\t']);
-            (interpreter, (!rest.is_empty()).then(|| rest.to_owned()))
-        }
-        None => (line, None),
-    };
-    if interpreter.is_empty() {
-        return Err(script("the #! line names no interpreter"));
-    }
-    Ok(Some((interpreter.to_owned(), argument)))
-}
-
-/// Resolves the interpreter the script at `path` names on its `#!` line:
-/// the file that runs, the arguments before the script, and whether it was
-/// found through `env`. `#!/usr/bin/env NAME` looks NAME up on Moat's PATH,
-/// as commands are; `env -S` splits the rest into words.
-fn resolve_interpreter(
-    path: &Path,
-    interpreter: &str,
-    argument: Option<String>,
-) -> Result<(PathBuf, Vec<String>, bool), NativeError> {
-    let script = |detail: String| NativeError::Script {
-        path: path.to_owned(),
-        detail,
-    };
-    let is_env = Path::new(interpreter).file_name() == Some(std::ffi::OsStr::new("env"));
-    if is_env {
-        let rest =
-            argument.ok_or_else(|| script(format!("`#!{interpreter}` names no program to run")))?;
-        let words: Vec<String> = match rest.strip_prefix("-S") {
-            Some(split) => split.split_whitespace().map(str::to_owned).collect(),
-            None if rest.starts_with('-') => {
-                return Err(script(format!(
-                    "`#!{interpreter} {rest}`: env options other than -S are not supported; name the interpreter directly"
-                )));
-            }
-            None => vec![rest],
-        };
-        let (name, args) = words
-            .split_first()
-            .ok_or_else(|| script(format!("`#!{interpreter} -S` names no program")))?;
-        let resolved =
-            crate::command::resolve(name, Path::new("/"), std::env::var_os("PATH").as_deref())
-                .map_err(|error| script(format!("its #! interpreter: {error}")))?;
-        Ok((resolved.target, args.to_vec(), true))
-    } else {
-        let target = std::fs::canonicalize(interpreter).map_err(|error| {
-            script(format!(
-                "its #! interpreter {interpreter} does not exist ({error})"
-            ))
-        })?;
-        Ok((target, argument.into_iter().collect(), false))
-    }
-}
-
-/// The interpreter the file at `path` names on its `#!` line, resolved,
-/// when it is a readable script whose interpreter resolves (what a config
-/// is checked against when it is loaded; the launch resolves it again).
-pub fn script_interpreter(path: &Path) -> Option<PathBuf> {
-    let fd = rustix::fs::open(path, OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty()).ok()?;
-    let (interpreter, argument) = shebang(&fd, path).ok()??;
-    resolve_interpreter(path, &interpreter, argument)
-        .ok()
-        .map(|(target, _, _)| target)
 }
 
 /// Resolves, opens and (for a measured launch) hashes the interpreter the
@@ -1750,6 +1657,23 @@ impl<R: AsyncRead + Unpin> AsyncRead for OomWatch<R> {
 impl From<crate::grants::GrantError> for NativeError {
     fn from(error: crate::grants::GrantError) -> Self {
         Self::Grant(Box::new(error))
+    }
+}
+
+impl From<ScriptError> for NativeError {
+    fn from(error: ScriptError) -> Self {
+        match error {
+            ScriptError::Io {
+                syscall,
+                path,
+                source,
+            } => Self::Io {
+                syscall,
+                path,
+                source,
+            },
+            ScriptError::Script { path, detail } => Self::Script { path, detail },
+        }
     }
 }
 

@@ -36,6 +36,10 @@ use std::sync::OnceLock;
 use crate::grants::DirMode;
 use crate::grants::OpenedGrant;
 
+/// `HOME` in a root of the server's own: a directory made in its private
+/// `/tmp`, writable by it and by nothing else.
+pub const PRIVATE_HOME: &str = "/tmp/home";
+
 /// Where the new root is built in the child's mount namespace, before it
 /// becomes `/`.
 const BASE: &str = "/tmp";
@@ -307,7 +311,7 @@ pub fn plan(inputs: &RootInputs<'_>) -> Result<RootPlan, RootError> {
     let cwd = std::fs::canonicalize(inputs.cwd).unwrap_or_else(|_| inputs.cwd.to_owned());
     items.push((cwd.clone(), Kind::Dir));
     // The server's HOME (see `native::env`), in its private /tmp.
-    items.push((PathBuf::from(crate::native::env::PRIVATE_HOME), Kind::Dir));
+    items.push((PathBuf::from(PRIVATE_HOME), Kind::Dir));
     if inputs.resolv_conf
         && let Ok(target) = std::fs::canonicalize("/etc/resolv.conf")
         && !target.starts_with("/etc")
