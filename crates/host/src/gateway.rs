@@ -2849,23 +2849,17 @@ fn limit_of(error: &ClientError) -> Option<&'static str> {
     }
 }
 
-/// The limit that stopped a typed component's call: its tool server (Moat's
-/// own code) marks the result. Only a typed component's mark is believed; a
-/// stdio server could write any `_meta`.
+/// The limit that stopped a call, as the launcher marked the result: only
+/// where what answers is Moat's own code (see
+/// [`crate::instance::Identity::marks_faults`]).
 fn typed_limit(child: &Session, answer: &rmcp::model::CallToolResult) -> Option<&'static str> {
-    let typed = child
+    if !child
         .identity()
-        .and_then(|identity| identity.component)
-        .is_some_and(|c| c.kind == crate::instance::ComponentKind::Typed);
-    if !typed {
+        .is_some_and(|identity| identity.marks_faults())
+    {
         return None;
     }
-    let fault = answer.meta.as_ref()?.get(crate::wasm::typed::FAULT_META)?;
-    let limit = fault.get("limit")?.as_str()?;
-    crate::limits::LimitHit::NAMES
-        .iter()
-        .copied()
-        .find(|name| *name == limit)
+    crate::instance::marked_limit(answer.meta.as_ref().map(|meta| &meta.0))
 }
 
 /// The error of a call cancelled before its server had started.

@@ -80,6 +80,38 @@ pub struct Identity {
     pub oci: Option<OciOrigin>,
 }
 
+impl Identity {
+    /// Whether what answers for this server is Moat's own code (a typed
+    /// component's tool server), so a [`FAULT_META`] mark on a result is
+    /// Moat's word, not the server's: a stdio server could write any
+    /// `_meta`, and its mark is never believed.
+    pub fn marks_faults(&self) -> bool {
+        self.component
+            .as_ref()
+            .is_some_and(|c| c.kind == ComponentKind::Typed)
+    }
+}
+
+/// The `_meta` key of a call that failed in the host's hands (a trap or a
+/// limit), not by the tool's own error, on a launcher that
+/// [`Identity::marks_faults`]: `{"class": "crash" | "limit" | "hang",
+/// "detail": "...", "limit": NAME}` (`limit` for a limit or a deadline:
+/// the limit's configured name).
+pub const FAULT_META: &str = "moat/fault";
+
+/// The limit a [`FAULT_META`] mark in `meta` names, as one of
+/// [`LimitHit::NAMES`](crate::limits::LimitHit::NAMES); `None` without a
+/// mark or with a name that is not a limit's.
+pub fn marked_limit(
+    meta: Option<&serde_json::Map<String, serde_json::Value>>,
+) -> Option<&'static str> {
+    let limit = meta?.get(FAULT_META)?.get("limit")?.as_str()?;
+    crate::limits::LimitHit::NAMES
+        .iter()
+        .copied()
+        .find(|name| *name == limit)
+}
+
 /// Where a pulled component came from.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OciOrigin {

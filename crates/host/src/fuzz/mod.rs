@@ -574,10 +574,10 @@ fn classify_result(
     outputs: &BTreeMap<String, jsonschema::Validator>,
 ) -> Outcome {
     // A typed component's call that trapped or hit a limit is an error
-    // result that says so (see `wasm::typed::FAULT_META`).
+    // result that says so (see `instance::FAULT_META`).
     if let Some(fault) = result
         .get("_meta")
-        .and_then(|m| m.get(crate::wasm::typed::FAULT_META))
+        .and_then(|m| m.get(crate::instance::FAULT_META))
     {
         let detail = fault["detail"].as_str().unwrap_or_default();
         let class = match fault["class"].as_str() {

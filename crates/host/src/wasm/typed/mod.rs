@@ -294,11 +294,7 @@ fn answer(tool: &TypedTool, results: &[Val]) -> CallToolResult {
     result
 }
 
-/// The `_meta` key of a typed call that failed in the host's hands (a trap
-/// or a limit), not by the tool's own `err`: `{"class": "crash" | "limit" |
-/// "hang", "detail": "...", "limit": NAME}` (`limit` for a limit or a
-/// deadline: the limit's configured name). `moat fuzz` classifies such a call by it.
-pub const FAULT_META: &str = "moat/fault";
+pub use crate::instance::FAULT_META;
 
 /// A call that trapped, hit a limit or could not start: an error result
 /// naming the tool and the reason, for this call only, marked with
