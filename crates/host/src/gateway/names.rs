@@ -1,0 +1,62 @@
+//! Exposed names: `server__tool`, what a name may be, and which names
+//! of a lock cannot be served (left out, never the whole gateway).
+
+use super::*;
+
+/// Whether `name` is a valid exposed tool name: `^[a-zA-Z0-9_-]{1,64}$`.
+pub fn valid_exposed_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+/// The exposed names of one server's tools or prompts that cannot be
+/// served: each invalid one, and each one listed twice (the first is
+/// served). (Different servers cannot collide: a server name has no `__`.)
+pub(super) fn unexposable<'a>(
+    server: &str,
+    what: &'static str,
+    names: impl IntoIterator<Item = &'a str>,
+) -> Vec<GatewayError> {
+    let mut seen = std::collections::BTreeSet::new();
+    let mut problems = Vec::new();
+    for name in names {
+        let exposed = format!("{server}{SEPARATOR}{name}");
+        if !valid_exposed_name(&exposed) {
+            problems.push(GatewayError::InvalidName {
+                server: server.to_owned(),
+                what,
+                tool: name.to_owned(),
+                exposed,
+            });
+        } else if !seen.insert(name) {
+            problems.push(GatewayError::DuplicateName {
+                server: server.to_owned(),
+                what,
+                name: name.to_owned(),
+                exposed,
+            });
+        }
+    }
+    problems
+}
+
+/// Every pinned tool and prompt of `lock` whose exposed name cannot be
+/// served, for a warning before serving: the listings leave each out and
+/// the rest is served. (Without a lock, names are only known once their
+/// servers run; the same rule applies then.)
+pub fn check_lock_names(lock: &crate::lock::Lock) -> Vec<GatewayError> {
+    lock.servers
+        .iter()
+        .flat_map(|(server, locked)| {
+            unexposable(server, "tool", locked.tools.iter().map(|t| t.name.as_str()))
+                .into_iter()
+                .chain(unexposable(
+                    server,
+                    "prompt",
+                    locked.prompts.iter().map(|p| p.name.as_str()),
+                ))
+        })
+        .collect()
+}

@@ -1,0 +1,129 @@
+//! What a call's end is recorded as: the outcome for the audit log and
+//! metrics, the limit that stopped it, the line a refusal adds, and the
+//! error the agent gets.
+
+use super::*;
+
+pub(super) fn evidence_of(child: &Session) -> String {
+    child
+        .identity()
+        .map(|identity| identity.evidence.to_string())
+        .unwrap_or_default()
+}
+
+/// The agent's error for a call refused because the audit log cannot be
+/// written: the log, the OS error and what to do.
+pub(super) fn unaudited(error: &AuditError) -> ErrorData {
+    ErrorData::internal_error(error.to_string(), None)
+}
+
+/// What the audit log says of a failed call or close: Moat's words, and
+/// only the digest of whatever text the server chose.
+pub(super) fn outcome_of(error: &ClientError) -> Outcome {
+    match error {
+        ClientError::InvalidArguments { .. } => Outcome::plain("invalid-params"),
+        ClientError::ToolUnavailable { .. } => Outcome::plain("unavailable"),
+        ClientError::Cancelled { .. } => Outcome::plain("cancelled"),
+        ClientError::Fault { fault, .. } | ClientError::GaveUp { fault, .. } => {
+            Outcome::of_fault(fault)
+        }
+        ClientError::InvalidOutput { .. } => Outcome::plain("invalid-output"),
+        // Moat's own refusals, in its own words.
+        ClientError::Revoked { .. } | ClientError::CancelledByRevocation { .. } => {
+            Outcome::plain("revoked")
+        }
+        ClientError::Stale { .. } => Outcome::plain("stale"),
+        ClientError::NotStarted { .. } => Outcome::plain("not-started"),
+        ClientError::Launch(_)
+        | ClientError::Lock(_)
+        | ClientError::NotLocked { .. }
+        | ClientError::GrantNotLocked { .. }
+        | ClientError::BadLock { .. }
+        | ClientError::LockConflict { .. }
+        | ClientError::IdentityChanged { .. } => Outcome::plain(error.to_string()),
+        // The rest may quote the server (a JSON-RPC error's message, the
+        // paths its stderr named).
+        other => Outcome::with_server_text("error", Some(&other.to_string())),
+    }
+}
+
+/// `answer` (a tool's error) with one more text block when its text shows
+/// the native sandbox refusing the server something (see
+/// [`crate::session::refusal_seen`]), and that refusal for the audit log:
+/// the agent's error carries the same line a failed start does. Only for a
+/// server under a kernel-enforced sandbox.
+pub(super) fn explained(
+    child: &Session,
+    server: &str,
+    mut answer: rmcp::model::CallToolResult,
+) -> (
+    rmcp::model::CallToolResult,
+    Option<crate::session::SeenRefusal>,
+) {
+    let Some(identity) = child.identity() else {
+        return (answer, None);
+    };
+    if !identity.sandbox.kernel_filesystem {
+        return (answer, None);
+    }
+    let text = answer
+        .content
+        .iter()
+        .filter_map(|c| c.as_text().map(|t| t.text.as_str()))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let seen = crate::session::refusal_seen(server, &text, &identity.sandbox.granted);
+    if let Some(seen) = &seen {
+        answer
+            .content
+            .push(rmcp::model::ContentBlock::text(seen.line(server)));
+    }
+    (answer, seen)
+}
+
+/// The limit that stopped a call, from its error.
+pub(super) fn limit_of(error: &ClientError) -> Option<&'static str> {
+    match error {
+        ClientError::Fault {
+            fault: crate::transport::Fault::Limit { limit, .. },
+            ..
+        }
+        | ClientError::GaveUp {
+            fault: crate::transport::Fault::Limit { limit, .. },
+            ..
+        } => Some(limit.name()),
+        _ => None,
+    }
+}
+
+/// The limit that stopped a call, as the launcher marked the result: only
+/// where what answers is Moat's own code (see
+/// [`crate::instance::Identity::marks_faults`]).
+pub(super) fn typed_limit(
+    child: &Session,
+    answer: &rmcp::model::CallToolResult,
+) -> Option<&'static str> {
+    if !child
+        .identity()
+        .is_some_and(|identity| identity.marks_faults())
+    {
+        return None;
+    }
+    crate::instance::marked_limit(answer.meta.as_ref().map(|meta| &meta.0))
+}
+
+pub(super) fn cancelled(server: &str, tool: &str) -> ErrorData {
+    to_error(ClientError::Cancelled {
+        server: server.to_owned(),
+        tool: tool.to_owned(),
+    })
+}
+
+pub(super) fn to_error(error: ClientError) -> ErrorData {
+    match &error {
+        ClientError::InvalidArguments { .. } | ClientError::ToolUnavailable { .. } => {
+            ErrorData::invalid_params(error.to_string(), None)
+        }
+        _ => ErrorData::internal_error(error.to_string(), None),
+    }
+}
