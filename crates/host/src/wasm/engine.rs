@@ -1,0 +1,409 @@
+//! The wasm engine: its configuration, and turning measured bytes into a
+//! prepared, pre-instantiated component (compiled, or loaded from Moat's
+//! own cache).
+
+use super::*;
+
+/// How long a compile runs before a terminal is told it is happening.
+pub(super) const COMPILE_NOTICE_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// One wasmtime engine and linker, shared by every wasm server.
+#[derive(Clone)]
+pub struct WasmEngine {
+    pub(super) engine: Engine,
+    pub(super) linker: Arc<Linker<HostState>>,
+    /// `linker` with wasi:http added, made when the first component that
+    /// imports it is prepared: a start-up with none pays nothing for it.
+    pub(super) http_linker: Arc<std::sync::OnceLock<Result<Arc<Linker<HostState>>, String>>>,
+    pub(super) cache_dir: Option<PathBuf>,
+    /// The cache MAC key, read or made at the first cache access.
+    pub(super) cache_key: Arc<std::sync::OnceLock<Option<crate::keys::Key>>>,
+    pub(super) prepared: Arc<Mutex<HashMap<Digest, PreparedComponent>>>,
+    pub(super) metering: Metering,
+}
+
+impl WasmEngine {
+    /// An engine with fuel metering and async support, caching compiled
+    /// components in `cache_dir` when given.
+    pub fn new(cache_dir: Option<PathBuf>) -> Result<Self, WasmError> {
+        Self::with_metering(cache_dir, Metering::default())
+    }
+
+    /// An engine that bounds guests' CPU by `metering`. Compiled code
+    /// differs between the two, and so does the cache file (its name holds
+    /// the engine's compatibility hash).
+    pub fn with_metering(
+        cache_dir: Option<PathBuf>,
+        metering: Metering,
+    ) -> Result<Self, WasmError> {
+        Self::with_options(cache_dir, metering, Allocator::default())
+    }
+
+    /// An engine bounding CPU by `metering` and allocating instances with
+    /// `allocator`. A pool that cannot be reserved (an address-space limit
+    /// on Moat itself) falls back to allocating on demand, with a warning.
+    pub fn with_options(
+        cache_dir: Option<PathBuf>,
+        metering: Metering,
+        allocator: Allocator,
+    ) -> Result<Self, WasmError> {
+        let mut config = Config::new();
+        match metering {
+            Metering::Fuel => config.consume_fuel(true),
+            Metering::Epoch => config.epoch_interruption(true),
+            Metering::Unmetered => &mut config,
+        };
+        config.wasm_component_model(true);
+        let engine = match allocator {
+            Allocator::OnDemand => Engine::new(&config),
+            Allocator::Pooling(pool) => {
+                let mut pooled = config.clone();
+                pooled.allocation_strategy(pool.config());
+                Engine::new(&pooled).or_else(|error| {
+                    tracing::warn!(%error, ?pool, "no instance pool; allocating on demand");
+                    Engine::new(&config)
+                })
+            }
+        }
+        .map_err(|e| WasmError::Engine(e.to_string()))?;
+        if metering == Metering::Epoch {
+            start_epoch_timer(&engine)?;
+        }
+        let mut linker = Linker::new(&engine);
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker)
+            .map_err(|e| WasmError::Engine(e.to_string()))?;
+        crate::wasm::lookup::add_to_linker(&mut linker)
+            .map_err(|e| WasmError::Engine(e.to_string()))?;
+        Ok(Self {
+            engine,
+            linker: Arc::new(linker),
+            http_linker: Arc::default(),
+            cache_dir,
+            cache_key: Arc::default(),
+            prepared: Arc::default(),
+            metering,
+        })
+    }
+
+    /// The engine's compatibility hash: precompiled code is only valid for an
+    /// engine with the same hash.
+    pub fn compatibility_hash(&self) -> String {
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        self.engine
+            .precompile_compatibility_hash()
+            .hash(&mut hasher);
+        format!("{:016x}", hasher.finish())
+    }
+
+    /// The cache directory, when one is configured.
+    pub fn cache_dir(&self) -> Option<&Path> {
+        self.cache_dir.as_deref()
+    }
+
+    /// The cache key: read from the cache directory, or made there once.
+    /// `None` (and no caching) when neither works.
+    pub(super) fn key(&self) -> Option<crate::keys::Key> {
+        *self.cache_key.get_or_init(|| {
+            let dir = self.cache_dir.as_ref()?;
+            match crate::keys::user_key(dir, CACHE_KEY_FILE) {
+                Ok(key) => Some(key),
+                Err(error) => {
+                    tracing::warn!(dir = %dir.display(), %error, "no cache key; compiled components are not cached");
+                    None
+                }
+            }
+        })
+    }
+
+    /// The cache file for a component with this digest.
+    pub fn cache_path(&self, digest: Digest) -> Option<PathBuf> {
+        self.cache_dir
+            .as_ref()
+            .map(|dir| dir.join(format!("{digest}-{}.cwasm", self.compatibility_hash())))
+    }
+
+    /// Seals of file digests, in the cache directory under the cache key.
+    pub fn sealer(&self) -> Option<crate::seal::Sealer> {
+        Some(crate::seal::Sealer::new(
+            self.key()?,
+            self.cache_dir.as_ref()?.join("seals"),
+        ))
+    }
+
+    /// The component's digest: from its seal when the file is unchanged
+    /// since it was last hashed (no read), else hashed from the bytes read
+    /// through one descriptor (and sealed). The bytes, when they were read.
+    pub(super) fn measure(
+        &self,
+        path: &Path,
+    ) -> Result<(Digest, Option<Vec<u8>>, DigestSource), WasmError> {
+        use std::io::Read as _;
+        let read_error = |source| WasmError::Read {
+            path: path.to_owned(),
+            source,
+        };
+        let mut file = std::fs::File::open(path).map_err(read_error)?;
+        let meta = file.metadata().map_err(read_error)?;
+        let mut bytes = None;
+        let mut hash = || {
+            let mut read = Vec::with_capacity(meta.len() as usize);
+            file.read_to_end(&mut read).map_err(read_error)?;
+            let digest = Digest::of(&read);
+            bytes = Some(read);
+            Ok::<_, WasmError>(digest)
+        };
+        let (digest, source) = match self.sealer() {
+            Some(sealer) => sealer.digest(path, &meta, hash)?,
+            None => (hash()?, DigestSource::Hashed),
+        };
+        Ok((digest, bytes, source))
+    }
+
+    /// Measures the component at `path` (see [`Self::measure`]), checks its
+    /// digest against `expected`, and loads its compiled form from the cache
+    /// (mapped, not copied, when its seal holds) or compiles the very bytes
+    /// that were hashed, then pre-instantiates it. Compilation runs off the
+    /// async runtime.
+    pub async fn prepare(
+        &self,
+        path: &Path,
+        expected: Expectation,
+    ) -> Result<PreparedComponent, WasmError> {
+        let (digest, bytes, source) = {
+            let this = self.clone();
+            let owned = path.to_owned();
+            tokio::task::spawn_blocking(move || this.measure(&owned))
+                .await
+                .map_err(|e| WasmError::Compile {
+                    path: path.to_owned(),
+                    detail: e.to_string(),
+                })??
+        };
+        expected
+            .check(digest)
+            .map_err(|mismatch| WasmError::Digest {
+                path: path.to_owned(),
+                mismatch,
+            })?;
+        let known = self
+            .prepared
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&digest)
+            .cloned();
+        if let Some(mut prepared) = known {
+            prepared.cache = CacheOutcome::Memory;
+            prepared.digest_source = source;
+            return Ok(prepared);
+        }
+        let this = self.clone();
+        let owned_path = path.to_owned();
+        let (component, cache, bytes) =
+            tokio::task::spawn_blocking(move || this.compile_or_load(&owned_path, digest, bytes))
+                .await
+                .map_err(|e| WasmError::Compile {
+                    path: path.to_owned(),
+                    detail: e.to_string(),
+                })??;
+        let instance_pre = self
+            .linker_for(&component)
+            .map_err(|detail| WasmError::Link {
+                path: path.to_owned(),
+                detail,
+            })?
+            .instantiate_pre(&component)
+            .map_err(|e| WasmError::Link {
+                path: path.to_owned(),
+                detail: format!("{e:#}"),
+            })?;
+        let kind = if exports_cli_run(&component, &self.engine) {
+            let pre = CommandPre::new(instance_pre).map_err(|e| WasmError::Link {
+                path: path.to_owned(),
+                detail: format!("not a wasi:cli command component: {e:#}"),
+            })?;
+            Kind::Command(pre)
+        } else {
+            // Docs are read from the measured bytes only.
+            let bytes = match bytes {
+                Some(bytes) => bytes,
+                None => {
+                    let owned = path.to_owned();
+                    tokio::task::spawn_blocking(move || read_measured(&owned, digest))
+                        .await
+                        .map_err(|e| WasmError::Compile {
+                            path: path.to_owned(),
+                            detail: e.to_string(),
+                        })??
+                }
+            };
+            let docs = typed::schema::PackageDocs::find(&bytes);
+            let typed = typed::TypedComponent::new(instance_pre, &component, &self.engine, docs)
+                .map_err(|detail| WasmError::Link {
+                    path: path.to_owned(),
+                    detail,
+                })?;
+            for skipped in typed.skipped() {
+                tracing::warn!(
+                    component = %path.display(),
+                    export = %skipped.export,
+                    reason = %skipped.reason,
+                    "exported function is not a tool"
+                );
+            }
+            Kind::Typed(Arc::new(typed))
+        };
+        let prepared = PreparedComponent {
+            engine: self.engine.clone(),
+            metering: self.metering,
+            digest,
+            cache,
+            digest_source: source,
+            kind,
+        };
+        self.prepared
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(digest, prepared.clone());
+        Ok(prepared)
+    }
+
+    /// The linker for `component`: with wasi:http when it imports any of
+    /// it (every request is then refused unless granted, see `http`).
+    pub(super) fn linker_for(
+        &self,
+        component: &Component,
+    ) -> Result<Arc<Linker<HostState>>, String> {
+        let imports_http = component
+            .component_type()
+            .imports(&self.engine)
+            .any(|(name, _)| name.starts_with("wasi:http/"));
+        if !imports_http {
+            return Ok(self.linker.clone());
+        }
+        self.http_linker
+            .get_or_init(|| {
+                let mut linker = (*self.linker).clone();
+                wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)
+                    .map(|()| Arc::new(linker))
+                    .map_err(|e| format!("adding wasi:http to the linker: {e:#}"))
+            })
+            .clone()
+    }
+
+    pub(super) fn compile_or_load(
+        &self,
+        path: &Path,
+        digest: Digest,
+        bytes: Option<Vec<u8>>,
+    ) -> Result<(Component, CacheOutcome, Option<Vec<u8>>), WasmError> {
+        let cached = match (self.cache_path(digest), self.key()) {
+            (Some(cache_path), Some(key)) => Some((cache_path, key)),
+            _ => None,
+        };
+        let outcome = match &cached {
+            None => CacheOutcome::Compiled,
+            Some((cache_path, key)) => {
+                let context = MacContext {
+                    key,
+                    digest,
+                    engine: self.compatibility_hash(),
+                };
+                match context.load(&self.engine, cache_path) {
+                    Ok((component, outcome)) => return Ok((component, outcome, bytes)),
+                    Err(outcome) => outcome,
+                }
+            }
+        };
+        // Compile exactly the bytes whose digest was checked: read them now
+        // if the digest came from a seal, and hash them again.
+        let bytes = match bytes {
+            Some(bytes) => bytes,
+            None => read_measured(path, digest)?,
+        };
+        let component = self.compile(path, &bytes)?;
+        if let Some((cache_path, key)) = &cached {
+            let context = MacContext {
+                key,
+                digest,
+                engine: self.compatibility_hash(),
+            };
+            if let Err(error) = write_cache(cache_path, &context, &component) {
+                tracing::warn!(path = %cache_path.display(), %error, "could not write cache file");
+            }
+        }
+        Ok((component, outcome, Some(bytes)))
+    }
+
+    /// Compiles `bytes`. A compile that takes longer than
+    /// [`COMPILE_NOTICE_AFTER`] says so on stderr when that is a terminal,
+    /// and says when it is done: a first start is then never a silent wait.
+    pub(super) fn compile(&self, path: &Path, bytes: &[u8]) -> Result<Component, WasmError> {
+        use std::io::IsTerminal as _;
+        tracing::debug!(path = %path.display(), bytes = bytes.len(), "compiling component");
+        let started = std::time::Instant::now();
+        let (done, finished) = std::sync::mpsc::channel::<()>();
+        let notice = std::io::stderr().is_terminal().then(|| {
+            let shown = crate::text::printable(&path.display().to_string());
+            let size = bytes.len();
+            std::thread::spawn(move || {
+                match finished.recv_timeout(COMPILE_NOTICE_AFTER) {
+                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                        eprintln!(
+                            "moat: compiling {shown} ({} KiB; the first start only, it is cached afterwards)...",
+                            size / 1024
+                        );
+                        let _ = finished.recv();
+                        true
+                    }
+                    _ => false,
+                }
+            })
+        });
+        let compiled = Component::new(&self.engine, bytes).map_err(|e| WasmError::Compile {
+            path: path.to_owned(),
+            detail: format!("{e:#}"),
+        });
+        drop(done);
+        if notice.is_some_and(|n| n.join().unwrap_or(false)) {
+            eprintln!(
+                "moat: compiled {} in {:.1} s",
+                crate::text::printable(&path.display().to_string()),
+                started.elapsed().as_secs_f64()
+            );
+        }
+        compiled
+    }
+}
+
+/// The bytes at `path`, which must still have `digest` (read afresh when
+/// the digest came from a seal, and hashed again).
+pub(super) fn read_measured(path: &Path, digest: Digest) -> Result<Vec<u8>, WasmError> {
+    let bytes = std::fs::read(path).map_err(|source| WasmError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    if Digest::of(&bytes) != digest {
+        return Err(WasmError::Read {
+            path: path.to_owned(),
+            source: std::io::Error::other("the file changed while it was prepared"),
+        });
+    }
+    Ok(bytes)
+}
+
+/// Advances `engine`'s epoch every [`EPOCH_TICK`] on a thread of its own,
+/// which ends once the engine is dropped.
+pub(super) fn start_epoch_timer(engine: &Engine) -> Result<(), WasmError> {
+    let weak = engine.weak();
+    std::thread::Builder::new()
+        .name("moat-epoch".into())
+        .spawn(move || {
+            while let Some(engine) = weak.upgrade() {
+                engine.increment_epoch();
+                drop(engine);
+                std::thread::sleep(EPOCH_TICK);
+            }
+        })
+        .map(drop)
+        .map_err(|e| WasmError::Engine(format!("starting the epoch timer thread: {e}")))
+}
