@@ -15,7 +15,6 @@ use moat_host::{Config, Digest, Host, Session};
 
 mod fuzz;
 mod packages;
-mod stdio;
 
 /// Run MCP servers isolated, measured and bounded.
 #[derive(Parser)]
@@ -479,7 +478,7 @@ async fn run(command: Command) -> Result<ExitCode> {
             watch,
             ..
         } => {
-            let allowed = moat_host::http::Allowed {
+            let allowed = moat_host::front::http::Allowed {
                 hosts: allow_hosts,
                 origins: allow_origins,
             };
@@ -1147,11 +1146,11 @@ async fn serve_http(
     audit: Option<&Path>,
     addr: std::net::SocketAddr,
     token: Option<String>,
-    allowed: moat_host::http::Allowed,
+    allowed: moat_host::front::http::Allowed,
     reload: Reload,
 ) -> Result<ExitCode> {
     if !addr.ip().is_loopback() && token.is_none() {
-        bail!(moat_host::http::HttpError::TokenRequired { addr });
+        bail!(moat_host::front::http::HttpError::TokenRequired { addr });
     }
     let gateway = gateway_for(config_path, locked, audit).await?;
     reload_on_hangup(&gateway, config_path, reload.watch)?;
@@ -1167,7 +1166,8 @@ async fn serve_http(
             _ = terminate.recv() => {}
         }
     };
-    let failures = moat_host::http::serve(gateway, listener, token, allowed, shutdown).await?;
+    let failures =
+        moat_host::front::http::serve(gateway, listener, token, allowed, shutdown).await?;
     Ok(close_status(&failures))
 }
 
@@ -1315,7 +1315,6 @@ async fn serve(
     metrics: Option<std::net::SocketAddr>,
     reload: Reload,
 ) -> Result<ExitCode> {
-    use rmcp::ServiceExt;
     let gateway = gateway_for(config_path, locked, audit).await?;
     reload_on_hangup(&gateway, config_path, reload.watch)?;
     let stop_probes = tokio_util::sync::CancellationToken::new();
@@ -1325,10 +1324,10 @@ async fn serve(
             .with_context(|| format!("--metrics: binding {addr}"))?;
         let bound = listener.local_addr().context("--metrics: local address")?;
         if !bound.ip().is_loopback() {
-            bail!(moat_host::http::HttpError::MetricsNotLoopback { addr: bound });
+            bail!(moat_host::front::http::HttpError::MetricsNotLoopback { addr: bound });
         }
         eprintln!("moat: serving metrics at http://{bound}/metrics");
-        let probes = moat_host::http::serve_probes(
+        let probes = moat_host::front::http::serve_probes(
             gateway.clone(),
             listener,
             stop_probes.clone().cancelled_owned(),
@@ -1340,40 +1339,16 @@ async fn serve(
         });
     }
     let _stop_probes = stop_probes.drop_guard();
-    let session = gateway.session();
-    // 2025-11-25's task requests and declarations, which rmcp does not
-    // carry, rewritten at the wire for an agent on that revision.
-    let (input, output) = stdio::agent();
-    let wire = std::sync::Arc::new(moat_host::tasks_2025::Wire::new(false));
-    let service = session
-        .clone()
-        .serve((
-            moat_host::tasks_2025::Reader::new(input, wire.clone()),
-            moat_host::tasks_2025::Writer::new(output, wire),
-        ))
-        .await
-        .context("starting the MCP session on stdio")?;
-    let cancel = service.cancellation_token();
-    let mut waiting = tokio::spawn(service.waiting());
+    let agent = moat_host::front::stdio::Agent::start(&gateway).await?;
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .context("installing the SIGTERM handler")?;
-    let signalled = tokio::select! {
-        result = &mut waiting => {
-            // stdin EOF (or a broken connection): the agent is gone.
-            if let Ok(Err(error)) = result {
-                tracing::warn!(%error, "agent session ended with an error");
-            }
-            false
+    let shutdown = async move {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = terminate.recv() => {}
         }
-        _ = tokio::signal::ctrl_c() => true,
-        _ = terminate.recv() => true,
     };
-    // Drain while the agent can still receive the answers, then stop.
-    let failures = session.close().await;
-    if signalled {
-        cancel.cancel();
-        let _ = waiting.await;
-    }
+    let failures = agent.serve_until(shutdown).await;
     Ok(close_status(&failures))
 }
 

@@ -20,7 +20,8 @@
 //!    errors.
 //! 6. [`client`] (a connected session with a server, lock enforcement,
 //!    typed errors), then [`gateway`] (`moat serve`'s agent sessions, with
-//!    the [`metrics`] it counts), [`http`] (its streamable HTTP front),
+//!    the [`metrics`] it counts), [`front`] (its agent-facing fronts:
+//!    streamable HTTP and stdio),
 //!    [`tasks_2025`] (2025-11-25's task requests at the wire, which rmcp
 //!    does not carry) and [`fuzz`].
 //! 7. Bringing configs in: [`importer`] (client configs), [`packages`]
@@ -33,10 +34,10 @@ pub mod config;
 pub mod dirs;
 #[cfg(target_os = "linux")]
 pub mod egress;
+pub mod front;
 pub mod fuzz;
 pub mod gateway;
 pub mod grants;
-pub mod http;
 pub mod identity;
 pub mod importer;
 pub mod instance;
