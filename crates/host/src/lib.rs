@@ -52,10 +52,12 @@ pub mod oci;
 pub mod packages;
 pub mod policy;
 pub mod remote;
+pub mod report;
 pub mod revoke;
 #[cfg(target_os = "linux")]
 pub mod sandbox;
 pub mod seal;
+pub mod setup;
 pub mod tasks_2025;
 pub mod text;
 pub mod trace;

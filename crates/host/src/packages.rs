@@ -17,6 +17,9 @@
 //! pip with `--only-binary=:all:` (no source builds), and an install is
 //! built in a temporary directory beside its final place and renamed into
 //! it whole.
+//!
+//! [`update`] moves an installed server to a newer version, with the
+//! tools' diff shown first.
 
 use std::ffi::OsStr;
 use std::fmt::Write as _;
@@ -25,6 +28,8 @@ use std::process::{Command, Stdio};
 
 pub use crate::config::{Ecosystem, PackageRecord};
 use crate::identity::Digest;
+
+pub mod update;
 
 /// Why a package could not be recognised, resolved or installed.
 #[derive(Debug, thiserror::Error)]
