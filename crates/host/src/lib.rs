@@ -3,7 +3,8 @@
 //! Layers, each importing only from those below it:
 //! 1. Vocabulary and data: [`text`] (untrusted text made printable),
 //!    [`dirs`] (Moat's default directories), [`config`] (parse and validate `moat.toml`),
-//!    [`identity`] (digests, evidence), [`limits`], [`lock`], [`keys`],
+//!    [`identity`] (digests, evidence), [`limits`], [`lock`] (the file;
+//!    its [`lock::relock`] is in layer 8), [`keys`],
 //!    [`seal`], [`command`] (command resolution), [`grants`], [`oci`]
 //!    (OCI references, the store of pulled components, and the pull),
 //!    [`revoke`] (what the kill switch names, and matching it).
@@ -21,11 +22,19 @@
 //! 6. [`client`] (a connected session with a server, lock enforcement,
 //!    typed errors), then [`gateway`] (`moat serve`'s agent sessions, with
 //!    the [`metrics`] it counts), [`front`] (its agent-facing fronts:
-//!    streamable HTTP and stdio),
-//!    [`tasks_2025`] (2025-11-25's task requests at the wire, which rmcp
-//!    does not carry) and [`fuzz`].
+//!    [`front::http`], streamable HTTP with its limits and probes, and
+//!    [`front::stdio`], one agent on the process's stdio), [`tasks_2025`]
+//!    (2025-11-25's task requests at the wire, which rmcp does not carry)
+//!    and [`fuzz`].
 //! 7. Bringing configs in: [`importer`] (client configs), [`packages`]
 //!    (package launchers) and [`wassette`] (Wassette policies).
+//! 8. What the CLI's commands call, each the procedure of one command:
+//!    [`setup`] (a [`Host`] and a gateway from a config path: the engine,
+//!    the lock, the paths no grant may overlap, the audit log),
+//!    [`report`] (what `moat tools` and `moat inspect` show of a server, as
+//!    data), [`lock::relock`] (`moat lock`, re-pinning one server, `moat
+//!    revoke`), [`packages::update`] (`moat update`) and
+//!    [`importer::add_to_config`] (`moat add`). Nothing below imports them.
 
 pub mod audit;
 pub mod client;
