@@ -1,7 +1,8 @@
 //! Import: turns a Claude Desktop `claude_desktop_config.json`
 //! (`mcpServers`) or a VS Code `.vscode/mcp.json` (`servers`) into
 //! `moat.toml` entries, measuring each command's digest at import, and says
-//! what it could not carry over.
+//! what it could not carry over; and `moat add`'s one server, from its
+//! command line, written to moat.toml ([`add_to_config`]).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -14,6 +15,9 @@ use crate::grants::DirMode;
 use crate::grants::fs::package_root;
 use crate::grants::toml::string as toml_string;
 use crate::identity::Digest;
+
+mod add;
+pub use add::{AddError, Added, add_to_config};
 
 /// Errors reading a client config.
 #[derive(Debug, thiserror::Error)]

@@ -46,13 +46,13 @@ fn modules(src: &Path) -> BTreeMap<String, Vec<PathBuf>> {
         if name == "lib" || name == "layers" {
             continue;
         }
-        let mut files = Vec::new();
+        // `NAME.rs` and `NAME/` are one module.
+        let files = modules.entry(name).or_insert_with(Vec::new);
         if path.is_dir() {
-            walk(&path, &mut files);
+            walk(&path, files);
         } else {
             files.push(path);
         }
-        modules.insert(name, files);
     }
     modules
 }

@@ -17,8 +17,9 @@
 //! | 8 | `host` | what may be launched under the lock; measure and learn |
 //! | 9 | `audit`, `metrics`, `trace` | what is recorded of a run |
 //! | 10 | `gateway` | `moat serve`'s agent sessions |
-//! | 11 | `http`, `fuzz` | the streamable HTTP front; `moat fuzz` |
-//! | 12 | `importer`, `wassette` | bringing configs in: client configs, Wassette policies |
+//! | 11 | `front`, `fuzz` | the agent-facing fronts (streamable HTTP, stdio); `moat fuzz` |
+//! | 12 | `importer`, `wassette` | bringing configs in: client configs, Wassette policies, `moat add` |
+//! | 13 | `setup`, `report`, `relock`, `update` | what the CLI's commands call, each the procedure of one command: a host and a gateway from a config path, what `moat tools` and `moat inspect` show, `moat lock` and `moat revoke`, `moat update` |
 
 pub mod audit;
 pub mod command;
@@ -26,11 +27,11 @@ pub mod config;
 pub mod dirs;
 #[cfg(target_os = "linux")]
 pub mod egress;
+pub mod front;
 pub mod fuzz;
 pub mod gateway;
 pub mod grants;
 pub mod host;
-pub mod http;
 pub mod identity;
 pub mod importer;
 pub mod instance;
@@ -46,7 +47,9 @@ pub mod native;
 pub mod oci;
 pub mod packages;
 pub mod policy;
+pub mod relock;
 pub mod remote;
+pub mod report;
 pub mod revoke;
 #[cfg(target_os = "linux")]
 pub mod sandbox;
@@ -54,10 +57,12 @@ pub mod sandbox;
 pub mod script;
 pub mod seal;
 pub mod session;
+pub mod setup;
 pub mod tasks_2025;
 pub mod text;
 pub mod trace;
 pub mod transport;
+pub mod update;
 pub mod wasm;
 pub mod wassette;
 pub mod watch;

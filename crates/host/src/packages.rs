@@ -17,6 +17,9 @@
 //! pip with `--only-binary=:all:` (no source builds), and an install is
 //! built in a temporary directory beside its final place and renamed into
 //! it whole.
+//!
+//! [`update`] moves an installed server to a newer version, with the
+//! tools' diff shown first.
 
 use std::ffi::OsStr;
 use std::fmt::Write as _;

@@ -2,6 +2,7 @@
 //! digests, execution identity and evidence, and the canonical definition of
 //! every tool with its pin. Human-readable TOML, written byte-identically
 //! when nothing changed (sorted maps, sorted tools, canonical JSON).
+//! [`relock`] holds the procedures that measure servers and rewrite it.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -2,7 +2,7 @@
 //! the reports. The fuzzing itself is `moat_host::fuzz`.
 
 use std::io::{IsTerminal, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -13,12 +13,67 @@ use moat_host::lock::Lock;
 use moat_host::text::printable;
 use moat_host::{Config, ServerSpec};
 
-use crate::FuzzArgs;
+#[derive(clap::Args)]
+pub struct Args {
+    /// The config file.
+    #[arg(long, short, env = "MOAT_CONFIG", default_value = "moat.toml")]
+    config: PathBuf,
+    /// The server, as named in the config (with --replay: the case file's
+    /// server unless given).
+    server: Option<String>,
+    /// Fuzz only this tool (repeatable); default: every tool listed.
+    #[arg(long = "tool", value_name = "NAME")]
+    tools: Vec<String>,
+    /// How long to generate cases (`90s`, `2m`, `500ms`; a bare number is
+    /// seconds). Default 60s. Shrinking comes after.
+    #[arg(long, value_name = "DURATION", conflicts_with = "runs")]
+    time: Option<String>,
+    /// Generate exactly N cases instead.
+    #[arg(long, value_name = "N")]
+    runs: Option<u64>,
+    /// Seed of the case generator: the same seed, server and corpus give the
+    /// same cases in the same order. Default: from the clock (printed).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Inputs to mutate (`*.json` cases) and where findings are saved, under
+    /// `findings/`. Default: moat-fuzz/<server>.
+    #[arg(long, value_name = "DIR")]
+    corpus: Option<PathBuf>,
+    /// Write a report to FILE: JUnit XML when it ends in `.xml`, JSON
+    /// otherwise (repeatable).
+    #[arg(long = "report", value_name = "FILE")]
+    reports: Vec<PathBuf>,
+    /// Run one saved case on a fresh instance and report what it does now;
+    /// exits 1 if it is still a finding.
+    #[arg(long, value_name = "CASE", conflicts_with_all = ["time", "runs", "seed", "tools"])]
+    replay: Option<PathBuf>,
+    /// A fresh instance for every case (default: one instance is reused
+    /// until a case breaks it).
+    #[arg(long)]
+    fresh: bool,
+    /// Instances running cases at once (default: the number of CPUs, at
+    /// most 8). Cases are generated in the same order whatever this is.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=256))]
+    jobs: Option<u16>,
+    /// Lowers the server's request_timeout_ms for the run (never raises it):
+    /// a case without an answer by then is a hang.
+    #[arg(long, value_name = "DURATION", default_value = "5s")]
+    case_timeout: String,
+    /// Shrinking: at most this many candidate runs per finding.
+    #[arg(long, value_name = "N", default_value_t = 500)]
+    shrink_attempts: u32,
+    /// Shrinking: at most this long per finding.
+    #[arg(long, value_name = "DURATION", default_value = "30s")]
+    shrink_time: String,
+    /// Write every case, in order, as a JSON line to FILE (to compare runs).
+    #[arg(long, value_name = "FILE")]
+    log_cases: Option<PathBuf>,
+}
 
 /// How often the progress line is redrawn.
 const PROGRESS_EVERY: Duration = Duration::from_millis(250);
 
-pub async fn run(args: FuzzArgs) -> Result<ExitCode> {
+pub async fn run(args: Args) -> Result<ExitCode> {
     let config = Config::load(&args.config)?;
     let case_timeout = parse_duration(&args.case_timeout).context("--case-timeout")?;
     if let Some(path) = &args.replay {
@@ -59,7 +114,7 @@ pub async fn run(args: FuzzArgs) -> Result<ExitCode> {
             .map(usize::from)
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get().min(8))),
     };
-    let host = crate::new_host(&args.config)?;
+    let host = moat_host::setup::new_host(&args.config)?;
     let runner = Runner::start(host, spec, options.fresh, options.case_timeout).await?;
     eprintln!(
         "moat fuzz: server `{server}` ({}), seed {seed}, {budget}, {} job(s), corpus {}",
@@ -139,7 +194,7 @@ pub async fn run(args: FuzzArgs) -> Result<ExitCode> {
 
 /// `--replay CASE`: one case on a fresh instance.
 async fn replay(
-    args: &FuzzArgs,
+    args: &Args,
     config: &Config,
     path: &Path,
     case_timeout: Duration,
@@ -155,7 +210,7 @@ async fn replay(
         ),
     };
     let spec = spec_for(&args.config, config, server)?;
-    let host = crate::new_host(&args.config)?;
+    let host = moat_host::setup::new_host(&args.config)?;
     let mut runner = Runner::start(host, spec, true, Some(case_timeout)).await?;
     let outcome = runner.run_fresh(&file.case).await;
     runner.close().await;

@@ -1,6 +1,8 @@
-//! The agent's stdio for `moat serve`: read and written by the runtime
-//! itself where the kernel can say when a descriptor is ready, else on two
-//! threads of its own.
+//! The stdio front of `moat serve`: one agent session on the process's
+//! stdin and stdout ([`Agent`]), with 2025-11-25's task requests and
+//! declarations rewritten at the wire ([`crate::tasks_2025`]), and the
+//! agent's stdio itself, read and written by the runtime where the kernel
+//! can say when a descriptor is ready, else on two threads of its own.
 //!
 //! A pipe or socket (what an agent gives the server it spawns) is polled
 //! through the runtime's epoll: a message from the agent wakes the thread
@@ -31,6 +33,83 @@ use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::mpsc;
 
+use crate::ClientError;
+use crate::gateway::{AgentSession, Gateway};
+use crate::tasks_2025::{Reader, Wire, Writer};
+
+/// Why the stdio front could not serve.
+#[derive(Debug, thiserror::Error)]
+pub enum StdioError {
+    #[error("starting the MCP session on stdio")]
+    Start(#[source] rmcp::service::ServerInitializeError),
+}
+
+/// One agent session of a gateway on the process's stdin and stdout, its
+/// handshake done.
+pub struct Agent {
+    session: AgentSession,
+    cancel: rmcp::service::RunningServiceCancellationToken,
+    waiting: tokio::task::JoinHandle<Result<rmcp::service::QuitReason, tokio::task::JoinError>>,
+}
+
+impl Agent {
+    /// Starts `gateway`'s session for the agent on stdio: the handshake
+    /// with the agent, served from then on in a task of its own. Must be
+    /// called inside the runtime.
+    pub async fn start(gateway: &Gateway) -> Result<Self, StdioError> {
+        use rmcp::ServiceExt;
+        let session = gateway.session();
+        // 2025-11-25's task requests and declarations, which rmcp does not
+        // carry, rewritten at the wire for an agent on that revision.
+        let (input, output) = agent();
+        let wire = std::sync::Arc::new(Wire::new(false));
+        let service = session
+            .clone()
+            .serve((Reader::new(input, wire.clone()), Writer::new(output, wire)))
+            .await
+            .map_err(StdioError::Start)?;
+        let cancel = service.cancellation_token();
+        let waiting = tokio::spawn(service.waiting());
+        Ok(Self {
+            session,
+            cancel,
+            waiting,
+        })
+    }
+
+    /// Serves the agent until stdin closes (the agent is gone) or
+    /// `shutdown` resolves. Then every child is closed, while the agent can
+    /// still receive the answers, and the session stops. Returns the
+    /// servers that failed to close.
+    pub async fn serve_until(
+        self,
+        shutdown: impl Future<Output = ()>,
+    ) -> Vec<(String, ClientError)> {
+        let Self {
+            session,
+            cancel,
+            mut waiting,
+        } = self;
+        let signalled = tokio::select! {
+            result = &mut waiting => {
+                // stdin EOF (or a broken connection): the agent is gone.
+                if let Ok(Err(error)) = result {
+                    tracing::warn!(%error, "agent session ended with an error");
+                }
+                false
+            }
+            () = shutdown => true,
+        };
+        // Drain while the agent can still receive the answers, then stop.
+        let failures = session.close().await;
+        if signalled {
+            cancel.cancel();
+            let _ = waiting.await;
+        }
+        failures
+    }
+}
+
 /// Chunks in flight each way: a slow agent slows the gateway's writes
 /// instead of growing a buffer.
 const CHUNKS: usize = 16;
@@ -38,7 +117,7 @@ const CHUNKS: usize = 16;
 const CHUNK_BYTES: usize = 64 * 1024;
 
 /// Stdin, read on a dedicated thread.
-pub struct Stdin {
+pub(crate) struct Stdin {
     chunks: mpsc::Receiver<std::io::Result<Vec<u8>>>,
     current: Vec<u8>,
     offset: usize,
@@ -52,19 +131,19 @@ enum Out {
 }
 
 /// Stdout, written on a dedicated thread.
-pub struct Stdout {
+pub(crate) struct Stdout {
     chunks: tokio_util::sync::PollSender<Out>,
     flushing: Option<tokio::sync::oneshot::Receiver<()>>,
 }
 
 /// The agent's end of stdin: polled by the runtime, or read on a thread.
-pub enum AgentIn {
+pub(crate) enum AgentIn {
     Polled(Polled),
     Thread(Stdin),
 }
 
 /// The agent's end of stdout: polled by the runtime, or written on a thread.
-pub enum AgentOut {
+pub(crate) enum AgentOut {
     Polled(Polled),
     Thread(Stdout),
 }
@@ -72,7 +151,7 @@ pub enum AgentOut {
 /// The process's stdin and stdout, each polled by the runtime where that is
 /// safe (see the module docs), else served by a thread of its own. Must be
 /// called inside the runtime.
-pub fn agent() -> (AgentIn, AgentOut) {
+pub(crate) fn agent() -> (AgentIn, AgentOut) {
     let (stdin, stdout, stderr) = (std::io::stdin(), std::io::stdout(), std::io::stderr());
     let input = match polled(
         stdin.as_fd(),
@@ -96,7 +175,11 @@ pub fn agent() -> (AgentIn, AgentOut) {
 /// `fd` polled by the runtime for `interest`, when it is a pipe or socket
 /// that none of `others` shares, and it can be registered with the
 /// runtime's reactor.
-pub fn polled(fd: BorrowedFd<'_>, others: &[BorrowedFd<'_>], interest: Interest) -> Option<Polled> {
+pub(crate) fn polled(
+    fd: BorrowedFd<'_>,
+    others: &[BorrowedFd<'_>],
+    interest: Interest,
+) -> Option<Polled> {
     let identity = |fd: BorrowedFd<'_>| {
         rustix::fs::fstat(fd).ok().map(|stat| {
             (
@@ -134,7 +217,7 @@ pub fn polled(fd: BorrowedFd<'_>, others: &[BorrowedFd<'_>], interest: Interest)
 }
 
 /// A pipe or socket of the agent's, non-blocking while Moat serves it.
-pub struct Polled {
+pub(crate) struct Polled {
     fd: AsyncFd<std::fs::File>,
     /// The file's flags before Moat made it non-blocking.
     restore: OFlags,
@@ -237,7 +320,7 @@ impl AsyncWrite for AgentOut {
 
 /// `input` and `output`, each served by a thread of its own.
 #[cfg(test)]
-pub fn dedicated_to(
+pub(crate) fn dedicated_to(
     input: impl Read + Send + 'static,
     output: impl Write + Send + 'static,
 ) -> (Stdin, Stdout) {
