@@ -61,6 +61,70 @@ pub struct Launched {
     pub answers_deadlines: bool,
 }
 
+/// A server that runs as a task of Moat's own (a wasm instance, the tool
+/// server of a typed component, the bridge to a remote server), before it
+/// is started: its side of the stdio and what it hands up. [`Self::spawn`]
+/// makes the one [`Launched`] every such launcher hands the transport.
+pub struct InProcess {
+    /// The host's end of the server's stdin.
+    pub stdin: Box<dyn AsyncWrite + Send + Unpin>,
+    /// The host's end of the server's stdout.
+    pub stdout: Box<dyn AsyncRead + Send + Unpin>,
+    /// The host's end of the server's stderr.
+    pub stderr: Box<dyn AsyncRead + Send + Unpin>,
+    /// What was measured about it.
+    pub identity: Identity,
+    /// Counters it keeps while it runs.
+    pub metrics: Arc<Metrics>,
+    /// Called each time a request is sent (a fresh CPU budget); `None`
+    /// when there is none to refresh.
+    pub on_request: Option<Box<dyn Fn() + Send + Sync>>,
+    /// Asks it to stop; `None` to stop it at once (abort its task).
+    pub terminate: Option<Box<dyn Fn() + Send + Sync>>,
+    /// See [`Launched::answers_deadlines`].
+    pub answers_deadlines: bool,
+}
+
+impl InProcess {
+    /// Runs `run` as a task the tracker counts; its result is the exit.
+    /// Stopping aborts the task. `what` names it in the debug log.
+    pub fn spawn(
+        self,
+        server: &str,
+        what: &'static str,
+        tracker: &Arc<Tracker>,
+        run: impl std::future::Future<Output = Exit> + Send + 'static,
+    ) -> Launched {
+        let (exit_tx, exit) = watch::channel(None);
+        let guard = tracker.enter();
+        let server = server.to_owned();
+        let task = tokio::spawn(async move {
+            let _guard = guard;
+            let status = run.await;
+            tracing::debug!(%server, ?status, "{what} stopped");
+            let _ = exit_tx.send(Some(status));
+        });
+        let abort = task.abort_handle();
+        let terminate = self.terminate.unwrap_or_else({
+            let abort = task.abort_handle();
+            move || Box::new(move || abort.abort())
+        });
+        Launched {
+            stdin: self.stdin,
+            stdout: self.stdout,
+            stderr: self.stderr,
+            exit,
+            task,
+            terminate,
+            stop: Box::new(move || abort.abort()),
+            on_request: self.on_request.unwrap_or_else(|| Box::new(|| {})),
+            metrics: self.metrics,
+            identity: self.identity,
+            answers_deadlines: self.answers_deadlines,
+        }
+    }
+}
+
 /// What was measured about a running server.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Identity {

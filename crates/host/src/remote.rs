@@ -18,12 +18,11 @@ use rmcp::transport::streamable_http_client::{
     StreamableHttpClientTransport, StreamableHttpClientTransportConfig,
 };
 use tokio::io::{AsyncBufReadExt, AsyncWrite, AsyncWriteExt, BufReader};
-use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::identity::Evidence;
-use crate::instance::{Exit, Identity, Launched, Metrics, SandboxReport, Tracker};
+use crate::instance::{Exit, Identity, InProcess, Launched, Metrics, SandboxReport, Tracker};
 use crate::limits::Limits;
 
 /// Bytes buffered in each in-memory pipe between the bridge and the transport.
@@ -160,36 +159,13 @@ pub(crate) async fn launch(
     let (stdin_host, stdin_bridge) = tokio::io::duplex(PIPE_BYTES);
     let (stdout_bridge, stdout_host) = tokio::io::duplex(PIPE_BYTES);
     let (stderr_bridge, stderr_host) = tokio::io::duplex(PIPE_BYTES);
-    let (exit_tx, exit) = watch::channel(None);
     let closing = CancellationToken::new();
-    let guard = tracker.enter();
     let name = launch.name.clone();
     let bridge_closing = closing.clone();
-    let task = tokio::spawn(async move {
-        let _guard = guard;
-        let status = bridge(
-            &name,
-            remote,
-            stdin_bridge,
-            stdout_bridge,
-            stderr_bridge,
-            bridge_closing,
-        )
-        .await;
-        tracing::debug!(server = %name, ?status, "remote session ended");
-        let _ = exit_tx.send(Some(status));
-    });
-    let abort = task.abort_handle();
-    Ok(Launched {
+    let started = InProcess {
         stdin: Box::new(stdin_host),
         stdout: Box::new(stdout_host),
         stderr: Box::new(stderr_host),
-        exit,
-        task,
-        terminate: Box::new(move || closing.cancel()),
-        stop: Box::new(move || abort.abort()),
-        on_request: Box::new(|| {}), // no CPU budget to refresh
-        metrics: Arc::new(Metrics::default()),
         identity: Identity {
             digest: None,
             measured: Vec::new(),
@@ -202,8 +178,25 @@ pub(crate) async fn launch(
             component: None,
             oci: None,
         },
+        metrics: Arc::new(Metrics::default()),
+        // No CPU budget to refresh.
+        on_request: None,
+        terminate: Some(Box::new(move || closing.cancel())),
         answers_deadlines: false,
-    })
+    };
+    Ok(
+        started.spawn(&launch.name, "remote session", &tracker, async move {
+            bridge(
+                &name,
+                remote,
+                stdin_bridge,
+                stdout_bridge,
+                stderr_bridge,
+                bridge_closing,
+            )
+            .await
+        }),
+    )
 }
 
 /// Moves JSON lines from the host to the remote session and the remote's

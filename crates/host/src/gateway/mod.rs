@@ -30,6 +30,7 @@ pub use crate::config::SEPARATOR;
 
 mod generation;
 mod handler;
+mod listings;
 mod names;
 mod own_task;
 mod record;
@@ -2212,20 +2213,11 @@ impl AgentSession {
         Some(parked)
     }
 
-    /// Every server's prompts, as `server__prompt`.
+    /// Every server's prompts, named `server__name`; a name that cannot be
+    /// exposed is hidden, with a warning.
     pub async fn prompts(&self) -> Result<Vec<rmcp::model::Prompt>, ClientError> {
         let mut exposed = Vec::new();
-        for server in self.servers() {
-            let Some(child) = self.listable(&server).await else {
-                continue;
-            };
-            let prompts = match child.list_prompts().await {
-                Ok(prompts) => prompts,
-                Err(error) => {
-                    tracing::warn!(%server, %error, "prompts/list failed; its prompts are left out of this listing");
-                    continue;
-                }
-            };
+        for (server, prompts) in self.gather::<rmcp::model::Prompt>().await {
             let mut seen = std::collections::BTreeSet::new();
             for mut prompt in prompts {
                 let name = format!("{server}{SEPARATOR}{}", prompt.name);
@@ -2245,17 +2237,7 @@ impl AgentSession {
     pub async fn resources(&self) -> Result<Vec<rmcp::model::Resource>, ClientError> {
         let mut exposed = Vec::new();
         let mut owners = BTreeMap::new();
-        for server in self.servers() {
-            let Some(child) = self.listable(&server).await else {
-                continue;
-            };
-            let resources = match child.list_resources().await {
-                Ok(resources) => resources,
-                Err(error) => {
-                    tracing::warn!(%server, %error, "resources/list failed; its resources are left out of this listing");
-                    continue;
-                }
-            };
+        for (server, resources) in self.gather::<rmcp::model::Resource>().await {
             for mut resource in resources {
                 if let Some(other) = owners.insert(resource.uri.clone(), server.clone()) {
                     return Err(ClientError::Protocol {
@@ -2273,6 +2255,25 @@ impl AgentSession {
         }
         *self.resource_owners.lock().await = owners;
         Ok(exposed)
+    }
+
+    /// What each server lists of `T`, in server order. A server that cannot
+    /// start, or whose listing fails, is left out (with a warning), never
+    /// the whole listing.
+    async fn gather<T: listings::Listed>(&self) -> Vec<(String, Vec<T>)> {
+        let mut gathered = Vec::new();
+        for server in self.servers() {
+            let Some(child) = self.listable(&server).await else {
+                continue;
+            };
+            match T::list(&child).await {
+                Ok(items) => gathered.push((server, items)),
+                Err(error) => {
+                    tracing::warn!(%server, %error, method = T::METHOD, "listing failed; what the server lists is left out of this listing");
+                }
+            }
+        }
+        gathered
     }
 
     fn servers(&self) -> Vec<String> {

@@ -250,35 +250,26 @@ impl PreparedComponent {
         let requests = Arc::new(AtomicU64::new(0));
         let state = setup.state(stdin_guest, stdout_guest, stderr_guest, requests.clone())?;
         let metrics = setup.metrics.clone();
-        let (exit_tx, exit) = watch::channel(None);
         let pre = pre.clone();
-        let name = launch.name.clone();
-        let guard = tracker.enter();
-        let task = tokio::spawn(async move {
-            let _guard = guard;
-            // The grants' descriptors stay open while the instance runs.
-            let _setup = setup;
-            let status = runner.run_command(&pre, state).await;
-            tracing::debug!(server = %name, ?status, "instance stopped");
-            let _ = exit_tx.send(Some(status));
-        });
-        let abort = task.abort_handle();
-        let terminate = task.abort_handle();
-        Ok(Launched {
+        let started = crate::instance::InProcess {
             stdin: Box::new(stdin_host),
             stdout: Box::new(stdout_host),
             stderr: Box::new(stderr_host),
-            exit,
-            task,
-            terminate: Box::new(move || terminate.abort()),
-            stop: Box::new(move || abort.abort()),
-            on_request: Box::new(move || {
-                requests.fetch_add(1, Ordering::SeqCst);
-            }),
-            metrics,
             identity,
+            metrics,
+            on_request: Some(Box::new(move || {
+                requests.fetch_add(1, Ordering::SeqCst);
+            })),
+            terminate: None,
             answers_deadlines: false,
-        })
+        };
+        Ok(
+            started.spawn(&launch.name, "instance", tracker, async move {
+                // The grants' descriptors stay open while the instance runs.
+                let _setup = setup;
+                runner.run_command(&pre, state).await
+            }),
+        )
     }
 
     /// What the sandbox of an instance of `launch` enforces.

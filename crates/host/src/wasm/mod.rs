@@ -42,7 +42,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use sha2::Sha256;
-use tokio::sync::watch;
 use wasmtime::component::{Component, Linker, ResourceTable};
 use wasmtime::{CallHook, Config, Engine, ResourceLimiter, Store, Trap};
 use wasmtime_wasi::p2::bindings::CommandPre;

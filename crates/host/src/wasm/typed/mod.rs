@@ -27,7 +27,6 @@ use rmcp::model::{
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, ServerHandler};
 use serde_json::Value;
-use tokio::sync::watch;
 use wasmtime::component::{Component, ComponentExportIndex, Instance, InstancePre, Type, Val};
 use wasmtime::{Engine, Store};
 
@@ -137,12 +136,20 @@ pub(crate) fn launch(
             session: tokio::sync::Mutex::new(None),
         }),
     };
-    let (exit_tx, exit) = watch::channel(None);
     let name = launch.name.clone();
-    let guard = tracker.enter();
-    let task = tokio::spawn(async move {
-        let _guard = guard;
-        let status = match rmcp::serve_server(server, (stdin_server, stdout_server)).await {
+    let started = crate::instance::InProcess {
+        stdin: Box::new(stdin_host),
+        stdout: Box::new(stdout_host),
+        stderr: Box::new(stderr_host),
+        identity,
+        metrics,
+        // Every call has its own budget.
+        on_request: None,
+        terminate: None,
+        answers_deadlines: true,
+    };
+    started.spawn(&launch.name, "typed tool server", tracker, async move {
+        match rmcp::serve_server(server, (stdin_server, stdout_server)).await {
             Ok(running) => match running.waiting().await {
                 Ok(_) => Exit::Code(0),
                 Err(error) => Exit::Crashed(format!("the tool server's task failed: {error}")),
@@ -152,26 +159,8 @@ pub(crate) fn launch(
                 tracing::debug!(server = %name, %error, "typed tool server ended before serving");
                 Exit::Code(0)
             }
-        };
-        tracing::debug!(server = %name, ?status, "typed tool server stopped");
-        let _ = exit_tx.send(Some(status));
-    });
-    let abort = task.abort_handle();
-    let terminate = task.abort_handle();
-    Launched {
-        stdin: Box::new(stdin_host),
-        stdout: Box::new(stdout_host),
-        stderr: Box::new(stderr_host),
-        exit,
-        task,
-        terminate: Box::new(move || terminate.abort()),
-        stop: Box::new(move || abort.abort()),
-        // Every call has its own budget.
-        on_request: Box::new(|| {}),
-        metrics,
-        identity,
-        answers_deadlines: true,
-    }
+        }
+    })
 }
 
 /// The MCP server in front of one typed component, for one session.
