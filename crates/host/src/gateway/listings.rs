@@ -6,6 +6,8 @@ use rmcp::model::{Prompt, Resource};
 
 use crate::session::{ClientError, Session};
 
+use super::*;
+
 /// A kind of listed thing.
 pub(super) trait Listed: Sized {
     /// The method that lists it, for what is logged.
@@ -30,5 +32,153 @@ impl Listed for Resource {
 
     async fn list(session: &Session) -> Result<Vec<Self>, ClientError> {
         session.list_resources().await
+    }
+}
+
+impl AgentSession {
+    /// Every server's tools, as `server__tool`, in server order.
+    pub async fn tools(&self) -> Result<Vec<Tool>, ClientError> {
+        let mut exposed = Vec::new();
+        for server in self.servers() {
+            if self.generation.refusal(&server, None, None).is_some() {
+                continue;
+            }
+            let Some(child) = self.listable(&server).await else {
+                continue;
+            };
+            if self
+                .generation
+                .refusal(&server, None, Some(&child))
+                .is_some()
+            {
+                drop(child);
+                self.stop_refused().await;
+                continue;
+            }
+            let tools = match child.list_tools().await {
+                Ok(tools) => tools,
+                Err(error) => {
+                    tracing::warn!(%server, %error, "tools/list failed; its tools are left out of this listing");
+                    continue;
+                }
+            };
+            let mut seen = std::collections::BTreeSet::new();
+            for mut tool in tools {
+                let name = format!("{server}{SEPARATOR}{}", tool.name);
+                if self
+                    .generation
+                    .refusal(&server, Some(&tool.name), None)
+                    .is_some()
+                {
+                    tracing::debug!(%server, tool = %tool.name, "revoked in moat.lock; hidden");
+                    continue;
+                }
+                let problem = if !valid_exposed_name(&name) {
+                    Some(GatewayError::InvalidName {
+                        server: server.clone(),
+                        what: "tool",
+                        tool: tool.name.to_string(),
+                        exposed: name.clone(),
+                    })
+                } else if !seen.insert(tool.name.clone()) {
+                    Some(GatewayError::DuplicateName {
+                        server: server.clone(),
+                        what: "tool",
+                        name: tool.name.to_string(),
+                        exposed: name.clone(),
+                    })
+                } else {
+                    None
+                };
+                if let Some(problem) = problem {
+                    tracing::warn!("{problem}");
+                    continue;
+                }
+                tool.name = name.into();
+                exposed.push(tool);
+            }
+        }
+        Ok(exposed)
+    }
+
+    /// Every server's prompts, named `server__name`; a name that cannot be
+    /// exposed is hidden, with a warning.
+    pub async fn prompts(&self) -> Result<Vec<rmcp::model::Prompt>, ClientError> {
+        let mut exposed = Vec::new();
+        for (server, prompts) in self.gather::<rmcp::model::Prompt>().await {
+            let mut seen = std::collections::BTreeSet::new();
+            for mut prompt in prompts {
+                let name = format!("{server}{SEPARATOR}{}", prompt.name);
+                if valid_exposed_name(&name) && seen.insert(prompt.name.clone()) {
+                    prompt.name = name;
+                    exposed.push(prompt);
+                } else {
+                    tracing::warn!(%server, prompt = %prompt.name, "prompt name not exposable; hidden");
+                }
+            }
+        }
+        Ok(exposed)
+    }
+
+    /// Every server's resources, named `server__name`, URIs unchanged. Two
+    /// servers listing the same URI is an error naming both.
+    pub async fn resources(&self) -> Result<Vec<rmcp::model::Resource>, ClientError> {
+        let mut exposed = Vec::new();
+        let mut owners = BTreeMap::new();
+        for (server, resources) in self.gather::<rmcp::model::Resource>().await {
+            for mut resource in resources {
+                if let Some(other) = owners.insert(resource.uri.clone(), server.clone()) {
+                    return Err(ClientError::Protocol {
+                        server: server.clone(),
+                        operation: "resources/list".into(),
+                        detail: format!(
+                            "resource {} is listed by both `{other}` and `{server}`",
+                            resource.uri
+                        ),
+                    });
+                }
+                resource.name = format!("{server}{SEPARATOR}{}", resource.name);
+                exposed.push(resource);
+            }
+        }
+        *self.resource_owners.lock().await = owners;
+        Ok(exposed)
+    }
+
+    /// What each server lists of `T`, in server order. A server that cannot
+    /// start, or whose listing fails, is left out (with a warning), never
+    /// the whole listing.
+    pub(super) async fn gather<T: listings::Listed>(&self) -> Vec<(String, Vec<T>)> {
+        let mut gathered = Vec::new();
+        for server in self.servers() {
+            let Some(child) = self.listable(&server).await else {
+                continue;
+            };
+            match T::list(&child).await {
+                Ok(items) => gathered.push((server, items)),
+                Err(error) => {
+                    tracing::warn!(%server, %error, method = T::METHOD, "listing failed; what the server lists is left out of this listing");
+                }
+            }
+        }
+        gathered
+    }
+
+    pub(super) fn servers(&self) -> Vec<String> {
+        self.generation.config.servers.keys().cloned().collect()
+    }
+
+    /// `server`'s child for a listing, or `None` when the listing leaves it
+    /// out: it failed to start (now or before, its next try not yet due;
+    /// see [`start_failures`]). One server that cannot start
+    /// never hides the others.
+    pub(super) async fn listable(&self, server: &str) -> Option<Arc<Session>> {
+        match self.child(server).await {
+            Ok(child) => Some(child),
+            Err(error) => {
+                tracing::debug!(%server, %error, "left out of the listing");
+                None
+            }
+        }
     }
 }

@@ -60,3 +60,19 @@ pub fn check_lock_names(lock: &crate::lock::Lock) -> Vec<GatewayError> {
         })
         .collect()
 }
+
+/// 128 random bits, in hex: a name nobody else can guess.
+pub(super) fn unguessable() -> String {
+    let mut nonce = [0u8; 16];
+    if let Err(error) = getrandom::fill(&mut nonce) {
+        // Never seen on Linux (getrandom(2) blocks until seeded); the name
+        // then stays unique, though no longer secret.
+        tracing::warn!(%error, "no randomness for a capability: using the clock");
+        nonce = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos()
+            .to_le_bytes();
+    }
+    nonce.iter().map(|b| format!("{b:02x}")).collect()
+}

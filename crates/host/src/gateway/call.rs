@@ -1,0 +1,400 @@
+//! One `tools/call`, from the routed name to the recorded answer: admit,
+//! check the gate, get the child, call it (through the bridge for an older
+//! server), follow rounds of input, and record the end.
+
+use super::*;
+
+/// Where a call goes: the server, its tool and the child that runs it.
+#[derive(Clone, Copy)]
+pub(super) struct Target<'a> {
+    pub(super) server: &'a str,
+    pub(super) tool: &'a str,
+    pub(super) child: &'a Arc<Session>,
+}
+
+/// Whether the agent of a request takes requests for input (2026-07-28).
+pub(super) fn takes_input(context: &RequestContext<RoleServer>) -> bool {
+    context
+        .protocol_version()
+        .is_some_and(|version| version >= rmcp::model::ProtocolVersion::V_2026_07_28)
+}
+
+/// Marks a server's result as complete when it does not say: a server
+/// before 2026-07-28 never does, and an agent on 2026-07-28 is always told
+/// (rmcp takes the mark off again for an older agent).
+pub(super) fn complete(result_type: &mut Option<rmcp::model::ResultType>) {
+    result_type.get_or_insert(rmcp::model::ResultType::COMPLETE);
+}
+
+/// A call's parts besides its target and arguments.
+pub(super) struct CallParts {
+    /// The agent that called, when it came through a connection (not an
+    /// in-process call): asked for input on a server's behalf.
+    pub(super) agent: Option<Peer<RoleServer>>,
+    pub(super) progress: Option<ProgressSender>,
+    pub(super) cancel: CancellationToken,
+    pub(super) traceparent: Option<String>,
+    pub(super) retry: Retry,
+    pub(super) takes: Takes,
+}
+
+/// What an agent can take in answer to a call besides a result, by its
+/// revision and capabilities.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Takes {
+    /// A task (the agent declared the tasks extension).
+    pub tasks: bool,
+    /// A request for its input (a multi round-trip request: 2026-07-28).
+    pub input: bool,
+    /// Its connection outlives the call (stdio, or an HTTP session): a
+    /// server's own request for input can wait at the gateway for the
+    /// agent's retry (see [`Parked`]).
+    pub held: bool,
+}
+
+impl AgentSession {
+    /// Calls `server__tool` on the right child, audited.
+    pub async fn call(
+        &self,
+        name: &str,
+        arguments: Option<rmcp::model::JsonObject>,
+    ) -> Result<rmcp::model::CallToolResult, ErrorData> {
+        self.call_forwarding(name, arguments, None, CancellationToken::new(), None)
+            .await
+    }
+
+    /// Splits `server__tool` into a configured server and its tool.
+    pub(super) fn route_tool<'n>(&self, name: &'n str) -> Result<(&'n str, &'n str), ErrorData> {
+        let (server, tool) = name.split_once(SEPARATOR).ok_or_else(|| {
+            ErrorData::invalid_params(
+                format!("no tool {name:?}: tools are named server__tool"),
+                None,
+            )
+        })?;
+        if !self.generation.config.servers.contains_key(server) {
+            return Err(ErrorData::invalid_params(
+                format!("no server {server:?} behind tool {name:?}"),
+                None,
+            ));
+        }
+        Ok((server, tool))
+    }
+
+    /// Splits `server__name` into a configured server and the name.
+    pub(super) fn route<'n>(&self, name: &'n str) -> Result<(&'n str, &'n str), ErrorData> {
+        let (server, rest) = name.split_once(SEPARATOR).ok_or_else(|| {
+            ErrorData::invalid_params(format!("no {name:?}: names are server__name"), None)
+        })?;
+        if !self.generation.config.servers.contains_key(server) {
+            return Err(ErrorData::invalid_params(
+                format!("no server {server:?} behind {name:?}"),
+                None,
+            ));
+        }
+        Ok((server, rest))
+    }
+
+    /// Calls `server__tool`, forwarding the child's progress to `progress`
+    /// and the agent's cancellation (`cancel`) to the child, in a span of
+    /// its own: a child of the agent's `traceparent` (from the request's
+    /// `_meta`), which is passed on to the server.
+    pub async fn call_forwarding(
+        &self,
+        name: &str,
+        arguments: Option<rmcp::model::JsonObject>,
+        progress: Option<ProgressSender>,
+        cancel: CancellationToken,
+        traceparent: Option<&str>,
+    ) -> Result<rmcp::model::CallToolResult, ErrorData> {
+        let (server, tool) = self.route_tool(name)?;
+        let answer = self
+            .call_rounds(
+                server,
+                tool,
+                arguments,
+                progress,
+                cancel,
+                traceparent,
+                Retry::default(),
+                Takes::default(),
+                None,
+            )
+            .await?;
+        match answer {
+            CallToolResponse::Complete(result) => Ok(result),
+            _ => Err(ErrorData::internal_error(
+                format!(
+                    "tool {name:?} answered with a task or a request for input, which this caller cannot take"
+                ),
+                None,
+            )),
+        }
+    }
+
+    /// Calls `tool` on `server` (routed already) for an agent that can take
+    /// what `takes` says: a task or a request for input from the server is
+    /// handed on if it can, and otherwise followed to its end (a task) or
+    /// refused (input). `retry` carries the agent's answers to an earlier
+    /// request for input back to the server, as they are.
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "one call's parts, as the agent sent them"
+    )]
+    pub(super) async fn call_rounds(
+        &self,
+        server: &str,
+        tool: &str,
+        arguments: Option<rmcp::model::JsonObject>,
+        progress: Option<ProgressSender>,
+        cancel: CancellationToken,
+        traceparent: Option<&str>,
+        retry: Retry,
+        takes: Takes,
+        agent: Option<Peer<RoleServer>>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        use tracing::Instrument;
+        // Parsed once: an invalid traceparent is neither parent nor passed on.
+        let parent = traceparent.and_then(crate::trace::parse);
+        let span = crate::trace::call_span(&self.id, server, tool, parent.as_ref());
+        let passed_on = crate::trace::passed_on(&span, parent.as_ref());
+        // Boxed, as the call within it is: a call's future holds the
+        // child's start, the call and the audit, several kilobytes that
+        // were copied at every move (into the span, into rmcp's task).
+        Box::pin(self.call_in_span(
+            server,
+            tool,
+            arguments,
+            CallParts {
+                agent,
+                progress,
+                cancel,
+                traceparent: passed_on,
+                retry,
+                takes,
+            },
+            &span,
+        ))
+        .instrument(span.clone())
+        .await
+    }
+
+    /// [`AgentSession::call_rounds`] within `span`.
+    pub(super) async fn call_in_span(
+        &self,
+        server: &str,
+        tool: &str,
+        arguments: Option<rmcp::model::JsonObject>,
+        parts: CallParts,
+        span: &tracing::Span,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let CallParts {
+            agent,
+            progress,
+            cancel,
+            traceparent,
+            retry,
+            takes,
+        } = parts;
+        // An agent before 2026-07-28 that can be asked for input: Moat asks
+        // it on the server's behalf and calls again, so it keeps the call's
+        // arguments for that.
+        let agent = agent.filter(|agent| !takes.input && can_ask(agent, None));
+        let again = agent.as_ref().map(|_| arguments.clone());
+        // Cancelled by the agent, by close once the drain timeout passes, or
+        // by a revocation of what it calls; a start still under way is
+        // dropped, which leaves nothing running.
+        let cancel_call = self.cancel_calls.child_token();
+        let _in_flight = self.admit(Some(Ticket {
+            server: server.to_owned(),
+            tool: tool.to_owned(),
+            cancel: cancel_call.clone(),
+        }))?;
+        // Checked once the ticket is registered: a revocation that comes
+        // into force after this check finds the call and drains it.
+        if let Some(error) = self.generation.refusal(server, Some(tool), None) {
+            return Err(to_error(error));
+        }
+        // What the audit records of the call: only computed for a log.
+        let audited = self.gateway.audit.is_some();
+        let arguments_json = if audited {
+            serde_json::to_vec(&arguments).unwrap_or_default()
+        } else {
+            Vec::new()
+        };
+        let started = Instant::now();
+        // A retry of a call that an earlier stateless request parked: the
+        // call runs on in the session held under its state, on that
+        // session's instance, and none is started here for it.
+        let holder = retry
+            .request_state
+            .as_deref()
+            .filter(|state| state.starts_with(PARKED_STATE))
+            .and_then(|state| self.parked_runner(state));
+        let runs_in = holder.as_ref().unwrap_or(self);
+        let child = tokio::select! {
+            child = runs_in.child(server) => child.map_err(to_error)?,
+            () = cancel_call.cancelled() => return Err(self.cancellation(server, tool, None, &cancel)),
+            () = cancel.cancelled() => return Err(cancelled(server, tool)),
+        };
+        // The digest it measured may be revoked: then it stops too.
+        if let Some(error) = self.generation.refusal(server, Some(tool), Some(&child)) {
+            drop(child);
+            self.stop_refused().await;
+            return Err(to_error(error));
+        }
+        // Its launch may be what the log could not record.
+        if let Some(error) = self.gateway.audit_failure() {
+            return Err(unaudited(&error));
+        }
+        let fuel_before = child.metrics().fuel_consumed();
+        let mut call = Box::pin(async {
+            let mut answer = if child.is_current() {
+                child
+                    .call_tool_answer(
+                        tool,
+                        arguments,
+                        progress.clone(),
+                        cancel_call.clone(),
+                        traceparent.clone(),
+                        retry,
+                    )
+                    .await?
+            } else {
+                self.older_answer(
+                    Target {
+                        server,
+                        tool,
+                        child: &child,
+                    },
+                    arguments,
+                    progress.clone(),
+                    &cancel_call,
+                    traceparent.clone(),
+                    retry,
+                    agent.as_ref(),
+                    takes,
+                )
+                .await?
+            };
+            let mut rounds = 0;
+            while let (CallAnswer::InputRequired(asked), Some(agent)) = (&answer, &agent) {
+                let requests = asked.input_requests.clone().unwrap_or_default();
+                if rounds == INPUT_ROUNDS || !can_ask(agent, Some(&requests)) {
+                    break;
+                }
+                rounds += 1;
+                let retry = Retry {
+                    input_responses: Some(
+                        ask_agent(agent, server, &format!("tool `{tool}`"), &requests).await?,
+                    ),
+                    request_state: asked.request_state.clone(),
+                };
+                answer = child
+                    .call_tool_answer(
+                        tool,
+                        again.clone().flatten(),
+                        progress.clone(),
+                        cancel_call.clone(),
+                        traceparent.clone(),
+                        retry,
+                    )
+                    .await?;
+            }
+            match answer {
+                CallAnswer::Task(created) if takes.tasks => Ok(CallToolResponse::Task(
+                    self.issue_task(server, tool, created, takes.held),
+                )),
+                CallAnswer::Task(created) => child
+                    .finish_task(tool, &created.task, &cancel_call)
+                    .await
+                    .map(CallToolResponse::Complete),
+                CallAnswer::InputRequired(asked) if takes.input => {
+                    Ok(CallToolResponse::InputRequired(asked))
+                }
+                CallAnswer::InputRequired(_) => Err(ClientError::InputRequired {
+                    server: server.to_owned(),
+                    tool: tool.to_owned(),
+                }),
+                CallAnswer::Complete(result) => Ok(CallToolResponse::Complete(result)),
+            }
+        });
+        let result = loop {
+            tokio::select! {
+                result = &mut call => break result,
+                () = cancel.cancelled(), if !cancel_call.is_cancelled() => cancel_call.cancel(),
+            }
+        };
+        drop(call);
+        let result = result.map_err(|error| match error {
+            ClientError::Cancelled { .. } if !cancel.is_cancelled() => {
+                match self.generation.refusal(server, Some(tool), Some(&child)) {
+                    Some(refusal) => ClientError::CancelledByRevocation {
+                        server: server.to_owned(),
+                        tool: tool.to_owned(),
+                        refusal: refusal.to_string(),
+                    },
+                    None => error,
+                }
+            }
+            error => error,
+        });
+        // A tool's error that shows the sandbox refusing it says so.
+        let (result, seen) = match result {
+            Ok(CallToolResponse::Complete(answer)) if answer.is_error == Some(true) => {
+                let (answer, seen) = explained(&child, server, answer);
+                (Ok(CallToolResponse::Complete(answer)), seen)
+            }
+            other => (other, None),
+        };
+        let fuel = child.metrics().fuel_consumed() - fuel_before;
+        let elapsed = started.elapsed();
+        let (outcome, limit) = match &result {
+            Ok(CallToolResponse::Complete(answer)) if answer.is_error == Some(true) => {
+                (Outcome::plain("tool-error"), typed_limit(&child, answer))
+            }
+            Ok(CallToolResponse::Task(_)) => (Outcome::plain("task"), None),
+            Ok(CallToolResponse::InputRequired(_)) => (Outcome::plain("input-required"), None),
+            Ok(_) => (Outcome::plain("ok"), None),
+            Err(error) => (outcome_of(error), limit_of(error)),
+        };
+        self.gateway
+            .metrics
+            .call(server, tool, &outcome.outcome, elapsed, fuel, limit);
+        crate::trace::record_end(span, &outcome.outcome, elapsed, fuel, limit);
+        if !audited {
+            return result.map_err(to_error);
+        }
+        let result_json = result.as_ref().ok().and_then(|r| match r {
+            CallToolResponse::Complete(r) => serde_json::to_vec(r).ok(),
+            CallToolResponse::InputRequired(r) => serde_json::to_vec(r).ok(),
+            CallToolResponse::Task(r) => serde_json::to_vec(r).ok(),
+            _ => None,
+        });
+        // Fails closed: an answer that cannot be recorded is not given (the
+        // server did the work; the agent gets the log's error instead).
+        if let Some(seen) = seen {
+            self.audit(Event::SandboxRefused {
+                session: self.id.clone(),
+                server: server.to_owned(),
+                during: format!("tools/call {tool}"),
+                kind: seen.kind.to_owned(),
+                subject: seen.subject,
+            })
+            .map_err(|error| unaudited(&error))?;
+        }
+        self.audit(Event::ToolCall {
+            session: self.id.clone(),
+            server: server.to_owned(),
+            tool: tool.to_owned(),
+            arguments_sha256: Digest::of(&arguments_json).to_string(),
+            arguments_bytes: arguments_json.len(),
+            result_sha256: result_json.as_ref().map(|r| Digest::of(r).to_string()),
+            result_bytes: result_json.as_ref().map_or(0, Vec::len),
+            duration_ms: elapsed.as_millis() as u64,
+            fuel,
+            outcome,
+        })
+        .map_err(|error| unaudited(&error))?;
+        result.map_err(to_error)
+    }
+}

@@ -1,0 +1,345 @@
+//! Starting a session's children: on first use, under the server's own
+//! launch slot, from a spare of the name check when one fits, with a
+//! backoff after a crash; a server that cannot start is held back, told
+//! to the agent and the audit log once, and retried in the background.
+
+use super::*;
+
+impl AgentSession {
+    /// Tries `server` again when its next try is due, and again after
+    /// each failure, until it starts (then the agent is told its tools
+    /// changed) or the session closes; one such task per server.
+    pub(super) fn retry_later(&self, server: &str) {
+        if !self
+            .retrying
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(server.to_owned())
+        {
+            return;
+        }
+        let state = Arc::downgrade(&self.state);
+        let close_on_drop = Arc::downgrade(&self.close_on_drop);
+        let closing = self.closing.clone();
+        // The session, while someone else still holds it.
+        let session = move || {
+            Some(AgentSession {
+                state: state.upgrade()?,
+                close_on_drop: close_on_drop.upgrade()?,
+            })
+        };
+        let server = server.to_owned();
+        tokio::spawn(async move {
+            loop {
+                let due = {
+                    let Some(state) = session() else { return };
+                    state
+                        .generation
+                        .failures
+                        .held_back(&server)
+                        .map(|failure| failure.retry_in())
+                        .unwrap_or_default()
+                };
+                tokio::select! {
+                    () = closing.cancelled() => return,
+                    () = tokio::time::sleep(due) => {}
+                }
+                let Some(state) = session() else { return };
+                if state.child(&server).await.is_ok() {
+                    state
+                        .retrying
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .remove(&server);
+                    tracing::info!(session = %state.id, %server, "started on a later try; its tools are listed again");
+                    state.tell_tools_changed(&server).await;
+                    return;
+                }
+            }
+        });
+    }
+
+    /// The child for `server`, started on first use within this session.
+    /// A running child of this session with the same execution identity
+    /// and the same configuration (apart from the name) serves it too.
+    /// A child that crashed is restarted on the next call, after a backoff
+    /// (100 ms, doubling), at most [`MAX_RESTARTS`] times per session.
+    ///
+    /// Starting holds only `server`'s launch slot: calls to the session's
+    /// other servers go on meanwhile, and `children` is locked only to look
+    /// up and to insert.
+    pub(super) async fn child(&self, server: &str) -> Result<Arc<Session>, ClientError> {
+        let spec = self
+            .generation
+            .config
+            .server(server)
+            .map_err(|e| ClientError::Protocol {
+                server: server.to_owned(),
+                operation: "route".into(),
+                detail: e.to_string(),
+            })?;
+        if let Some(child) = self.running(server, spec).await {
+            return Ok(child);
+        }
+        let slot = self
+            .slots
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(server.to_owned())
+            .or_default()
+            .clone();
+        let _slot = slot.lock().await;
+        // Another call may have started it while this one waited.
+        if let Some(child) = self.running(server, spec).await {
+            return Ok(child);
+        }
+        if let Some(failure) = self.generation.failures.held_back(server) {
+            let error = ClientError::NotStarted {
+                server: server.to_owned(),
+                reason: failure.reason.clone(),
+                retry_in_s: failure.retry_in().as_secs().max(1),
+            };
+            let first = self
+                .told_not_started
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(server.to_owned());
+            if first {
+                self.tell_not_started(server, &error, &failure);
+            }
+            self.retry_later(server);
+            return Err(error);
+        }
+        let restarts = self.forget_crashed(server).await?;
+        if restarts > 0 {
+            let backoff = Duration::from_millis(100 << (restarts - 1));
+            tracing::warn!(%server, restarts, ?backoff, "restarting a crashed server");
+            tokio::time::sleep(backoff).await;
+        }
+        let spare = self.generation.take_spare(
+            server,
+            #[cfg(unix)]
+            &self.egress,
+        );
+        #[cfg(unix)]
+        let host = self
+            .generation
+            .host
+            .with_egress(self.generation.host.egress().in_session(&self.egress));
+        #[cfg(not(unix))]
+        let host = &self.generation.host;
+        let session = match (restarts, spare) {
+            (0, Some(spare)) => Arc::new(spare),
+            (_, spare) => {
+                if let Some(spare) = spare {
+                    tokio::spawn(async move {
+                        let _ = spare.close().await;
+                    });
+                }
+                match host.connect(spec).await {
+                    Ok(session) => Arc::new(session),
+                    Err(error) => {
+                        let failure = self.generation.failures.record(server, &error);
+                        tracing::warn!(%server, %error, attempts = failure.attempts, retry_in = ?failure.retry_in(), "could not start; its tools are left out until it does");
+                        self.told_not_started
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .insert(server.to_owned());
+                        self.tell_not_started(server, &error, &failure);
+                        self.retry_later(server);
+                        return Err(error);
+                    }
+                }
+            }
+        };
+        self.generation.failures.started(server);
+        self.told_not_started
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(server);
+        let identity = session
+            .launched_identity()
+            .ok_or_else(|| ClientError::Protocol {
+                server: server.to_owned(),
+                operation: "launch".into(),
+                detail: "the server reported no identity".into(),
+            })?;
+        let key = process_key(&identity, spec, self.generation.host.locked(server));
+        let mut children = self.children.lock().await;
+        // A name of the same process key, started meanwhile under its own
+        // slot, is already healthy: it serves this name too, and the new
+        // child goes. A live child is never replaced.
+        if let Some(old) = children.by_key.get(&key)
+            && old.session.fault().is_none()
+        {
+            let existing = old.session.clone();
+            children.by_server.insert(server.to_owned(), key);
+            drop(children);
+            if let Ok(extra) = Arc::try_unwrap(session) {
+                tokio::spawn(async move {
+                    let _ = extra.close().await;
+                });
+            }
+            return Ok(existing);
+        }
+        if let Some(measured) = session.identity() {
+            let _ = self.audit(Event::ServerLaunch {
+                session: self.id.clone(),
+                server: server.to_owned(),
+                identity: identity.to_string(),
+                sha256: measured.digest.map(|d| d.to_string()),
+                evidence: measured.evidence.to_string(),
+            });
+        }
+        self.pass_on_tool_changes(server, &session);
+        // A faulted child under this key is replaced: the names it served
+        // restart with the new one.
+        children.by_key.insert(
+            key,
+            Child {
+                identity,
+                session: session.clone(),
+            },
+        );
+        children.by_server.insert(server.to_owned(), key);
+        drop(children);
+        self.pass_on_list_changes(server, &session).await;
+        Ok(session)
+    }
+
+    /// When `child` announces that its tools changed, re-checks them against
+    /// the pins and then tells the agent, which lists them again. Ends with
+    /// the child's transport.
+    pub(super) fn pass_on_tool_changes(&self, server: &str, child: &Arc<Session>) {
+        let mut events = child.tools_changed_events();
+        let weak = Arc::downgrade(child);
+        let agent = self.agent.clone();
+        let listeners = self.listeners.clone();
+        let server = server.to_owned();
+        tokio::spawn(async move {
+            while events.changed().await.is_ok() {
+                let Some(child) = weak.upgrade() else { return };
+                if let Err(error) = child.tool_reports().await {
+                    tracing::warn!(%server, %error, "re-checking tools after list_changed");
+                }
+                drop(child);
+                if let Some(agent) = agent.get()
+                    && let Err(error) = agent.notify_tool_list_changed().await
+                {
+                    tracing::debug!(%server, %error, "passing list_changed to the agent");
+                }
+                let sinks = listeners.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                for sink in sinks {
+                    if sink.accepted().tools_list_changed == Some(true) {
+                        let changed = rmcp::model::ServerNotification::ToolListChangedNotification(
+                            Default::default(),
+                        );
+                        if let Err(error) = sink.send(changed).await {
+                            tracing::debug!(%server, %error, "passing list_changed to a subscription");
+                        }
+                    }
+                }
+            }
+        });
+    }
+
+    /// For an agent before 2026-07-28, which hears of changes outside any
+    /// stream: listens to `child`'s prompt and resource list changes and
+    /// passes them on (a 2026-07-28 server sends them only on a
+    /// `subscriptions/listen` stream, which this opens; an older one on its
+    /// own). An agent on 2026-07-28 hears them on its own stream. Returns
+    /// once the stream is open (a change after the child's first use is
+    /// never missed); the forwarding ends with the child's transport.
+    pub(super) async fn pass_on_list_changes(&self, server: &str, child: &Arc<Session>) {
+        use rmcp::model::ServerNotification as N;
+        // Children start on first use, after the agent's handshake.
+        let Some(agent) = self
+            .agent
+            .get()
+            .filter(|agent| {
+                agent.peer_info().is_some_and(|info| {
+                    info.protocol_version < rmcp::model::ProtocolVersion::V_2026_07_28
+                })
+            })
+            .cloned()
+        else {
+            return;
+        };
+        let filter = rmcp::model::SubscriptionFilter::builder()
+            .prompts_list_changed()
+            .resources_list_changed()
+            .build();
+        let mut listening = match child.listen(filter).await {
+            Ok(listening) => listening,
+            Err(error) => {
+                tracing::debug!(%server, %error, "list changes not taken for an older agent");
+                return;
+            }
+        };
+        let server = server.to_owned();
+        tokio::spawn(async move {
+            while let Some(notice) = listening.next().await {
+                let passed = match notice {
+                    N::PromptListChangedNotification(_) => agent.notify_prompt_list_changed().await,
+                    N::ResourceListChangedNotification(_) => {
+                        agent.notify_resource_list_changed().await
+                    }
+                    _ => Ok(()),
+                };
+                if let Err(error) = passed {
+                    tracing::debug!(%server, %error, "passing a list change to the agent");
+                }
+            }
+        });
+    }
+
+    /// Says that `server` could not start where this session's agent and
+    /// its operator see it: the audit log, and the agent (a log
+    /// notification). Each failed start is told; a failure seen again while
+    /// the server is held back, once a session.
+    pub(super) fn tell_not_started(
+        &self,
+        server: &str,
+        error: &ClientError,
+        failure: &StartFailure,
+    ) {
+        let retry_in = failure.retry_in();
+        let _ = self.audit(Event::ServerStartFailed {
+            session: self.id.clone(),
+            server: server.to_owned(),
+            attempts: failure.attempts,
+            outcome: outcome_of(error),
+        });
+        if let Some(seen) = failure.seen.clone() {
+            let _ = self.audit(Event::SandboxRefused {
+                session: self.id.clone(),
+                server: server.to_owned(),
+                during: "start".to_owned(),
+                kind: seen.kind.to_owned(),
+                subject: seen.subject,
+            });
+        }
+        if let Some(agent) = self.agent.get().cloned() {
+            let message = format!(
+                "moat: server `{server}` could not start, so its tools are left out (tried again in {} s): {}",
+                retry_in.as_secs().max(1),
+                failure.reason
+            );
+            tokio::spawn(async move {
+                #[allow(deprecated, reason = "agents before 2026-07-28 read log notifications")]
+                let sent = agent
+                    .notify_logging_message(
+                        rmcp::model::LoggingMessageNotificationParam::new(
+                            rmcp::model::LoggingLevel::Error,
+                            message.into(),
+                        )
+                        .with_logger("moat"),
+                    )
+                    .await;
+                if let Err(error) = sent {
+                    tracing::debug!(%error, "telling the agent of a failed start");
+                }
+            });
+        }
+    }
+}
