@@ -203,7 +203,7 @@ impl AgentSession {
         // Cancelled by the agent, by close once the drain timeout passes, or
         // by a revocation of what it calls; a start still under way is
         // dropped, which leaves nothing running.
-        let cancel_call = self.cancel_calls.child_token();
+        let cancel_call = self.admission.call_token();
         let _in_flight = self.admit(Some(Ticket {
             server: server.to_owned(),
             tool: tool.to_owned(),
@@ -211,17 +211,8 @@ impl AgentSession {
         }))?;
         // Checked once the ticket is registered: a revocation that comes
         // into force after this check finds the call and drains it.
-        if let Some(error) = self.generation.refusal(server, Some(tool), None) {
-            return Err(to_error(error));
-        }
-        // What the audit records of the call: only computed for a log.
-        let audited = self.gateway.audit.is_some();
-        let arguments_json = if audited {
-            serde_json::to_vec(&arguments).unwrap_or_default()
-        } else {
-            Vec::new()
-        };
-        let started = Instant::now();
+        self.gate(server, Some(tool))?;
+        let record = CallRecord::begin(self, server, tool, &arguments);
         // A retry of a call that an earlier stateless request parked: the
         // call runs on in the session held under its state, on that
         // session's instance, and none is started here for it.
@@ -237,11 +228,7 @@ impl AgentSession {
             () = cancel.cancelled() => return Err(cancelled(server, tool)),
         };
         // The digest it measured may be revoked: then it stops too.
-        if let Some(error) = self.generation.refusal(server, Some(tool), Some(&child)) {
-            drop(child);
-            self.stop_refused().await;
-            return Err(to_error(error));
-        }
+        let child = self.gate_child(server, Some(tool), child).await?;
         // Its launch may be what the log could not record.
         if let Some(error) = self.gateway.audit_failure() {
             return Err(unaudited(&error));
@@ -326,75 +313,104 @@ impl AgentSession {
         };
         drop(call);
         let result = result.map_err(|error| match error {
-            ClientError::Cancelled { .. } if !cancel.is_cancelled() => {
-                match self.generation.refusal(server, Some(tool), Some(&child)) {
-                    Some(refusal) => ClientError::CancelledByRevocation {
-                        server: server.to_owned(),
-                        tool: tool.to_owned(),
-                        refusal: refusal.to_string(),
-                    },
-                    None => error,
-                }
-            }
+            ClientError::Cancelled { .. } if !cancel.is_cancelled() => self
+                .revoked_during(server, tool, Some(&child))
+                .unwrap_or(error),
             error => error,
         });
-        // A tool's error that shows the sandbox refusing it says so.
-        let (result, seen) = match result {
-            Ok(CallToolResponse::Complete(answer)) if answer.is_error == Some(true) => {
-                let (answer, seen) = explained(&child, server, answer);
-                (Ok(CallToolResponse::Complete(answer)), seen)
-            }
-            other => (other, None),
-        };
         let fuel = child.metrics().fuel_consumed() - fuel_before;
-        let elapsed = started.elapsed();
-        let (outcome, limit) = match &result {
-            Ok(CallToolResponse::Complete(answer)) if answer.is_error == Some(true) => {
-                (Outcome::plain("tool-error"), typed_limit(&child, answer))
-            }
-            Ok(CallToolResponse::Task(_)) => (Outcome::plain("task"), None),
-            Ok(CallToolResponse::InputRequired(_)) => (Outcome::plain("input-required"), None),
-            Ok(_) => (Outcome::plain("ok"), None),
-            Err(error) => (outcome_of(error), limit_of(error)),
-        };
-        self.gateway
-            .metrics
-            .call(server, tool, &outcome.outcome, elapsed, fuel, limit);
-        crate::trace::record_end(span, &outcome.outcome, elapsed, fuel, limit);
-        if !audited {
-            return result.map_err(to_error);
-        }
-        let result_json = result.as_ref().ok().and_then(|r| match r {
-            CallToolResponse::Complete(r) => serde_json::to_vec(r).ok(),
-            CallToolResponse::InputRequired(r) => serde_json::to_vec(r).ok(),
-            CallToolResponse::Task(r) => serde_json::to_vec(r).ok(),
-            _ => None,
+        record.end(&child, span, fuel, result)
+    }
+}
+
+impl AgentSession {
+    pub(super) async fn call_from_agent(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        // The child's progress, renamed to the agent's token and sent on.
+        let forwarder = context.meta.get_progress_token().map(|token| {
+            let (sender, mut receiver) =
+                tokio::sync::mpsc::unbounded_channel::<ProgressNotificationParam>();
+            let peer = context.peer.clone();
+            let task = tokio::spawn(async move {
+                while let Some(note) = receiver.recv().await {
+                    let mut forwarded =
+                        ProgressNotificationParam::new(token.clone(), note.progress);
+                    forwarded.total = note.total;
+                    forwarded.message = note.message;
+                    if peer.notify_progress(forwarded).await.is_err() {
+                        return;
+                    }
+                }
+            });
+            (sender, task)
         });
-        // Fails closed: an answer that cannot be recorded is not given (the
-        // server did the work; the agent gets the log's error instead).
-        if let Some(seen) = seen {
-            self.audit(Event::SandboxRefused {
-                session: self.id.clone(),
-                server: server.to_owned(),
-                during: format!("tools/call {tool}"),
-                kind: seen.kind.to_owned(),
-                subject: seen.subject,
-            })
-            .map_err(|error| unaudited(&error))?;
+        let (sender, task) = match forwarder {
+            Some((sender, task)) => (Some(sender), Some(task)),
+            None => (None, None),
+        };
+        let current = takes_input(&context);
+        // Over HTTP, 2026-07-28 has no sessions: each request is a session
+        // of its own here, whose children end with it, unless a task it
+        // hands out keeps it (`Gateway::hold`).
+        let stateless = current && context.extensions.get::<http::request::Parts>().is_some();
+        let takes = Takes {
+            tasks: context
+                .client_capabilities()
+                .is_some_and(|capabilities| capabilities.supports_tasks()),
+            input: current,
+            held: !stateless,
+        };
+        let (server, tool) = self.route_tool(&request.name)?;
+        let retry = Retry {
+            input_responses: request.input_responses,
+            request_state: request.request_state,
+        };
+        let after = self.generation.config.serve.task_after_ms;
+        let result = match after.filter(|_| takes.tasks) {
+            Some(after) => {
+                self.call_or_own_task(
+                    server,
+                    tool,
+                    request.arguments,
+                    sender,
+                    context.ct.clone(),
+                    context.meta.get_traceparent(),
+                    retry,
+                    takes,
+                    Duration::from_millis(after.get()),
+                )
+                .await
+            }
+            None => {
+                self.call_rounds(
+                    server,
+                    tool,
+                    request.arguments,
+                    sender,
+                    context.ct.clone(),
+                    context.meta.get_traceparent(),
+                    retry,
+                    takes,
+                    Some(context.peer.clone()),
+                )
+                .await
+            }
+        };
+        if let Some(task) = task {
+            // The sender is gone with the call (or with its task, which
+            // runs on): the forwarder drains and ends.
+            if !matches!(result, Ok(CallToolResponse::Task(_))) {
+                let _ = task.await;
+            }
         }
-        self.audit(Event::ToolCall {
-            session: self.id.clone(),
-            server: server.to_owned(),
-            tool: tool.to_owned(),
-            arguments_sha256: Digest::of(&arguments_json).to_string(),
-            arguments_bytes: arguments_json.len(),
-            result_sha256: result_json.as_ref().map(|r| Digest::of(r).to_string()),
-            result_bytes: result_json.as_ref().map_or(0, Vec::len),
-            duration_ms: elapsed.as_millis() as u64,
-            fuel,
-            outcome,
+        result.map(|mut answer| {
+            if let CallToolResponse::Complete(result) = &mut answer {
+                complete(&mut result.result_type);
+            }
+            answer
         })
-        .map_err(|error| unaudited(&error))?;
-        result.map_err(to_error)
     }
 }

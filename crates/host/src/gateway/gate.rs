@@ -5,6 +5,118 @@
 
 use super::*;
 
+impl Generation {
+    /// The refusal of `server` (or its `tool`) in this generation: when a
+    /// revocation in force names it, or names a digest it runs (the one its
+    /// config or lock pins, checked before anything starts, or the one
+    /// `child` measured); or when a reloaded lock no longer matches it.
+    pub(super) fn refusal(
+        &self,
+        server: &str,
+        tool: Option<&str>,
+        child: Option<&Session>,
+    ) -> Option<ClientError> {
+        if let Some(detail) = self.stale(server, child) {
+            return Some(ClientError::Stale {
+                server: server.to_owned(),
+                detail,
+            });
+        }
+        let revoked = self.host.revoked();
+        if revoked.is_empty() {
+            return None;
+        }
+        let mut digests: Vec<Digest> = Vec::new();
+        if let Ok(spec) = self.config.server(server) {
+            digests.extend(spec.sha256);
+        }
+        if let Some(locked) = self.host.locked(server) {
+            digests.extend(locked.digests());
+        }
+        if let Some(identity) = child.and_then(|c| c.identity()) {
+            digests.extend(identity.digest);
+            digests.extend(identity.oci.map(|oci| oci.manifest));
+        }
+        let (revocation, subject) = match revoked.of_name(server, tool) {
+            Some(revocation) => (revocation, tool),
+            None => (revoked.of_digests(&digests)?, None),
+        };
+        Some(ClientError::Revoked {
+            server: server.to_owned(),
+            subject: match subject {
+                Some(tool) => format!("tool `{tool}` on server `{server}`"),
+                None => format!("server `{server}`"),
+            },
+            revocation: crate::revoke::describe(revocation),
+        })
+    }
+
+    /// Whether this generation lets `server` (or its `tool`, or `child`,
+    /// the instance serving it) be used: the error is the refusal.
+    pub(super) fn admits(
+        &self,
+        server: &str,
+        tool: Option<&str>,
+        child: Option<&Session>,
+    ) -> Result<(), Refused> {
+        match self.refusal(server, tool, child) {
+            Some(refusal) => Err(Refused(Box::new(refusal))),
+            None => Ok(()),
+        }
+    }
+}
+
+impl SessionState {
+    /// The gate's first point, before anything of `server` is used: its
+    /// name, its `tool`, and the digests its config and lock pin.
+    pub(super) fn gate(&self, server: &str, tool: Option<&str>) -> Result<(), Refused> {
+        self.generation.admits(server, tool, None)
+    }
+
+    /// The gate's second point, once `child` serves `server`: the digest
+    /// it measured. A child refused here stops, with every child of what
+    /// the revocations refuse.
+    pub(super) async fn gate_child(
+        &self,
+        server: &str,
+        tool: Option<&str>,
+        child: Arc<Session>,
+    ) -> Result<Arc<Session>, Refused> {
+        if let Err(refusal) = self.generation.admits(server, tool, Some(&child)) {
+            drop(child);
+            self.stop_refused().await;
+            return Err(refusal);
+        }
+        Ok(child)
+    }
+
+    /// Why a call to `server`'s `tool`, cancelled though its agent did not
+    /// cancel it, was: the revocation of what it calls, if one is in force.
+    pub(super) fn revoked_during(
+        &self,
+        server: &str,
+        tool: &str,
+        child: Option<&Session>,
+    ) -> Option<ClientError> {
+        let refusal = self.generation.admits(server, Some(tool), child).err()?;
+        Some(ClientError::CancelledByRevocation {
+            server: server.to_owned(),
+            tool: tool.to_owned(),
+            refusal: refusal.0.to_string(),
+        })
+    }
+}
+
+/// A refusal at the gate: what the agent and the audit log are told.
+#[derive(Debug)]
+pub(super) struct Refused(pub(super) Box<ClientError>);
+
+impl From<Refused> for ErrorData {
+    fn from(refused: Refused) -> Self {
+        to_error(*refused.0)
+    }
+}
+
 /// What putting revocations in force did, across sessions.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Enforced {
@@ -39,42 +151,20 @@ impl SessionState {
         let refused_servers = self.refused_servers().await;
         let refused = |ticket: &Ticket| {
             refused_servers.contains_key(&ticket.server)
-                || self
-                    .generation
-                    .refusal(&ticket.server, Some(&ticket.tool), None)
-                    .is_some()
+                || self.gate(&ticket.server, Some(&ticket.tool)).is_err()
         };
-        let running = || self.calls().open.values().filter(|t| refused(t)).count();
-        let mut enforced = Enforced::default();
-        let pending = running();
-        if pending > 0 {
-            let drain = Duration::from_millis(self.generation.config.serve.drain_timeout_ms);
-            let mut in_flight = self.in_flight.subscribe();
-            if tokio::time::timeout(drain, in_flight.wait_for(|_| running() == 0))
-                .await
-                .is_err()
-            {
-                let cancel: Vec<CancellationToken> = self
-                    .calls()
-                    .open
-                    .values()
-                    .filter(|t| refused(t))
-                    .map(|t| t.cancel.clone())
-                    .collect();
-                tracing::warn!(session = %self.id, calls = cancel.len(), ?drain, "drain timeout: cancelling calls to what was revoked");
-                enforced.cancelled = cancel.len();
-                cancel.iter().for_each(CancellationToken::cancel);
-                if tokio::time::timeout(CANCEL_GRACE, in_flight.wait_for(|_| running() == 0))
-                    .await
-                    .is_err()
-                {
-                    tracing::error!(session = %self.id, calls = running(), "calls to what was revoked still running {CANCEL_GRACE:?} after cancellation");
-                }
-            }
-            enforced.drained = pending.saturating_sub(enforced.cancelled);
-        }
+        let drain = Duration::from_millis(self.generation.config.serve.drain_timeout_ms);
+        let done = self
+            .admission
+            .drain_matching(&self.id, drain, refused)
+            .await;
+        let mut enforced = Enforced {
+            drained: done.drained,
+            cancelled: done.cancelled,
+            ..Enforced::default()
+        };
         enforced.stopped = self.stop_refused().await;
-        if let Some(agent) = self.agent.get()
+        if let Some(agent) = self.agent.peer()
             && let Err(error) = agent.notify_tool_list_changed().await
         {
             tracing::debug!(session = %self.id, %error, "telling the agent its tools changed");
@@ -92,13 +182,11 @@ impl SessionState {
             .servers
             .keys()
             .filter_map(|server| {
-                let child = children
-                    .by_server
-                    .get(server)
-                    .and_then(|key| children.by_key.get(key))
-                    .map(|child| &*child.session);
-                let refusal = self.generation.refusal(server, None, child)?;
-                Some((server.clone(), outcome_of(&refusal)))
+                let refusal = self
+                    .generation
+                    .admits(server, None, children.serving(server))
+                    .err()?;
+                Some((server.clone(), outcome_of(&refusal.0)))
             })
             .collect()
     }
@@ -109,21 +197,7 @@ impl SessionState {
     /// Returns how many stopped.
     pub(super) async fn stop_refused(&self) -> usize {
         let refused = self.refused_servers().await;
-        let stopping: Vec<(String, Outcome, Child)> = {
-            let mut children = self.children.lock().await;
-            let mut stopping = Vec::new();
-            for (server, outcome) in refused {
-                let Some(key) = children.by_server.remove(&server) else {
-                    continue;
-                };
-                if children.by_server.values().all(|k| *k != key)
-                    && let Some(child) = children.by_key.remove(&key)
-                {
-                    stopping.push((server, outcome, child));
-                }
-            }
-            stopping
-        };
+        let stopping = self.children.lock().await.unname(refused);
         let stopped = stopping.len();
         for (server, outcome, Child { identity, session }) in stopping {
             let evidence = evidence_of(&session);
@@ -159,14 +233,8 @@ impl AgentSession {
         child: Option<&Session>,
         agent: &CancellationToken,
     ) -> ErrorData {
-        match self.generation.refusal(server, Some(tool), child) {
-            Some(refusal) if !agent.is_cancelled() => {
-                to_error(ClientError::CancelledByRevocation {
-                    server: server.to_owned(),
-                    tool: tool.to_owned(),
-                    refusal: refusal.to_string(),
-                })
-            }
+        match self.revoked_during(server, tool, child) {
+            Some(revoked) if !agent.is_cancelled() => to_error(revoked),
             _ => cancelled(server, tool),
         }
     }

@@ -168,51 +168,6 @@ impl Generation {
         }
     }
 
-    /// The refusal of `server` (or its `tool`) in this generation: when a
-    /// revocation in force names it, or names a digest it runs (the one its
-    /// config or lock pins, checked before anything starts, or the one
-    /// `child` measured); or when a reloaded lock no longer matches it.
-    pub(super) fn refusal(
-        &self,
-        server: &str,
-        tool: Option<&str>,
-        child: Option<&Session>,
-    ) -> Option<ClientError> {
-        if let Some(detail) = self.stale(server, child) {
-            return Some(ClientError::Stale {
-                server: server.to_owned(),
-                detail,
-            });
-        }
-        let revoked = self.host.revoked();
-        if revoked.is_empty() {
-            return None;
-        }
-        let mut digests: Vec<Digest> = Vec::new();
-        if let Ok(spec) = self.config.server(server) {
-            digests.extend(spec.sha256);
-        }
-        if let Some(locked) = self.host.locked(server) {
-            digests.extend(locked.digests());
-        }
-        if let Some(identity) = child.and_then(|c| c.identity()) {
-            digests.extend(identity.digest);
-            digests.extend(identity.oci.map(|oci| oci.manifest));
-        }
-        let (revocation, subject) = match revoked.of_name(server, tool) {
-            Some(revocation) => (revocation, tool),
-            None => (revoked.of_digests(&digests)?, None),
-        };
-        Some(ClientError::Revoked {
-            server: server.to_owned(),
-            subject: match subject {
-                Some(tool) => format!("tool `{tool}` on server `{server}`"),
-                None => format!("server `{server}`"),
-            },
-            revocation: crate::revoke::describe(revocation),
-        })
-    }
-
     /// Once a reload replaced this generation with a lock: why `server`,
     /// as this generation runs it, no longer matches that lock. Under a
     /// lock of its own, any change to the server's entry counts (bytes,

@@ -40,21 +40,15 @@ impl AgentSession {
     pub async fn tools(&self) -> Result<Vec<Tool>, ClientError> {
         let mut exposed = Vec::new();
         for server in self.servers() {
-            if self.generation.refusal(&server, None, None).is_some() {
+            if self.gate(&server, None).is_err() {
                 continue;
             }
             let Some(child) = self.listable(&server).await else {
                 continue;
             };
-            if self
-                .generation
-                .refusal(&server, None, Some(&child))
-                .is_some()
-            {
-                drop(child);
-                self.stop_refused().await;
+            let Ok(child) = self.gate_child(&server, None, child).await else {
                 continue;
-            }
+            };
             let tools = match child.list_tools().await {
                 Ok(tools) => tools,
                 Err(error) => {
@@ -65,11 +59,7 @@ impl AgentSession {
             let mut seen = std::collections::BTreeSet::new();
             for mut tool in tools {
                 let name = format!("{server}{SEPARATOR}{}", tool.name);
-                if self
-                    .generation
-                    .refusal(&server, Some(&tool.name), None)
-                    .is_some()
-                {
+                if self.gate(&server, Some(&tool.name)).is_err() {
                     tracing::debug!(%server, tool = %tool.name, "revoked in moat.lock; hidden");
                     continue;
                 }
@@ -141,7 +131,7 @@ impl AgentSession {
                 exposed.push(resource);
             }
         }
-        *self.resource_owners.lock().await = owners;
+        *self.resources.owners.lock().await = owners;
         Ok(exposed)
     }
 

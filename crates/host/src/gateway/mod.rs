@@ -6,8 +6,8 @@
 //! matches on the launcher kind.
 
 use crate::audit::{AuditError, AuditLog, Event, Outcome};
+use crate::config::Config;
 pub use crate::config::SEPARATOR;
-use crate::config::{Config, ServerSpec};
 use crate::host::Host;
 use crate::identity::Digest;
 use crate::revoke::Revoked;
@@ -19,11 +19,12 @@ use rmcp::model::{
 use rmcp::service::{NotificationContext, Peer, RequestContext};
 use rmcp::{RoleServer, ServerHandler};
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
-use tokio::sync::{Mutex, watch};
+use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
+mod agent;
 mod bridge;
 mod call;
 mod calls;
@@ -42,7 +43,9 @@ mod start;
 mod start_failures;
 mod subscriptions;
 mod tasks;
+mod tasks_2025;
 
+use agent::AgentLink;
 use bridge::*;
 pub use call::Takes;
 use call::*;
@@ -55,9 +58,7 @@ pub use names::{check_lock_names, valid_exposed_name};
 use names::{unexposable, unguessable};
 use own_task::OwnTask;
 use parked::*;
-use record::{
-    cancelled, evidence_of, explained, limit_of, outcome_of, to_error, typed_limit, unaudited,
-};
+use record::{CallRecord, cancelled, evidence_of, outcome_of, to_error, unaudited};
 pub use session::{AgentSession, SessionState};
 pub use start_failures::{START_RETRY_MAX, StartFailure};
 use subscriptions::*;
@@ -304,7 +305,7 @@ impl Gateway {
     pub fn calls_in_flight(&self) -> usize {
         self.live()
             .iter()
-            .map(|state| state.calls().open.len())
+            .map(|state| state.admission.open_calls())
             .sum()
     }
 
@@ -373,87 +374,5 @@ impl Gateway {
             }
         }
         failures
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::lock::{LOCK_VERSION, Lock, LockedServer, LockedTool};
-
-    #[test]
-    fn exposed_names_are_checked_at_start_from_the_lock() {
-        let tool = |name: &str| LockedTool {
-            name: name.into(),
-            sha256: String::new(),
-            definition: String::new(),
-            flags: vec![],
-        };
-        let server = |tools: Vec<LockedTool>| LockedServer {
-            kind: "wasm".into(),
-            evidence: "wasm-measured".into(),
-            sha256: String::new(),
-            identity: String::new(),
-            measured: Default::default(),
-            grants: Default::default(),
-            tools,
-            prompts: Default::default(),
-            resources: Default::default(),
-            package: None,
-            oci: None,
-        };
-        let mut lock = Lock {
-            version: LOCK_VERSION,
-            revoked: Vec::new(),
-            servers: Default::default(),
-        };
-        lock.servers.insert(
-            "files".into(),
-            server(vec![tool("read"), tool("write-all")]),
-        );
-        assert!(check_lock_names(&lock).is_empty());
-        lock.servers
-            .insert("web".into(), server(vec![tool("fetch url")]));
-        match &check_lock_names(&lock)[..] {
-            [
-                GatewayError::InvalidName {
-                    server,
-                    tool,
-                    exposed,
-                    ..
-                },
-            ] => {
-                assert_eq!((server.as_str(), tool.as_str()), ("web", "fetch url"));
-                assert_eq!(exposed, "web__fetch url");
-            }
-            other => panic!("{other:?}"),
-        }
-        assert!(valid_exposed_name(&"a".repeat(64)));
-        assert!(!valid_exposed_name(&"a".repeat(65)));
-        lock.servers.remove("web");
-        lock.servers.insert(
-            "twice".into(),
-            server(vec![tool("get"), tool("get"), tool("put")]),
-        );
-        match &check_lock_names(&lock)[..] {
-            [error @ GatewayError::DuplicateName { .. }] => assert_eq!(
-                error.to_string(),
-                "server `twice` lists two tools named `get`: the exposed name `twice__get` would be ambiguous, so only the first is served"
-            ),
-            other => panic!("{other:?}"),
-        }
-        lock.servers.remove("twice");
-        let mut prompted = server(vec![tool("get")]);
-        prompted.prompts = vec![tool("hello world")];
-        lock.servers.insert("greeter".into(), prompted);
-        match &check_lock_names(&lock)[..] {
-            [GatewayError::InvalidName { what, exposed, .. }] => {
-                assert_eq!(
-                    (*what, exposed.as_str()),
-                    ("prompt", "greeter__hello world")
-                )
-            }
-            other => panic!("{other:?}"),
-        }
     }
 }

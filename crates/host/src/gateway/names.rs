@@ -76,3 +76,85 @@ pub(super) fn unguessable() -> String {
     }
     nonce.iter().map(|b| format!("{b:02x}")).collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lock::{LOCK_VERSION, Lock, LockedServer, LockedTool};
+
+    #[test]
+    fn exposed_names_are_checked_at_start_from_the_lock() {
+        let tool = |name: &str| LockedTool {
+            name: name.into(),
+            sha256: String::new(),
+            definition: String::new(),
+            flags: vec![],
+        };
+        let server = |tools: Vec<LockedTool>| LockedServer {
+            kind: "wasm".into(),
+            evidence: "wasm-measured".into(),
+            sha256: String::new(),
+            identity: String::new(),
+            measured: Default::default(),
+            grants: Default::default(),
+            tools,
+            prompts: Default::default(),
+            resources: Default::default(),
+            package: None,
+            oci: None,
+        };
+        let mut lock = Lock {
+            version: LOCK_VERSION,
+            revoked: Vec::new(),
+            servers: Default::default(),
+        };
+        lock.servers.insert(
+            "files".into(),
+            server(vec![tool("read"), tool("write-all")]),
+        );
+        assert!(check_lock_names(&lock).is_empty());
+        lock.servers
+            .insert("web".into(), server(vec![tool("fetch url")]));
+        match &check_lock_names(&lock)[..] {
+            [
+                GatewayError::InvalidName {
+                    server,
+                    tool,
+                    exposed,
+                    ..
+                },
+            ] => {
+                assert_eq!((server.as_str(), tool.as_str()), ("web", "fetch url"));
+                assert_eq!(exposed, "web__fetch url");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(valid_exposed_name(&"a".repeat(64)));
+        assert!(!valid_exposed_name(&"a".repeat(65)));
+        lock.servers.remove("web");
+        lock.servers.insert(
+            "twice".into(),
+            server(vec![tool("get"), tool("get"), tool("put")]),
+        );
+        match &check_lock_names(&lock)[..] {
+            [error @ GatewayError::DuplicateName { .. }] => assert_eq!(
+                error.to_string(),
+                "server `twice` lists two tools named `get`: the exposed name `twice__get` would be ambiguous, so only the first is served"
+            ),
+            other => panic!("{other:?}"),
+        }
+        lock.servers.remove("twice");
+        let mut prompted = server(vec![tool("get")]);
+        prompted.prompts = vec![tool("hello world")];
+        lock.servers.insert("greeter".into(), prompted);
+        match &check_lock_names(&lock)[..] {
+            [GatewayError::InvalidName { what, exposed, .. }] => {
+                assert_eq!(
+                    (*what, exposed.as_str()),
+                    ("prompt", "greeter__hello world")
+                )
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}

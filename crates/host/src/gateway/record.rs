@@ -1,6 +1,7 @@
 //! What a call's end is recorded as: the outcome for the audit log and
 //! metrics, the limit that stopped it, the line a refusal adds, and the
-//! error the agent gets.
+//! error the agent gets; and the one sink a call's end goes to, for the
+//! metrics, the trace and the audit log.
 
 use super::*;
 
@@ -125,5 +126,118 @@ pub(super) fn to_error(error: ClientError) -> ErrorData {
             ErrorData::invalid_params(error.to_string(), None)
         }
         _ => ErrorData::internal_error(error.to_string(), None),
+    }
+}
+
+/// One tool call being recorded: what the audit log needs from its start.
+pub(super) struct CallRecord<'s> {
+    session: &'s SessionState,
+    server: &'s str,
+    tool: &'s str,
+    /// The arguments as sent, when there is a log to record their digest.
+    arguments_json: Option<Vec<u8>>,
+    started: Instant,
+}
+
+impl<'s> CallRecord<'s> {
+    /// Begins recording a call of `session` to `server`'s `tool`.
+    pub(super) fn begin(
+        session: &'s SessionState,
+        server: &'s str,
+        tool: &'s str,
+        arguments: &Option<rmcp::model::JsonObject>,
+    ) -> Self {
+        // What the audit records of the call: only computed for a log.
+        let arguments_json = session
+            .gateway
+            .audit
+            .is_some()
+            .then(|| serde_json::to_vec(arguments).unwrap_or_default());
+        CallRecord {
+            session,
+            server,
+            tool,
+            arguments_json,
+            started: Instant::now(),
+        }
+    }
+
+    /// Records how the call ended at `child` (which burnt `fuel`): in the
+    /// metrics, in `span`, and in the audit log, with the line a refusal by
+    /// the sandbox adds to a tool's error. Fails closed: an answer that
+    /// cannot be recorded is not given (the server did the work; the agent
+    /// gets the log's error instead).
+    pub(super) fn end(
+        self,
+        child: &Session,
+        span: &tracing::Span,
+        fuel: u64,
+        result: Result<CallToolResponse, ClientError>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let CallRecord {
+            session,
+            server,
+            tool,
+            arguments_json,
+            started,
+        } = self;
+        // A tool's error that shows the sandbox refusing it says so.
+        let (result, seen) = match result {
+            Ok(CallToolResponse::Complete(answer)) if answer.is_error == Some(true) => {
+                let (answer, seen) = explained(child, server, answer);
+                (Ok(CallToolResponse::Complete(answer)), seen)
+            }
+            other => (other, None),
+        };
+        let elapsed = started.elapsed();
+        let (outcome, limit) = match &result {
+            Ok(CallToolResponse::Complete(answer)) if answer.is_error == Some(true) => {
+                (Outcome::plain("tool-error"), typed_limit(child, answer))
+            }
+            Ok(CallToolResponse::Task(_)) => (Outcome::plain("task"), None),
+            Ok(CallToolResponse::InputRequired(_)) => (Outcome::plain("input-required"), None),
+            Ok(_) => (Outcome::plain("ok"), None),
+            Err(error) => (outcome_of(error), limit_of(error)),
+        };
+        session
+            .gateway
+            .metrics
+            .call(server, tool, &outcome.outcome, elapsed, fuel, limit);
+        crate::trace::record_end(span, &outcome.outcome, elapsed, fuel, limit);
+        let Some(arguments_json) = arguments_json else {
+            return result.map_err(to_error);
+        };
+        let result_json = result.as_ref().ok().and_then(|r| match r {
+            CallToolResponse::Complete(r) => serde_json::to_vec(r).ok(),
+            CallToolResponse::InputRequired(r) => serde_json::to_vec(r).ok(),
+            CallToolResponse::Task(r) => serde_json::to_vec(r).ok(),
+            _ => None,
+        });
+        if let Some(seen) = seen {
+            session
+                .audit(Event::SandboxRefused {
+                    session: session.id.clone(),
+                    server: server.to_owned(),
+                    during: format!("tools/call {tool}"),
+                    kind: seen.kind.to_owned(),
+                    subject: seen.subject,
+                })
+                .map_err(|error| unaudited(&error))?;
+        }
+        session
+            .audit(Event::ToolCall {
+                session: session.id.clone(),
+                server: server.to_owned(),
+                tool: tool.to_owned(),
+                arguments_sha256: Digest::of(&arguments_json).to_string(),
+                arguments_bytes: arguments_json.len(),
+                result_sha256: result_json.as_ref().map(|r| Digest::of(r).to_string()),
+                result_bytes: result_json.as_ref().map_or(0, Vec::len),
+                duration_ms: elapsed.as_millis() as u64,
+                fuel,
+                outcome,
+            })
+            .map_err(|error| unaudited(&error))?;
+        result.map_err(to_error)
     }
 }

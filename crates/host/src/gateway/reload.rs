@@ -46,7 +46,7 @@ impl Gateway {
         let mut failures = Vec::new();
         enforced.stopped += current
             .close_spares(
-                |server, spare| current.refusal(server, None, Some(spare)).is_none(),
+                |server, spare| current.admits(server, None, Some(spare)).is_ok(),
                 &mut failures,
             )
             .await;

@@ -47,52 +47,21 @@ pub struct SessionState {
     pub(super) gateway: Gateway,
     /// The configuration this session began in, kept until it ends.
     pub(super) generation: Arc<Generation>,
-    pub(super) children: Arc<Mutex<Children>>,
-    pub(super) restarts: Arc<Mutex<BTreeMap<String, u32>>>,
-    /// One launch slot per configured server: a start or a restart backoff
-    /// holds its server's slot only, never `children`, so a slow start
-    /// never stalls the session's calls to other servers.
-    pub(super) slots: Arc<std::sync::Mutex<BTreeMap<String, Arc<Mutex<()>>>>>,
-    pub(super) resource_owners: Arc<Mutex<BTreeMap<String, String>>>,
-    /// Tasks servers made of this session's calls, by the id the agent
-    /// knows them by.
-    pub(super) tasks: std::sync::Mutex<BTreeMap<String, IssuedTask>>,
-    /// Tasks Moat made of this session's calls (`[serve] task_after_ms`),
-    /// by the id the agent knows them by.
-    pub(super) own_tasks: std::sync::Mutex<BTreeMap<String, Arc<OwnTask>>>,
+    pub(super) children: ChildSet,
+    /// Which server lists each resource, and the agent's subscriptions.
+    pub(super) resources: Resources,
+    /// The tasks made of this session's calls.
+    pub(super) tasks: Tasks,
     /// Calls to servers before 2026-07-28 waiting for the agent's input,
     /// by the `requestState` the agent got.
     pub(super) parked: Arc<std::sync::Mutex<BTreeMap<String, Parked>>>,
-    /// Resources an agent before 2026-07-28 subscribed to, each ended by
-    /// its token.
-    pub(super) subscriptions: std::sync::Mutex<BTreeMap<String, Subscribed>>,
-    /// Set when close begins: no new calls are admitted.
-    pub(super) closing: CancellationToken,
-    /// Set when the drain timeout passes: in-flight calls are cancelled.
-    pub(super) cancel_calls: CancellationToken,
-    /// Calls admitted and not yet finished.
-    pub(super) in_flight: Arc<watch::Sender<usize>>,
-    /// The tool calls among them, each with what it calls: a revocation
-    /// drains and cancels those it names.
-    pub(super) calls: std::sync::Mutex<Calls>,
-    /// The agent, once initialized: told when a server's tools change.
-    pub(super) agent: Arc<OnceLock<Peer<RoleServer>>>,
-    /// The agent's open `subscriptions/listen` streams (2026-07-28): told
-    /// when a server's tools change, as `agent` is.
-    pub(super) listeners: Arc<std::sync::Mutex<Vec<rmcp::service::SubscriptionSink>>>,
+    /// The calls admitted and not yet finished.
+    pub(super) admission: Admission,
+    /// The agent, once initialized, and its listening streams: told when
+    /// a server's tools change.
+    pub(super) agent: AgentLink,
     /// Set by the first close; later ones return at once.
     pub(super) closed: Arc<std::sync::atomic::AtomicBool>,
-    /// Servers this session has told the agent (and the audit log) could
-    /// not start, while held back: once each, not at every listing.
-    pub(super) told_not_started: std::sync::Mutex<std::collections::BTreeSet<String>>,
-    /// Servers held back that a task of this session tries again when
-    /// their next try is due, telling the agent its tools changed once one
-    /// starts (an agent that keeps its tool list would not see it else).
-    pub(super) retrying: std::sync::Mutex<std::collections::BTreeSet<String>>,
-    /// The egress connections its native servers may hold at once, all
-    /// together (`[serve] egress_connections_per_session`).
-    #[cfg(unix)]
-    pub(super) egress: crate::egress::Pool,
 }
 
 /// Hands memory freed by closed sessions back to the system. glibc's
@@ -137,27 +106,18 @@ impl Gateway {
         );
         let state = Arc::new(SessionState {
             id,
-            #[cfg(unix)]
-            egress,
             gateway: self.clone(),
             generation,
-            children: Arc::default(),
-            restarts: Arc::default(),
-            slots: Arc::default(),
-            resource_owners: Arc::default(),
-            tasks: std::sync::Mutex::default(),
-            own_tasks: std::sync::Mutex::default(),
+            children: ChildSet::new(
+                #[cfg(unix)]
+                egress,
+            ),
+            resources: Resources::default(),
+            tasks: Tasks::default(),
             parked: Arc::default(),
-            subscriptions: std::sync::Mutex::default(),
-            closing: CancellationToken::new(),
-            cancel_calls: CancellationToken::new(),
-            in_flight: Arc::new(watch::Sender::new(0)),
-            calls: std::sync::Mutex::default(),
-            agent: Arc::default(),
-            listeners: Arc::default(),
+            admission: Admission::new(),
+            agent: AgentLink::default(),
             closed: Arc::default(),
-            told_not_started: std::sync::Mutex::default(),
-            retrying: std::sync::Mutex::default(),
         });
         {
             let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
@@ -196,55 +156,34 @@ impl SessionState {
         if self.closed.swap(true, Ordering::SeqCst) {
             return Vec::new();
         }
-        self.closing.cancel();
+        self.admission.closing().cancel();
         // Calls waiting for input that will never come: their children close below.
         self.parked
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clear();
         let drain = Duration::from_millis(self.generation.config.serve.drain_timeout_ms);
-        let mut in_flight = self.in_flight.subscribe();
         let mut failures = Vec::new();
-        let drained = tokio::time::timeout(drain, in_flight.wait_for(|n| *n == 0))
-            .await
-            .is_ok();
-        if !drained {
-            let left = *in_flight.borrow();
-            tracing::warn!(session = %self.id, calls = left, ?drain, "drain timeout: cancelling in-flight calls");
-            self.cancel_calls.cancel();
-            if tokio::time::timeout(CANCEL_GRACE, in_flight.wait_for(|n| *n == 0))
-                .await
-                .is_err()
-            {
-                failures.push((
-                    "*".to_owned(),
-                    ClientError::Protocol {
-                        server: "*".to_owned(),
-                        operation: "close".into(),
-                        detail: format!(
-                            "{} calls still running {CANCEL_GRACE:?} after cancellation",
-                            *in_flight.borrow()
-                        ),
-                    },
-                ));
-            }
+        if let Some(left) = self.admission.close(&self.id, drain).await {
+            failures.push((
+                "*".to_owned(),
+                ClientError::Protocol {
+                    server: "*".to_owned(),
+                    operation: "close".into(),
+                    detail: format!(
+                        "{left} calls still running {CANCEL_GRACE:?} after cancellation"
+                    ),
+                },
+            ));
         }
-        let children = std::mem::take(&mut *self.children.lock().await);
         for (
-            key,
+            server,
             Child {
                 identity,
                 session: child,
             },
-        ) in children.by_key
+        ) in self.children.take_all().await.into_named()
         {
-            let server = children
-                .by_server
-                .iter()
-                .filter(|(_, k)| **k == key)
-                .map(|(name, _)| name.as_str())
-                .collect::<Vec<_>>()
-                .join(",");
             let evidence = evidence_of(&child);
             let outcome = match Arc::try_unwrap(child) {
                 Ok(child) => child.close().await.err(),
@@ -280,29 +219,14 @@ impl SessionState {
     }
 }
 
-impl AgentSession {
-    /// Tells the agent (and its 2026-07-28 subscriptions) that the tool
-    /// list changed, because of `server`.
-    pub(super) async fn tell_tools_changed(&self, server: &str) {
-        if let Some(agent) = self.agent.get()
-            && let Err(error) = agent.notify_tool_list_changed().await
-        {
-            tracing::debug!(%server, %error, "telling the agent its tools changed");
+impl SessionState {
+    /// Admits one call (see [`Admission::admit`]); refused too once the
+    /// audit log has failed (a log that cannot be written fails closed).
+    pub(super) fn admit(&self, ticket: Option<Ticket>) -> Result<InFlight<'_>, ErrorData> {
+        let admitted = self.admission.admit(&self.id, ticket)?;
+        if let Some(error) = self.gateway.audit_failure() {
+            return Err(unaudited(&error));
         }
-        let sinks = self
-            .listeners
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
-        for sink in sinks {
-            if sink.accepted().tools_list_changed == Some(true) {
-                let changed = rmcp::model::ServerNotification::ToolListChangedNotification(
-                    Default::default(),
-                );
-                if let Err(error) = sink.send(changed).await {
-                    tracing::debug!(%server, %error, "telling a subscription its tools changed");
-                }
-            }
-        }
+        Ok(admitted)
     }
 }

@@ -10,17 +10,12 @@ impl AgentSession {
     /// each failure, until it starts (then the agent is told its tools
     /// changed) or the session closes; one such task per server.
     pub(super) fn retry_later(&self, server: &str) {
-        if !self
-            .retrying
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(server.to_owned())
-        {
+        if !self.children.retrying(server) {
             return;
         }
         let state = Arc::downgrade(&self.state);
         let close_on_drop = Arc::downgrade(&self.close_on_drop);
-        let closing = self.closing.clone();
+        let closing = self.admission.closing().clone();
         // The session, while someone else still holds it.
         let session = move || {
             Some(AgentSession {
@@ -46,13 +41,9 @@ impl AgentSession {
                 }
                 let Some(state) = session() else { return };
                 if state.child(&server).await.is_ok() {
-                    state
-                        .retrying
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .remove(&server);
+                    state.children.retried(&server);
                     tracing::info!(session = %state.id, %server, "started on a later try; its tools are listed again");
-                    state.tell_tools_changed(&server).await;
+                    state.agent.tell_tools_changed(&server).await;
                     return;
                 }
             }
@@ -78,19 +69,14 @@ impl AgentSession {
                 operation: "route".into(),
                 detail: e.to_string(),
             })?;
-        if let Some(child) = self.running(server, spec).await {
+        let locked = self.generation.host.locked(server);
+        if let Some(child) = self.children.running(server, spec, locked).await {
             return Ok(child);
         }
-        let slot = self
-            .slots
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .entry(server.to_owned())
-            .or_default()
-            .clone();
+        let slot = self.children.slot(server);
         let _slot = slot.lock().await;
         // Another call may have started it while this one waited.
-        if let Some(child) = self.running(server, spec).await {
+        if let Some(child) = self.children.running(server, spec, locked).await {
             return Ok(child);
         }
         if let Some(failure) = self.generation.failures.held_back(server) {
@@ -99,18 +85,22 @@ impl AgentSession {
                 reason: failure.reason.clone(),
                 retry_in_s: failure.retry_in().as_secs().max(1),
             };
-            let first = self
-                .told_not_started
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(server.to_owned());
-            if first {
+            if self.children.told_not_started(server) {
                 self.tell_not_started(server, &error, &failure);
             }
             self.retry_later(server);
             return Err(error);
         }
-        let restarts = self.forget_crashed(server).await?;
+        let (restarts, crashed) = self.children.forget_crashed(server).await?;
+        if let Some((child, fault)) = crashed {
+            let _ = self.audit(Event::ServerExit {
+                session: self.id.clone(),
+                server: server.to_owned(),
+                identity: child.identity.to_string(),
+                evidence: evidence_of(&child.session),
+                outcome: Outcome::of_fault(&fault),
+            });
+        }
         if restarts > 0 {
             let backoff = Duration::from_millis(100 << (restarts - 1));
             tracing::warn!(%server, restarts, ?backoff, "restarting a crashed server");
@@ -119,13 +109,15 @@ impl AgentSession {
         let spare = self.generation.take_spare(
             server,
             #[cfg(unix)]
-            &self.egress,
+            self.children.egress(),
         );
         #[cfg(unix)]
-        let host = self
-            .generation
-            .host
-            .with_egress(self.generation.host.egress().in_session(&self.egress));
+        let host = self.generation.host.with_egress(
+            self.generation
+                .host
+                .egress()
+                .in_session(self.children.egress()),
+        );
         #[cfg(not(unix))]
         let host = &self.generation.host;
         let session = match (restarts, spare) {
@@ -141,10 +133,7 @@ impl AgentSession {
                     Err(error) => {
                         let failure = self.generation.failures.record(server, &error);
                         tracing::warn!(%server, %error, attempts = failure.attempts, retry_in = ?failure.retry_in(), "could not start; its tools are left out until it does");
-                        self.told_not_started
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .insert(server.to_owned());
+                        self.children.told_not_started(server);
                         self.tell_not_started(server, &error, &failure);
                         self.retry_later(server);
                         return Err(error);
@@ -153,10 +142,7 @@ impl AgentSession {
             }
         };
         self.generation.failures.started(server);
-        self.told_not_started
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(server);
+        self.children.started(server);
         let identity = session
             .launched_identity()
             .ok_or_else(|| ClientError::Protocol {
@@ -164,45 +150,27 @@ impl AgentSession {
                 operation: "launch".into(),
                 detail: "the server reported no identity".into(),
             })?;
-        let key = process_key(&identity, spec, self.generation.host.locked(server));
-        let mut children = self.children.lock().await;
-        // A name of the same process key, started meanwhile under its own
-        // slot, is already healthy: it serves this name too, and the new
-        // child goes. A live child is never replaced.
-        if let Some(old) = children.by_key.get(&key)
-            && old.session.fault().is_none()
-        {
-            let existing = old.session.clone();
-            children.by_server.insert(server.to_owned(), key);
-            drop(children);
-            if let Ok(extra) = Arc::try_unwrap(session) {
-                tokio::spawn(async move {
-                    let _ = extra.close().await;
+        let key = process_key(&identity, spec, locked);
+        let on_new = || {
+            if let Some(measured) = session.identity() {
+                let _ = self.audit(Event::ServerLaunch {
+                    session: self.id.clone(),
+                    server: server.to_owned(),
+                    identity: identity.to_string(),
+                    sha256: measured.digest.map(|d| d.to_string()),
+                    evidence: measured.evidence.to_string(),
                 });
             }
-            return Ok(existing);
-        }
-        if let Some(measured) = session.identity() {
-            let _ = self.audit(Event::ServerLaunch {
-                session: self.id.clone(),
-                server: server.to_owned(),
-                identity: identity.to_string(),
-                sha256: measured.digest.map(|d| d.to_string()),
-                evidence: measured.evidence.to_string(),
-            });
-        }
-        self.pass_on_tool_changes(server, &session);
-        // A faulted child under this key is replaced: the names it served
-        // restart with the new one.
-        children.by_key.insert(
-            key,
-            Child {
-                identity,
-                session: session.clone(),
-            },
-        );
-        children.by_server.insert(server.to_owned(), key);
-        drop(children);
+            self.pass_on_tool_changes(server, &session);
+        };
+        let session = match self
+            .children
+            .adopt(server, key, identity, session.clone(), on_new)
+            .await
+        {
+            Adopted::Existing(existing) => return Ok(existing),
+            Adopted::New(session) => session,
+        };
         self.pass_on_list_changes(server, &session).await;
         Ok(session)
     }
@@ -214,7 +182,6 @@ impl AgentSession {
         let mut events = child.tools_changed_events();
         let weak = Arc::downgrade(child);
         let agent = self.agent.clone();
-        let listeners = self.listeners.clone();
         let server = server.to_owned();
         tokio::spawn(async move {
             while events.changed().await.is_ok() {
@@ -223,22 +190,7 @@ impl AgentSession {
                     tracing::warn!(%server, %error, "re-checking tools after list_changed");
                 }
                 drop(child);
-                if let Some(agent) = agent.get()
-                    && let Err(error) = agent.notify_tool_list_changed().await
-                {
-                    tracing::debug!(%server, %error, "passing list_changed to the agent");
-                }
-                let sinks = listeners.lock().unwrap_or_else(|e| e.into_inner()).clone();
-                for sink in sinks {
-                    if sink.accepted().tools_list_changed == Some(true) {
-                        let changed = rmcp::model::ServerNotification::ToolListChangedNotification(
-                            Default::default(),
-                        );
-                        if let Err(error) = sink.send(changed).await {
-                            tracing::debug!(%server, %error, "passing list_changed to a subscription");
-                        }
-                    }
-                }
+                agent.tell_tools_changed(&server).await;
             }
         });
     }
@@ -255,7 +207,7 @@ impl AgentSession {
         // Children start on first use, after the agent's handshake.
         let Some(agent) = self
             .agent
-            .get()
+            .peer()
             .filter(|agent| {
                 agent.peer_info().is_some_and(|info| {
                     info.protocol_version < rmcp::model::ProtocolVersion::V_2026_07_28
@@ -319,7 +271,7 @@ impl AgentSession {
                 subject: seen.subject,
             });
         }
-        if let Some(agent) = self.agent.get().cloned() {
+        if let Some(agent) = self.agent.peer().cloned() {
             let message = format!(
                 "moat: server `{server}` could not start, so its tools are left out (tried again in {} s): {}",
                 retry_in.as_secs().max(1),

@@ -6,6 +6,16 @@
 
 use super::*;
 
+/// The tasks made of one session's calls, by the id the agent knows them
+/// by.
+#[derive(Default)]
+pub(super) struct Tasks {
+    /// Tasks servers made.
+    pub(super) issued: std::sync::Mutex<BTreeMap<String, IssuedTask>>,
+    /// Tasks Moat made (`[serve] task_after_ms`).
+    pub(super) own: std::sync::Mutex<BTreeMap<String, Arc<OwnTask>>>,
+}
+
 /// A task a server made of an agent's call. The agent knows it as
 /// `server__id`: two servers' ids never collide, and a session finds only
 /// the tasks of its own calls.
@@ -113,7 +123,7 @@ impl AgentSession {
     /// Whether this session has room for another task of Moat's (see
     /// [`own_task::make_room`]).
     pub(super) fn room_for_a_task(&self) -> bool {
-        own_task::make_room(&mut self.own_tasks.lock().unwrap_or_else(|e| e.into_inner()))
+        own_task::make_room(&mut self.tasks.own.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
     /// Makes a task of Moat's of `round` (a call to `server`'s `tool`
@@ -135,7 +145,8 @@ impl AgentSession {
         // (`server__id`) never meet it.
         let id = format!("{server}{SEPARATOR}{}", unguessable());
         // Room was made for it before its round began.
-        self.own_tasks
+        self.tasks
+            .own
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(id.clone(), own.clone());
@@ -213,7 +224,7 @@ impl AgentSession {
     /// (this one, or the one a stateless request left held under `id`).
     pub(super) fn own_task(&self, id: &str) -> Option<(AgentSession, Arc<OwnTask>)> {
         let here = |session: &AgentSession| {
-            let tasks = session.own_tasks.lock().unwrap_or_else(|e| e.into_inner());
+            let tasks = session.tasks.own.lock().unwrap_or_else(|e| e.into_inner());
             tasks.get(id).cloned()
         };
         if let Some(own) = here(self) {
@@ -271,14 +282,18 @@ impl AgentSession {
             exposed
         };
         let task_id = std::mem::replace(&mut created.task.task_id, exposed.clone());
-        self.tasks.lock().unwrap_or_else(|e| e.into_inner()).insert(
-            exposed,
-            IssuedTask {
-                server: server.to_owned(),
-                tool: tool.to_owned(),
-                task_id,
-            },
-        );
+        self.tasks
+            .issued
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(
+                exposed,
+                IssuedTask {
+                    server: server.to_owned(),
+                    tool: tool.to_owned(),
+                    task_id,
+                },
+            );
         created
     }
 
@@ -290,7 +305,7 @@ impl AgentSession {
         exposed: &str,
     ) -> Result<(Arc<Session>, String, String), ErrorData> {
         let own = {
-            let tasks = self.tasks.lock().unwrap_or_else(|e| e.into_inner());
+            let tasks = self.tasks.issued.lock().unwrap_or_else(|e| e.into_inner());
             tasks
                 .get(exposed)
                 .map(|task| (task.server.clone(), task.tool.clone(), task.task_id.clone()))
@@ -305,13 +320,9 @@ impl AgentSession {
                 None,
             ));
         };
-        if let Some(error) = self.generation.refusal(&server, Some(&tool), None) {
-            return Err(to_error(error));
-        }
+        self.gate(&server, Some(&tool))?;
         let child = self.child(&server).await.map_err(to_error)?;
-        if let Some(error) = self.generation.refusal(&server, Some(&tool), Some(&child)) {
-            return Err(to_error(error));
-        }
+        let child = self.gate_child(&server, Some(&tool), child).await?;
         Ok((child, tool, task_id))
     }
 }
