@@ -26,16 +26,24 @@ pub(super) fn complete(result_type: &mut Option<rmcp::model::ResultType>) {
     result_type.get_or_insert(rmcp::model::ResultType::COMPLETE);
 }
 
-/// A call's parts besides its target and arguments.
-pub(super) struct CallParts {
+/// One tool call as the agent sent it, routed: what every stage of the
+/// call path receives.
+pub(super) struct CallRequest {
+    pub(super) server: String,
+    pub(super) tool: String,
+    pub(super) arguments: Option<rmcp::model::JsonObject>,
+    /// Where the child's progress goes.
+    pub(super) progress: Option<ProgressSender>,
+    /// The agent's cancellation of the call.
+    pub(super) cancel: CancellationToken,
+    /// The agent's `traceparent` (from the request's `_meta`).
+    pub(super) traceparent: Option<String>,
+    /// The agent's answers to an earlier request for input.
+    pub(super) retry: Retry,
+    pub(super) takes: Takes,
     /// The agent that called, when it came through a connection (not an
     /// in-process call): asked for input on a server's behalf.
     pub(super) agent: Option<Peer<RoleServer>>,
-    pub(super) progress: Option<ProgressSender>,
-    pub(super) cancel: CancellationToken,
-    pub(super) traceparent: Option<String>,
-    pub(super) retry: Retry,
-    pub(super) takes: Takes,
 }
 
 /// What an agent can take in answer to a call besides a result, by its
@@ -65,29 +73,28 @@ impl AgentSession {
 
     /// Splits `server__tool` into a configured server and its tool.
     pub(super) fn route_tool<'n>(&self, name: &'n str) -> Result<(&'n str, &'n str), ErrorData> {
-        let (server, tool) = name.split_once(SEPARATOR).ok_or_else(|| {
-            ErrorData::invalid_params(
-                format!("no tool {name:?}: tools are named server__tool"),
-                None,
-            )
-        })?;
-        if !self.generation.config.servers.contains_key(server) {
-            return Err(ErrorData::invalid_params(
-                format!("no server {server:?} behind tool {name:?}"),
-                None,
-            ));
-        }
-        Ok((server, tool))
+        self.split_exposed(name, "tool ", "tools are named server__tool")
     }
 
     /// Splits `server__name` into a configured server and the name.
     pub(super) fn route<'n>(&self, name: &'n str) -> Result<(&'n str, &'n str), ErrorData> {
-        let (server, rest) = name.split_once(SEPARATOR).ok_or_else(|| {
-            ErrorData::invalid_params(format!("no {name:?}: names are server__name"), None)
-        })?;
+        self.split_exposed(name, "", "names are server__name")
+    }
+
+    /// Splits an exposed name (of a `kind`, which the errors name, and
+    /// whose `rule` they state) into a configured server and the rest.
+    fn split_exposed<'n>(
+        &self,
+        name: &'n str,
+        kind: &str,
+        rule: &str,
+    ) -> Result<(&'n str, &'n str), ErrorData> {
+        let (server, rest) = name
+            .split_once(SEPARATOR)
+            .ok_or_else(|| ErrorData::invalid_params(format!("no {kind}{name:?}: {rule}"), None))?;
         if !self.generation.config.servers.contains_key(server) {
             return Err(ErrorData::invalid_params(
-                format!("no server {server:?} behind {name:?}"),
+                format!("no server {server:?} behind {kind}{name:?}"),
                 None,
             ));
         }
@@ -108,17 +115,17 @@ impl AgentSession {
     ) -> Result<rmcp::model::CallToolResult, ErrorData> {
         let (server, tool) = self.route_tool(name)?;
         let answer = self
-            .call_rounds(
-                server,
-                tool,
+            .call_rounds(CallRequest {
+                server: server.to_owned(),
+                tool: tool.to_owned(),
                 arguments,
                 progress,
                 cancel,
-                traceparent,
-                Retry::default(),
-                Takes::default(),
-                None,
-            )
+                traceparent: traceparent.map(str::to_owned),
+                retry: Retry::default(),
+                takes: Takes::default(),
+                agent: None,
+            })
             .await?;
         match answer {
             CallToolResponse::Complete(result) => Ok(result),
@@ -136,41 +143,23 @@ impl AgentSession {
     /// handed on if it can, and otherwise followed to its end (a task) or
     /// refused (input). `retry` carries the agent's answers to an earlier
     /// request for input back to the server, as they are.
-    #[allow(
-        clippy::too_many_arguments,
-        reason = "one call's parts, as the agent sent them"
-    )]
     pub(super) async fn call_rounds(
         &self,
-        server: &str,
-        tool: &str,
-        arguments: Option<rmcp::model::JsonObject>,
-        progress: Option<ProgressSender>,
-        cancel: CancellationToken,
-        traceparent: Option<&str>,
-        retry: Retry,
-        takes: Takes,
-        agent: Option<Peer<RoleServer>>,
+        request: CallRequest,
     ) -> Result<CallToolResponse, ErrorData> {
         use tracing::Instrument;
         // Parsed once: an invalid traceparent is neither parent nor passed on.
-        let parent = traceparent.and_then(crate::trace::parse);
-        let span = crate::trace::call_span(&self.id, server, tool, parent.as_ref());
+        let parent = request.traceparent.as_deref().and_then(crate::trace::parse);
+        let span =
+            crate::trace::call_span(&self.id, &request.server, &request.tool, parent.as_ref());
         let passed_on = crate::trace::passed_on(&span, parent.as_ref());
         // Boxed, as the call within it is: a call's future holds the
         // child's start, the call and the audit, several kilobytes that
         // were copied at every move (into the span, into rmcp's task).
         Box::pin(self.call_in_span(
-            server,
-            tool,
-            arguments,
-            CallParts {
-                agent,
-                progress,
-                cancel,
+            CallRequest {
                 traceparent: passed_on,
-                retry,
-                takes,
+                ..request
             },
             &span,
         ))
@@ -181,20 +170,21 @@ impl AgentSession {
     /// [`AgentSession::call_rounds`] within `span`.
     pub(super) async fn call_in_span(
         &self,
-        server: &str,
-        tool: &str,
-        arguments: Option<rmcp::model::JsonObject>,
-        parts: CallParts,
+        request: CallRequest,
         span: &tracing::Span,
     ) -> Result<CallToolResponse, ErrorData> {
-        let CallParts {
-            agent,
+        let CallRequest {
+            server,
+            tool,
+            arguments,
             progress,
             cancel,
             traceparent,
             retry,
             takes,
-        } = parts;
+            agent,
+        } = request;
+        let (server, tool) = (server.as_str(), tool.as_str());
         // An agent before 2026-07-28 that can be asked for input: Moat asks
         // it on the server's behalf and calls again, so it keeps the call's
         // arguments for that.
@@ -315,8 +305,8 @@ impl AgentSession {
         let result = result.map_err(|error| match error {
             ClientError::Cancelled { .. } if !cancel.is_cancelled() => self
                 .revoked_during(server, tool, Some(&child))
-                .unwrap_or(error),
-            error => error,
+                .unwrap_or_else(|| error.into()),
+            error => error.into(),
         });
         let fuel = child.metrics().fuel_consumed() - fuel_before;
         record.end(&child, span, fuel, result)
@@ -372,30 +362,33 @@ impl AgentSession {
         let result = match after.filter(|_| takes.tasks) {
             Some(after) => {
                 self.call_or_own_task(
-                    server,
-                    tool,
-                    request.arguments,
-                    sender,
-                    context.ct.clone(),
-                    context.meta.get_traceparent(),
-                    retry,
-                    takes,
+                    CallRequest {
+                        server: server.to_owned(),
+                        tool: tool.to_owned(),
+                        arguments: request.arguments,
+                        progress: sender,
+                        cancel: context.ct.clone(),
+                        traceparent: context.meta.get_traceparent().map(str::to_owned),
+                        retry,
+                        takes,
+                        agent: None,
+                    },
                     Duration::from_millis(after.get()),
                 )
                 .await
             }
             None => {
-                self.call_rounds(
-                    server,
-                    tool,
-                    request.arguments,
-                    sender,
-                    context.ct.clone(),
-                    context.meta.get_traceparent(),
+                self.call_rounds(CallRequest {
+                    server: server.to_owned(),
+                    tool: tool.to_owned(),
+                    arguments: request.arguments,
+                    progress: sender,
+                    cancel: context.ct.clone(),
+                    traceparent: context.meta.get_traceparent().map(str::to_owned),
                     retry,
                     takes,
-                    Some(context.peer.clone()),
-                )
+                    agent: Some(context.peer.clone()),
+                })
                 .await
             }
         };

@@ -14,7 +14,9 @@ use crate::audit::Outcome;
 use crate::config::ServerSpec;
 use crate::identity::Digest;
 use crate::lock::LockedServer;
-use crate::session::{ClientError, Session};
+use crate::session::Session;
+
+use super::CallError;
 
 /// How many times one session restarts a crashed server before giving up.
 pub const MAX_RESTARTS: u32 = 3;
@@ -251,7 +253,7 @@ impl ChildSet {
     pub(super) async fn forget_crashed(
         &self,
         server: &str,
-    ) -> Result<(u32, Option<(Child, crate::transport::Fault)>), ClientError> {
+    ) -> Result<(u32, Option<(Child, crate::transport::Fault)>), CallError> {
         let mut children = self.running.lock().await;
         let Some(key) = children.by_server.get(server).copied() else {
             return Ok((0, None));
@@ -262,7 +264,7 @@ impl ChildSet {
         let mut counts = self.restarts.lock().await;
         let count = counts.entry(server.to_owned()).or_insert(0);
         if *count >= MAX_RESTARTS {
-            return Err(ClientError::GaveUp {
+            return Err(CallError::GaveUp {
                 server: server.to_owned(),
                 restarts: *count,
                 fault,

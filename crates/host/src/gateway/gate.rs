@@ -15,9 +15,9 @@ impl Generation {
         server: &str,
         tool: Option<&str>,
         child: Option<&Session>,
-    ) -> Option<ClientError> {
+    ) -> Option<CallError> {
         if let Some(detail) = self.stale(server, child) {
-            return Some(ClientError::Stale {
+            return Some(CallError::Stale {
                 server: server.to_owned(),
                 detail,
             });
@@ -41,14 +41,14 @@ impl Generation {
             Some(revocation) => (revocation, tool),
             None => (revoked.of_digests(&digests)?, None),
         };
-        Some(ClientError::Revoked {
+        Some(CallError::from(ClientError::Revoked {
             server: server.to_owned(),
             subject: match subject {
                 Some(tool) => format!("tool `{tool}` on server `{server}`"),
                 None => format!("server `{server}`"),
             },
             revocation: crate::revoke::describe(revocation),
-        })
+        }))
     }
 
     /// Whether this generation lets `server` (or its `tool`, or `child`,
@@ -97,9 +97,9 @@ impl SessionState {
         server: &str,
         tool: &str,
         child: Option<&Session>,
-    ) -> Option<ClientError> {
+    ) -> Option<CallError> {
         let refusal = self.generation.admits(server, Some(tool), child).err()?;
-        Some(ClientError::CancelledByRevocation {
+        Some(CallError::CancelledByRevocation {
             server: server.to_owned(),
             tool: tool.to_owned(),
             refusal: refusal.0.to_string(),
@@ -109,7 +109,7 @@ impl SessionState {
 
 /// A refusal at the gate: what the agent and the audit log are told.
 #[derive(Debug)]
-pub(super) struct Refused(pub(super) Box<ClientError>);
+pub(super) struct Refused(pub(super) Box<CallError>);
 
 impl From<Refused> for ErrorData {
     fn from(refused: Refused) -> Self {

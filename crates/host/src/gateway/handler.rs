@@ -103,24 +103,24 @@ impl ServerHandler for AgentSession {
         let (holder, id) = match self.resolve_task(&request.task_id) {
             TaskAt::Own(holder, own) => {
                 let resume = own.resume(&request.task_id, request.input_responses)?;
-                let round = holder.spawn_round(
-                    &own.server,
-                    &own.tool,
-                    own.arguments.clone(),
-                    None,
-                    resume.cancel,
-                    None,
-                    Retry {
+                let round = holder.spawn_round(CallRequest {
+                    server: own.server.clone(),
+                    tool: own.tool.clone(),
+                    arguments: own.arguments.clone(),
+                    progress: None,
+                    cancel: resume.cancel,
+                    traceparent: None,
+                    retry: Retry {
                         input_responses: Some(resume.input_responses),
                         request_state: resume.request_state,
                     },
-                    Takes {
+                    takes: Takes {
                         tasks: true,
                         input: true,
                         held: true,
                     },
-                    None,
-                );
+                    agent: None,
+                });
                 holder.settle_round(own, round);
                 return Ok(());
             }

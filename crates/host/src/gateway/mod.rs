@@ -29,6 +29,7 @@ mod bridge;
 mod call;
 mod calls;
 mod children;
+mod error;
 mod gate;
 mod generation;
 mod handler;
@@ -52,13 +53,16 @@ use call::*;
 use calls::*;
 pub use children::MAX_RESTARTS;
 use children::*;
+pub use error::CallError;
 pub use gate::Enforced;
 use generation::Generation;
 pub use names::{check_lock_names, valid_exposed_name};
 use names::{unexposable, unguessable};
 use own_task::OwnTask;
 use parked::*;
-use record::{CallRecord, cancelled, evidence_of, outcome_of, to_error, unaudited};
+use record::{
+    CallRecord, cancelled, evidence_of, outcome_of, session_outcome, to_error, unaudited,
+};
 pub use session::{AgentSession, SessionState};
 pub use start_failures::{START_RETRY_MAX, StartFailure};
 use subscriptions::*;

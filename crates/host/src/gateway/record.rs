@@ -20,21 +20,26 @@ pub(super) fn unaudited(error: &AuditError) -> ErrorData {
 
 /// What the audit log says of a failed call or close: Moat's words, and
 /// only the digest of whatever text the server chose.
-pub(super) fn outcome_of(error: &ClientError) -> Outcome {
+pub(super) fn outcome_of(error: &CallError) -> Outcome {
+    match error {
+        CallError::Session(error) => session_outcome(error),
+        CallError::GaveUp { fault, .. } => Outcome::of_fault(fault),
+        // Moat's own refusals, in its own words.
+        CallError::CancelledByRevocation { .. } => Outcome::plain("revoked"),
+        CallError::Stale { .. } => Outcome::plain("stale"),
+        CallError::NotStarted { .. } => Outcome::plain("not-started"),
+    }
+}
+
+/// [`outcome_of`] for what the server session said.
+pub(super) fn session_outcome(error: &ClientError) -> Outcome {
     match error {
         ClientError::InvalidArguments { .. } => Outcome::plain("invalid-params"),
         ClientError::ToolUnavailable { .. } => Outcome::plain("unavailable"),
         ClientError::Cancelled { .. } => Outcome::plain("cancelled"),
-        ClientError::Fault { fault, .. } | ClientError::GaveUp { fault, .. } => {
-            Outcome::of_fault(fault)
-        }
+        ClientError::Fault { fault, .. } => Outcome::of_fault(fault),
         ClientError::InvalidOutput { .. } => Outcome::plain("invalid-output"),
-        // Moat's own refusals, in its own words.
-        ClientError::Revoked { .. } | ClientError::CancelledByRevocation { .. } => {
-            Outcome::plain("revoked")
-        }
-        ClientError::Stale { .. } => Outcome::plain("stale"),
-        ClientError::NotStarted { .. } => Outcome::plain("not-started"),
+        ClientError::Revoked { .. } => Outcome::plain("revoked"),
         ClientError::Launch(_)
         | ClientError::Lock(_)
         | ClientError::NotLocked { .. }
@@ -83,16 +88,14 @@ pub(super) fn explained(
 }
 
 /// The limit that stopped a call, from its error.
-pub(super) fn limit_of(error: &ClientError) -> Option<&'static str> {
-    match error {
-        ClientError::Fault {
-            fault: crate::transport::Fault::Limit { limit, .. },
-            ..
-        }
-        | ClientError::GaveUp {
-            fault: crate::transport::Fault::Limit { limit, .. },
-            ..
-        } => Some(limit.name()),
+pub(super) fn limit_of(error: &CallError) -> Option<&'static str> {
+    let fault = match error {
+        CallError::GaveUp { fault, .. } => fault,
+        CallError::Session(error) => error.fault()?,
+        _ => return None,
+    };
+    match fault {
+        crate::transport::Fault::Limit { limit, .. } => Some(limit.name()),
         _ => None,
     }
 }
@@ -120,9 +123,12 @@ pub(super) fn cancelled(server: &str, tool: &str) -> ErrorData {
     })
 }
 
-pub(super) fn to_error(error: ClientError) -> ErrorData {
-    match &error {
-        ClientError::InvalidArguments { .. } | ClientError::ToolUnavailable { .. } => {
+/// The agent's error for `error`: invalid params where the agent's call
+/// was at fault, Moat's internal error otherwise.
+pub(super) fn to_error(error: impl Into<CallError>) -> ErrorData {
+    let error = error.into();
+    match error.session() {
+        Some(ClientError::InvalidArguments { .. } | ClientError::ToolUnavailable { .. }) => {
             ErrorData::invalid_params(error.to_string(), None)
         }
         _ => ErrorData::internal_error(error.to_string(), None),
@@ -172,7 +178,7 @@ impl<'s> CallRecord<'s> {
         child: &Session,
         span: &tracing::Span,
         fuel: u64,
-        result: Result<CallToolResponse, ClientError>,
+        result: Result<CallToolResponse, CallError>,
     ) -> Result<CallToolResponse, ErrorData> {
         let CallRecord {
             session,

@@ -200,7 +200,7 @@ impl SessionState {
                 evidence,
                 outcome: outcome
                     .as_ref()
-                    .map_or_else(|| Outcome::plain("closed"), outcome_of),
+                    .map_or_else(|| Outcome::plain("closed"), session_outcome),
             });
             if let Some(error) = outcome {
                 failures.push((server, error));

@@ -59,7 +59,7 @@ impl AgentSession {
     /// Starting holds only `server`'s launch slot: calls to the session's
     /// other servers go on meanwhile, and `children` is locked only to look
     /// up and to insert.
-    pub(super) async fn child(&self, server: &str) -> Result<Arc<Session>, ClientError> {
+    pub(super) async fn child(&self, server: &str) -> Result<Arc<Session>, CallError> {
         let spec = self
             .generation
             .config
@@ -80,7 +80,7 @@ impl AgentSession {
             return Ok(child);
         }
         if let Some(failure) = self.generation.failures.held_back(server) {
-            let error = ClientError::NotStarted {
+            let error = CallError::NotStarted {
                 server: server.to_owned(),
                 reason: failure.reason.clone(),
                 retry_in_s: failure.retry_in().as_secs().max(1),
@@ -134,6 +134,7 @@ impl AgentSession {
                         let failure = self.generation.failures.record(server, &error);
                         tracing::warn!(%server, %error, attempts = failure.attempts, retry_in = ?failure.retry_in(), "could not start; its tools are left out until it does");
                         self.children.told_not_started(server);
+                        let error = CallError::from(error);
                         self.tell_not_started(server, &error, &failure);
                         self.retry_later(server);
                         return Err(error);
@@ -249,12 +250,7 @@ impl AgentSession {
     /// its operator see it: the audit log, and the agent (a log
     /// notification). Each failed start is told; a failure seen again while
     /// the server is held back, once a session.
-    pub(super) fn tell_not_started(
-        &self,
-        server: &str,
-        error: &ClientError,
-        failure: &StartFailure,
-    ) {
+    pub(super) fn tell_not_started(&self, server: &str, error: &CallError, failure: &StartFailure) {
         let retry_in = failure.retry_in();
         let _ = self.audit(Event::ServerStartFailed {
             session: self.id.clone(),

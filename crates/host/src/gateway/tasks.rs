@@ -78,34 +78,23 @@ impl AgentSession {
     /// makes is handed on as ever, or, made later, reached under Moat's id;
     /// a request for input leaves Moat's task `input_required` until
     /// `tasks/update` brings the answers (see [`OwnTask`]).
-    #[allow(
-        clippy::too_many_arguments,
-        reason = "one call's parts, as the agent sent them"
-    )]
     pub(super) async fn call_or_own_task(
         &self,
-        server: &str,
-        tool: &str,
-        arguments: Option<rmcp::model::JsonObject>,
-        progress: Option<ProgressSender>,
-        cancel: CancellationToken,
-        traceparent: Option<&str>,
-        retry: Retry,
-        takes: Takes,
+        request: CallRequest,
         after: Duration,
     ) -> Result<CallToolResponse, ErrorData> {
         let round_cancel = CancellationToken::new();
-        let mut round = self.spawn_round(
-            server,
-            tool,
-            arguments.clone(),
-            progress,
-            round_cancel.clone(),
-            traceparent.map(str::to_owned),
-            retry,
-            takes,
-            None,
+        let (server, tool, arguments) = (
+            request.server.clone(),
+            request.tool.clone(),
+            request.arguments.clone(),
         );
+        let (cancel, held) = (request.cancel.clone(), request.takes.held);
+        let mut round = self.spawn_round(CallRequest {
+            cancel: round_cancel.clone(),
+            agent: None,
+            ..request
+        });
         tokio::select! {
             done = in_place(&mut round, &cancel, &round_cancel) => return done,
             () = tokio::time::sleep(after) => {}
@@ -114,7 +103,7 @@ impl AgentSession {
             // No room for another task: the call is answered in place.
             return in_place(&mut round, &cancel, &round_cancel).await;
         }
-        let (id, own) = self.adopt_round(server, tool, arguments, round, round_cancel, takes.held);
+        let (id, own) = self.adopt_round(&server, &tool, arguments, round, round_cancel, held);
         Ok(CallToolResponse::Task(rmcp::model::CreateTaskResult::new(
             own.task(&id),
         )))
@@ -161,38 +150,12 @@ impl AgentSession {
     /// call itself, or a retry with the agent's answers. `agent` is asked
     /// for input on the server's behalf when it is on a revision that is
     /// asked with requests of its own.
-    #[allow(
-        clippy::too_many_arguments,
-        reason = "one call's parts, as the agent sent them"
-    )]
     pub(super) fn spawn_round(
         &self,
-        server: &str,
-        tool: &str,
-        arguments: Option<rmcp::model::JsonObject>,
-        progress: Option<ProgressSender>,
-        cancel: CancellationToken,
-        traceparent: Option<String>,
-        retry: Retry,
-        takes: Takes,
-        agent: Option<Peer<RoleServer>>,
+        request: CallRequest,
     ) -> tokio::task::JoinHandle<Result<CallToolResponse, ErrorData>> {
-        let (session, server, tool) = (self.clone(), server.to_owned(), tool.to_owned());
-        tokio::spawn(async move {
-            session
-                .call_rounds(
-                    &server,
-                    &tool,
-                    arguments,
-                    progress,
-                    cancel,
-                    traceparent.as_deref(),
-                    retry,
-                    takes,
-                    agent,
-                )
-                .await
-        })
+        let session = self.clone();
+        tokio::spawn(async move { session.call_rounds(request).await })
     }
 
     /// Records in `own` how `round` ends, when it does.

@@ -54,17 +54,17 @@ impl AgentSession {
                     ));
                 }
                 let cancel = CancellationToken::new();
-                let round = self.spawn_round(
-                    server,
-                    tool,
-                    call.arguments.clone(),
-                    None,
-                    cancel.clone(),
-                    context.meta.get_traceparent().map(str::to_owned),
-                    Retry::default(),
-                    Takes::default(),
-                    Some(context.peer.clone()),
-                );
+                let round = self.spawn_round(CallRequest {
+                    server: server.to_owned(),
+                    tool: tool.to_owned(),
+                    arguments: call.arguments.clone(),
+                    progress: None,
+                    cancel: cancel.clone(),
+                    traceparent: context.meta.get_traceparent().map(str::to_owned),
+                    retry: Retry::default(),
+                    takes: Takes::default(),
+                    agent: Some(context.peer.clone()),
+                });
                 let (id, own) = self.adopt_round(server, tool, call.arguments, round, cancel, true);
                 serde_json::json!({"task": worded(&id, &own)})
             }

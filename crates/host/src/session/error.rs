@@ -113,14 +113,6 @@ pub enum ClientError {
     #[error(transparent)]
     Policy(#[from] crate::policy::PolicyError),
     #[error(
-        "server `{server}` crashed again after {restarts} restarts in this session; giving up: {fault}"
-    )]
-    GaveUp {
-        server: String,
-        restarts: u32,
-        fault: Fault,
-    },
-    #[error(
         "{kind} `{name}` on server `{server}` is unavailable: {status} since `moat lock` (run `moat lock` to approve it)"
     )]
     NotPinned {
@@ -137,28 +129,6 @@ pub enum ClientError {
         "tool `{tool}` on server `{server}` asks the caller for input, which this caller cannot give (an agent on 2026-07-28 can)"
     )]
     InputRequired { server: String, tool: String },
-    /// A server a session still ran when moat.lock was read again and no
-    /// longer matched it: that session stops it and refuses it from then on.
-    #[error(
-        "server `{server}` is refused in this session: moat.lock was reloaded and no longer matches what this session runs ({detail}); a new session runs what the lock pins now"
-    )]
-    Stale { server: String, detail: String },
-    /// A call in flight when a revocation of what it calls came into force,
-    /// cancelled when the drain timeout passed.
-    #[error("tool `{tool}` on server `{server}`: the call was cancelled in flight: {refusal}")]
-    CancelledByRevocation {
-        server: String,
-        tool: String,
-        refusal: String,
-    },
-    /// A server of `moat serve` that failed to start, asked for again
-    /// before its next try is due: the reason of the last failure.
-    #[error("server `{server}` could not start: {reason} (Moat tries it again in {retry_in_s} s)")]
-    NotStarted {
-        server: String,
-        reason: String,
-        retry_in_s: u64,
-    },
     #[error("tool `{tool}` on server `{server}` is unavailable: {reason}")]
     ToolUnavailable {
         server: String,
