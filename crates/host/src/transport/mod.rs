@@ -11,12 +11,15 @@
 mod book;
 mod fault;
 mod frame;
+mod shared;
 mod tap;
+#[cfg(test)]
+mod tests;
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rmcp::RoleClient;
@@ -30,149 +33,13 @@ use tokio::time::Instant;
 pub use book::{AskingAgent, Book, MAX_UNANSWERED_SERVER_REQUESTS};
 pub use fault::{Fault, TransportError};
 pub use frame::{StderrBuffer, sanitize_tail};
+pub use shared::Shared;
 pub use tap::{Pass, Tap};
 
-use crate::instance::{Exit, Identity, Launched, Metrics, Tracker};
+use crate::instance::{Exit, Launched, Tracker};
 use crate::limits::{LimitHit, Limits};
 use book::Answered;
 use frame::{FrameError, Lines};
-
-/// Bytes of stderr carried in a fault.
-const FAULT_TAIL_BYTES: usize = 2048;
-
-/// How long a fault for an exit waits for the stderr reader to finish: its
-/// pipe closes with the server, unless something the server started holds it.
-const STDERR_SETTLE: Duration = Duration::from_millis(250);
-
-/// State shared by the transport, its tasks and the session that wraps it.
-#[derive(Debug)]
-pub struct Shared {
-    server: String,
-    fault: Mutex<Option<Fault>>,
-    closing: AtomicBool,
-    stderr: StderrBuffer,
-    tracker: Arc<Tracker>,
-    /// Requests in flight, both ways.
-    book: Arc<Book>,
-    identity: OnceLock<Identity>,
-    metrics: OnceLock<Arc<Metrics>>,
-    /// What sees each message before rmcp (set before connecting).
-    tap: OnceLock<Arc<dyn Tap>>,
-    /// Set once the stderr reader has read everything (or given up).
-    stderr_drained: watch::Sender<bool>,
-}
-
-impl Shared {
-    pub(crate) fn new(server: String, limits: &Limits) -> Self {
-        Self {
-            server,
-            fault: Mutex::new(None),
-            closing: AtomicBool::new(false),
-            stderr: StderrBuffer::new(
-                usize::try_from(limits.stderr_buffer_bytes).unwrap_or(usize::MAX),
-            ),
-            tracker: Arc::new(Tracker::default()),
-            book: Arc::default(),
-            identity: OnceLock::new(),
-            metrics: OnceLock::new(),
-            tap: OnceLock::new(),
-            stderr_drained: watch::Sender::new(false),
-        }
-    }
-
-    /// See [`Book::asking_agent`].
-    pub fn asking_agent(&self) -> AskingAgent {
-        self.book.asking_agent()
-    }
-
-    /// The server's configured name.
-    pub fn server(&self) -> &str {
-        &self.server
-    }
-
-    /// What was measured about the server, once launched.
-    pub fn identity(&self) -> Option<Identity> {
-        self.identity.get().cloned()
-    }
-
-    /// The launcher's counters (zero before launch).
-    pub fn metrics(&self) -> Arc<Metrics> {
-        self.metrics.get().cloned().unwrap_or_default()
-    }
-
-    /// The fault that ended the session, once every task of the transport
-    /// has ended (waiting at most `bound`): a send that failed because the
-    /// server exited can come before the exit is known.
-    pub async fn settled_fault(&self, bound: Duration) -> Option<Fault> {
-        let _ = tokio::time::timeout(bound, self.tracker.wait_idle()).await;
-        self.fault()
-    }
-
-    /// The fault that ended the session, if one did.
-    pub fn fault(&self) -> Option<Fault> {
-        self.fault.lock().unwrap_or_else(|e| e.into_inner()).clone()
-    }
-
-    /// The server's stderr buffer.
-    pub fn stderr(&self) -> &StderrBuffer {
-        &self.stderr
-    }
-
-    /// Tasks and instances of this transport.
-    pub fn tracker(&self) -> &Arc<Tracker> {
-        &self.tracker
-    }
-
-    /// Requests sent so far.
-    pub fn requests_sent(&self) -> u64 {
-        self.book.requests_sent()
-    }
-
-    fn set_fault(&self, fault: Fault) {
-        let mut slot = self.fault.lock().unwrap_or_else(|e| e.into_inner());
-        if slot.is_none() {
-            tracing::warn!(server = %self.server, %fault, "server fault");
-            *slot = Some(fault);
-        }
-    }
-
-    fn is_closing(&self) -> bool {
-        self.closing.load(Ordering::SeqCst)
-    }
-
-    /// The fault an exit amounts to, built once the stderr reader has read
-    /// what the server wrote before it went (at most [`STDERR_SETTLE`]
-    /// later), so the fault's stderr tail is whole.
-    async fn exit_fault(&self, exit: &Exit) -> Option<Fault> {
-        if matches!(exit, Exit::Code(_) | Exit::Crashed(_)) {
-            let mut drained = self.stderr_drained.subscribe();
-            let _ = tokio::time::timeout(STDERR_SETTLE, drained.wait_for(|d| *d)).await;
-        }
-        self.fault_for_exit(exit)
-    }
-
-    fn fault_for_exit(&self, exit: &Exit) -> Option<Fault> {
-        let server = self.server.clone();
-        match exit {
-            Exit::Stopped => None,
-            Exit::Code(0) if self.is_closing() => None,
-            Exit::Code(code) => Some(Fault::Exited {
-                server,
-                code: *code,
-                stderr_tail: self.stderr.tail(FAULT_TAIL_BYTES),
-            }),
-            Exit::Limit(limit) => Some(Fault::Limit {
-                server,
-                limit: limit.clone(),
-            }),
-            Exit::Crashed(reason) => Some(Fault::Crashed {
-                server,
-                reason: reason.clone(),
-                stderr_tail: self.stderr.tail(FAULT_TAIL_BYTES),
-            }),
-        }
-    }
-}
 
 type BoxFuture<E> = Pin<Box<dyn Future<Output = Result<Launched, E>> + Send>>;
 
@@ -667,71 +534,5 @@ async fn watchdog(
         && let Some(fault) = shared.exit_fault(status).await
     {
         shared.set_fault(fault);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The deadline bounds the server's work, not the agent's time to
-    /// answer the server's own request; and it is not lost either.
-    #[tokio::test(start_paused = true)]
-    async fn a_request_waiting_for_the_agent_holds_the_deadline_and_moves_it_back() {
-        let shared = Arc::new(Shared::new("s".into(), &Limits::default()));
-        shared.book.sent(
-            rmcp::model::RequestId::Number(7),
-            "tools/call".to_owned(),
-            Instant::now() + Duration::from_secs(60),
-        );
-        let first = shared.book.next_deadline().unwrap();
-        let stopped = Arc::new(AtomicBool::new(false));
-        let (_exit, exit) = watch::channel(None);
-        let stop = stopped.clone();
-        let watching = tokio::spawn(watchdog(
-            shared.clone(),
-            60_000,
-            exit,
-            Arc::new(move || stop.store(true, Ordering::SeqCst)),
-        ));
-        let settle = || async {
-            for _ in 0..8 {
-                tokio::task::yield_now().await;
-            }
-        };
-        let asking = shared.asking_agent();
-        settle().await;
-        tokio::time::advance(Duration::from_secs(90)).await;
-        settle().await;
-        assert!(
-            shared.fault().is_none(),
-            "the deadline passed while the agent was asked"
-        );
-        assert!(!stopped.load(Ordering::SeqCst));
-        drop(asking);
-        assert_eq!(
-            shared.book.next_deadline(),
-            Some(first + Duration::from_secs(90))
-        );
-        settle().await;
-        tokio::time::advance(Duration::from_secs(59)).await;
-        settle().await;
-        assert!(shared.fault().is_none(), "fired before the moved deadline");
-        tokio::time::advance(Duration::from_secs(2)).await;
-        settle().await;
-        assert!(
-            stopped.load(Ordering::SeqCst),
-            "the moved deadline never fired"
-        );
-        assert!(matches!(
-            shared.fault(),
-            Some(Fault::Limit {
-                limit: LimitHit::Deadline {
-                    request_timeout_ms: 60_000
-                },
-                ..
-            })
-        ));
-        watching.await.unwrap();
     }
 }

@@ -1,0 +1,129 @@
+//! The probes and the scrape: `/healthz`, `/readyz` and `/metrics`, answered
+//! beside `/mcp` by the HTTP front, or alone on a loopback listener beside
+//! stdio serving ([`serve_probes`]).
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::answer::{refused, status, text};
+use super::guard::{host_allowed, token_matches};
+use super::{ACCEPT_BACKOFF, HttpError};
+use crate::gateway::Gateway;
+use bytes::Bytes;
+use http_body_util::combinators::BoxBody;
+use hyper::{Request, Response, StatusCode};
+
+/// The answer to a probe (`/healthz`, `/readyz`) or a scrape (`/metrics`),
+/// or `None` for any other path. A scrape needs `expected` (the bearer
+/// token's `Authorization` value) when there is one, a `Host` in `hosts`,
+/// no browser `Origin`, and GET.
+pub(super) fn observe(
+    request: &Request<hyper::body::Incoming>,
+    gateway: &Gateway,
+    hosts: &[String],
+    max_sessions: usize,
+    expected: Option<&str>,
+) -> Option<Response<BoxBody<Bytes, Infallible>>> {
+    Some(match request.uri().path() {
+        "/healthz" => text(StatusCode::OK, "text/plain", "ok\n".into()),
+        // Which log and why are for the operator (stderr), not the prober.
+        "/readyz" if gateway.audit_failure().is_some() => text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "text/plain",
+            "not ready: the audit log cannot be written\n".into(),
+        ),
+        // Ready with servers that could not start: the others serve, and the
+        // prober learns which (the reasons are in the log and the audit log).
+        "/readyz" if gateway.live_sessions() < max_sessions => {
+            let mut body = String::from("ready\n");
+            for (server, failure) in gateway.not_started() {
+                body.push_str(&format!(
+                    "server `{server}` is not started ({} failed starts; its tools are left out)\n",
+                    failure.attempts
+                ));
+            }
+            text(StatusCode::OK, "text/plain", body)
+        }
+        "/readyz" => text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "text/plain",
+            format!("not ready: {max_sessions} agent sessions are open (max_sessions)\n"),
+        ),
+        "/metrics" => {
+            if let Some(expected) = expected {
+                let presented = request
+                    .headers()
+                    .get(hyper::header::AUTHORIZATION)
+                    .map(|v| v.as_bytes());
+                if !token_matches(expected, presented) {
+                    refused(gateway, "unauthorized", StatusCode::UNAUTHORIZED);
+                    return Some(status(StatusCode::UNAUTHORIZED));
+                }
+            }
+            if !host_allowed(request, hosts)
+                || request.headers().contains_key(hyper::header::ORIGIN)
+            {
+                status(StatusCode::FORBIDDEN)
+            } else if request.method() != hyper::Method::GET {
+                status(StatusCode::METHOD_NOT_ALLOWED)
+            } else {
+                text(
+                    StatusCode::OK,
+                    crate::metrics::CONTENT_TYPE,
+                    gateway.metrics().encode(),
+                )
+            }
+        }
+        _ => return None,
+    })
+}
+
+/// `moat serve --metrics ADDR` beside stdio serving: `/metrics`,
+/// `/healthz` and `/readyz` only, on a loopback address (there is no token
+/// to ask for), until `shutdown`.
+pub async fn serve_probes(
+    gateway: Gateway,
+    listener: tokio::net::TcpListener,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), HttpError> {
+    let addr = listener.local_addr().map_err(HttpError::LocalAddr)?;
+    if !addr.ip().is_loopback() {
+        return Err(HttpError::MetricsNotLoopback { addr });
+    }
+    let hosts: Arc<[String]> = ["localhost", "127.0.0.1", "::1"].map(String::from).into();
+    let settings = gateway.serve_settings().clone();
+    tokio::pin!(shutdown);
+    loop {
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(error) => {
+                    tracing::warn!(%error, "metrics listener: accept failed");
+                    tokio::select! {
+                        () = tokio::time::sleep(ACCEPT_BACKOFF.0) => continue,
+                        () = &mut shutdown => break,
+                    }
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        let gateway = gateway.clone();
+        let hosts = hosts.clone();
+        let max_sessions = settings.max_sessions.get();
+        let handler = hyper::service::service_fn(move |request: Request<hyper::body::Incoming>| {
+            let response = observe(&request, &gateway, &hosts, max_sessions, None)
+                .unwrap_or_else(|| status(StatusCode::NOT_FOUND));
+            async move { Ok::<_, Infallible>(response) }
+        });
+        let header_timeout = Duration::from_millis(settings.header_timeout_ms.get());
+        tokio::spawn(async move {
+            let _ = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(header_timeout)
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), handler)
+                .await;
+        });
+    }
+    Ok(())
+}
