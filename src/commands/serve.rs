@@ -225,7 +225,7 @@ fn reload_report(source: &str, gateway: &Gateway, result: Result<Reloaded, Reloa
 }
 
 /// Reports every server that failed to close; the exit status says whether any did.
-fn close_status(failures: &[(String, moat_host::ClientError)]) -> ExitCode {
+fn close_status(failures: &[(String, moat_host::SessionError)]) -> ExitCode {
     for (server, error) in failures {
         eprintln!(
             "moat: error: closing server `{server}`: {}",

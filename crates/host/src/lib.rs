@@ -68,13 +68,13 @@ pub mod wassette;
 pub mod watch;
 
 pub use config::{Config, ConfigError, ServerKind, ServerSpec};
-pub use host::Host;
+pub use host::{ConnectError, Host};
 pub use identity::{Digest, Evidence, Expectation};
 pub use launch::LaunchError;
 pub use limits::{LimitHit, Limits};
 /// The rmcp version Moat speaks, re-exported for its protocol types.
 pub use rmcp;
-pub use session::{ClientError, Handshake, Session};
+pub use session::{Handshake, Session, SessionError};
 pub use transport::{Fault, TransportError};
 
 pub use launch::ServerTransport;

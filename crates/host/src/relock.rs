@@ -9,10 +9,10 @@
 use std::path::{Path, PathBuf};
 
 use crate::config::{Config, ConfigError};
+use crate::host::{ConnectError, Host};
 use crate::lock::{LOCK_VERSION, Lock, LockError, LockedServer};
 use crate::revoke::{Revocation, Target, TargetError};
 use crate::setup::SetupError;
-use crate::{ClientError, Host};
 
 /// Why moat.lock could not be rewritten.
 #[derive(Debug, thiserror::Error)]
@@ -37,7 +37,7 @@ pub enum RelockError {
     },
     /// Measuring a server to re-pin it.
     #[error(transparent)]
-    Measure(Box<ClientError>),
+    Measure(Box<ConnectError>),
     /// What `moat revoke` was given is not a server, tool or digest.
     #[error(transparent)]
     Target(#[from] TargetError),
@@ -53,8 +53,8 @@ pub enum RelockError {
     },
 }
 
-impl From<ClientError> for RelockError {
-    fn from(error: ClientError) -> Self {
+impl From<ConnectError> for RelockError {
+    fn from(error: ConnectError) -> Self {
         Self::Measure(Box::new(error))
     }
 }
@@ -108,7 +108,7 @@ pub struct Relocked {
     pub flagged: Vec<Flagged>,
     /// The servers that could not be measured, each keeping the entry it
     /// had, if any.
-    pub failures: Vec<(String, ClientError)>,
+    pub failures: Vec<(String, ConnectError)>,
 }
 
 /// Whether writing changed the lock file.

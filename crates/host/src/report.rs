@@ -10,12 +10,14 @@ use std::path::{Path, PathBuf};
 
 use serde::{Serialize, Serializer};
 
+use crate::ServerKind;
 use crate::config::Config;
+use crate::host::ConnectError;
 use crate::instance::Identity;
 use crate::limits::Limits;
 use crate::policy::ToolReport;
+use crate::session::SessionError;
 use crate::setup::SetupError;
-use crate::{ClientError, ServerKind};
 
 /// Why a report could not be made.
 #[derive(Debug, thiserror::Error)]
@@ -23,14 +25,23 @@ pub enum ReportError {
     /// Reading the config or lock, building the host, or connecting.
     #[error(transparent)]
     Setup(#[from] SetupError),
+    /// Starting the server under the lock.
+    #[error(transparent)]
+    Connect(Box<ConnectError>),
     /// Listing, checking or closing the server.
     #[error(transparent)]
-    Client(Box<ClientError>),
+    Session(Box<SessionError>),
 }
 
-impl From<ClientError> for ReportError {
-    fn from(error: ClientError) -> Self {
-        Self::Client(Box::new(error))
+impl From<ConnectError> for ReportError {
+    fn from(error: ConnectError) -> Self {
+        Self::Connect(Box::new(error))
+    }
+}
+
+impl From<SessionError> for ReportError {
+    fn from(error: SessionError) -> Self {
+        Self::Session(Box::new(error))
     }
 }
 

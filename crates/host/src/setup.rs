@@ -10,8 +10,9 @@ use std::sync::Arc;
 use crate::audit::{AuditError, AuditLog};
 use crate::config::{Config, ConfigError};
 use crate::gateway::Gateway;
+use crate::host::ConnectError;
 use crate::lock::{Lock, LockError};
-use crate::{ClientError, Host, LaunchError, Session};
+use crate::{Host, LaunchError, Session};
 
 /// Why the host or gateway for a config could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -36,11 +37,11 @@ pub enum SetupError {
     Audit(#[from] AuditError),
     /// Connecting to a server.
     #[error(transparent)]
-    Connect(Box<ClientError>),
+    Connect(Box<ConnectError>),
 }
 
-impl From<ClientError> for SetupError {
-    fn from(error: ClientError) -> Self {
+impl From<ConnectError> for SetupError {
+    fn from(error: ConnectError) -> Self {
         Self::Connect(Box::new(error))
     }
 }

@@ -7,8 +7,8 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use crate::ClientError;
 use crate::config::{Config, ConfigError};
+use crate::host::ConnectError;
 use crate::lock::{Lock, LockError, LockedTool};
 use crate::packages::{PackageError, RepinError};
 use crate::relock::RelockError;
@@ -54,7 +54,7 @@ pub enum UpdateError {
         package: String,
         version: String,
         #[source]
-        source: Box<ClientError>,
+        source: Box<ConnectError>,
     },
     /// Starting the new version to list its tools.
     #[error("starting {package} {version} to list its tools")]
@@ -62,7 +62,7 @@ pub enum UpdateError {
         package: String,
         version: String,
         #[source]
-        source: Box<ClientError>,
+        source: Box<ConnectError>,
     },
     /// Reading moat.toml to re-pin it.
     #[error("reading {}", path.display())]

@@ -16,7 +16,7 @@ use moat_host::grants::GrantError;
 use moat_host::lock::{LOCK_VERSION, Lock};
 use moat_host::native::NativeError;
 use moat_host::wasm::WasmError;
-use moat_host::{ClientError, Host, LaunchError, ServerSpec, Session};
+use moat_host::{ConnectError, Host, LaunchError, ServerSpec, Session};
 use moat_test_guests as guests;
 use serde_json::json;
 
@@ -398,11 +398,11 @@ async fn no_network_without_a_grant(launcher: Launcher) {
 }
 
 /// The grant error behind a failed connect, from either launcher.
-fn grant_error(error: ClientError) -> GrantError {
+fn grant_error(error: ConnectError) -> GrantError {
     match error {
-        ClientError::Launch(LaunchError::Grant(error))
-        | ClientError::Launch(LaunchError::Native(NativeError::Grant(error)))
-        | ClientError::Launch(LaunchError::Wasm(WasmError::Grant(error))) => *error,
+        ConnectError::Launch(LaunchError::Grant(error))
+        | ConnectError::Launch(LaunchError::Native(NativeError::Grant(error)))
+        | ConnectError::Launch(LaunchError::Wasm(WasmError::Grant(error))) => *error,
         other => panic!("not a grant error: {other:?}"),
     }
 }
@@ -490,7 +490,7 @@ async fn under_the_lock_a_replaced_or_added_grant_is_refused(launcher: Launcher)
         inode: None,
     });
     match locked_host().connect(&added).await.err().unwrap() {
-        ClientError::GrantNotLocked { path, .. } => {
+        ConnectError::GrantNotLocked { path, .. } => {
             assert_eq!(path, tree.host("data_evil").display().to_string())
         }
         other => panic!("{other}"),

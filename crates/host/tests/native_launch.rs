@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use moat_host::command::resolve;
 use moat_host::native::{self, NativeError, NativeLaunch};
 use moat_host::{
-    ClientError, Digest, Evidence, Expectation, Handshake, Host, LaunchError, ServerSpec, Session,
+    ConnectError, Digest, Evidence, Expectation, Handshake, Host, LaunchError, ServerSpec, Session,
 };
 use moat_test_guests as guests;
 
@@ -60,9 +60,9 @@ fn pinned_launch(name: &str, path: &Path, digest: Digest, cwd: PathBuf) -> Nativ
     }
 }
 
-fn expect_native_error(result: Result<Session, ClientError>) -> NativeError {
+fn expect_native_error(result: Result<Session, ConnectError>) -> NativeError {
     match result {
-        Err(ClientError::Launch(LaunchError::Native(error))) => error,
+        Err(ConnectError::Launch(LaunchError::Native(error))) => error,
         Err(other) => panic!("expected a native launch error, got {other}"),
         Ok(_) => panic!("the launch must be refused"),
     }
@@ -108,7 +108,9 @@ async fn a_symlink_put_in_place_of_the_executable_is_refused() {
     let elsewhere = dir.path().join("elsewhere");
     std::fs::rename(&path, &elsewhere).unwrap();
     std::os::unix::fs::symlink(&elsewhere, &path).unwrap();
-    let result = Session::connect(transport, Handshake::Auto).await;
+    let result = Session::connect(transport, Handshake::Auto)
+        .await
+        .map_err(ConnectError::from);
     match expect_native_error(result) {
         NativeError::Symlink { path: refused } => assert_eq!(refused, resolved),
         other => panic!("expected a symlink refusal, got {other}"),
@@ -305,7 +307,7 @@ async fn a_server_that_dies_under_the_sandbox_is_told_the_sandbox_may_be_why() {
         Ok(_) => panic!("node cannot read an ungranted script under the sandbox"),
     };
     let message = error.to_string();
-    let moat_host::ClientError::Sandboxed { denied, .. } = &error else {
+    let Some(moat_host::SessionError::Sandboxed { denied, .. }) = error.session() else {
         panic!("expected a sandbox hint, got {message}");
     };
     assert!(

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use common::{Launcher, args, spec, text};
 use moat_host::lock::{LOCK_VERSION, Lock, LockedServer};
 use moat_host::policy::ToolStatus;
-use moat_host::{ClientError, Host, LaunchError, ServerSpec, Session};
+use moat_host::{ConnectError, Host, LaunchError, ServerSpec, Session, SessionError};
 use moat_test_guests as guests;
 use serde_json::json;
 
@@ -105,7 +105,7 @@ async fn a_drifted_tool_is_reported_and_refused_and_comes_back_when_restored(lau
         .call_tool("echo", args(json!({"message": "hi"})))
         .await
     {
-        Err(ClientError::ToolUnavailable { tool, reason, .. }) => {
+        Err(SessionError::ToolUnavailable { tool, reason, .. }) => {
             assert_eq!(tool, "echo");
             assert!(reason.contains("drifted"), "{reason}");
             assert!(reason.contains(locked.as_str()), "{reason}");
@@ -143,7 +143,7 @@ async fn list_changed_triggers_the_pin_check_again(launcher: Launcher) {
         .await
         .unwrap();
     match session.call_tool("echo", hi.clone()).await {
-        Err(ClientError::ToolUnavailable { reason, .. }) => {
+        Err(SessionError::ToolUnavailable { reason, .. }) => {
             assert!(reason.contains("drifted"), "{reason}")
         }
         other => panic!("after list_changed the drift must be caught, got {other:?}"),
@@ -176,7 +176,7 @@ async fn invalid_arguments_never_reach_the_server(launcher: Launcher) {
     ];
     for (arguments, pointer) in cases {
         match session.call_tool("add", args(arguments.clone())).await {
-            Err(ClientError::InvalidArguments {
+            Err(SessionError::InvalidArguments {
                 tool, violation, ..
             }) => {
                 assert_eq!(tool, "add");
@@ -209,7 +209,7 @@ async fn structured_output_is_checked_against_the_pinned_schema(launcher: Launch
         .call_tool("shape", args(json!({"valid": false})))
         .await
     {
-        Err(ClientError::InvalidOutput {
+        Err(SessionError::InvalidOutput {
             tool, violation, ..
         }) => {
             assert_eq!(tool, "shape");
@@ -229,7 +229,7 @@ async fn other_bytes_than_the_locked_ones_are_refused(launcher: Launcher) {
     entry.sha256 = other.servers["report"].sha256.clone();
     let host = locked_host(lock);
     match host.connect(&approved).await {
-        Err(ClientError::Launch(error)) => {
+        Err(ConnectError::Launch(error)) => {
             let message = error.to_string();
             assert!(message.contains("digest mismatch"), "{message}");
             assert!(
@@ -248,14 +248,14 @@ async fn a_changed_identity_is_refused(launcher: Launcher) {
     let mut changed = approved.clone();
     changed.args = vec!["--extra".into()];
     match host.connect(&changed).await {
-        Err(ClientError::IdentityChanged { server, .. }) => assert_eq!(server, "everything"),
+        Err(ConnectError::IdentityChanged { server, .. }) => assert_eq!(server, "everything"),
         Err(other) => panic!("expected an identity refusal, got {other}"),
         Ok(_) => panic!("a changed identity must not pass the lock"),
     }
     let mut unknown = approved.clone();
     unknown.name = "stranger".into();
     match host.connect(&unknown).await {
-        Err(ClientError::NotLocked { server, .. }) => assert_eq!(server, "stranger"),
+        Err(ConnectError::NotLocked { server, .. }) => assert_eq!(server, "stranger"),
         Err(other) => panic!("expected a not-locked refusal, got {other}"),
         Ok(_) => panic!("a server missing from the lock must not run"),
     }
@@ -344,13 +344,13 @@ async fn drifted_prompts_and_resources_are_neither_listed_nor_served(launcher: L
         .get_prompt("greet", args(json!({"name": "Ada"})))
         .await
     {
-        Err(ClientError::NotPinned { kind, name, .. }) => {
+        Err(SessionError::NotPinned { kind, name, .. }) => {
             assert_eq!((kind, name.as_str()), ("prompt", "greet"))
         }
         other => panic!("{other:?}"),
     }
     match session.read_resource("moat://everything/readme").await {
-        Err(ClientError::NotPinned { kind, .. }) => assert_eq!(kind, "resource"),
+        Err(SessionError::NotPinned { kind, .. }) => assert_eq!(kind, "resource"),
         other => panic!("{other:?}"),
     }
     session.close().await.unwrap();

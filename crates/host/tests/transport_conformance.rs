@@ -17,7 +17,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use moat_host::transport::TransportError;
-use moat_host::{ClientError, Evidence, Fault, Handshake, LaunchError, LimitHit, Session};
+use moat_host::{
+    ConnectError, Evidence, Fault, Handshake, LaunchError, LimitHit, Session, SessionError,
+};
 use moat_test_guests as guests;
 use serde_json::json;
 
@@ -129,7 +131,7 @@ async fn tools_list_and_calls_go_through(launcher: Launcher) {
     assert!(text(&bad).contains("expected i64"), "{}", text(&bad));
     // An unknown tool is a JSON-RPC error from the server.
     match session.call_tool("nope", None).await {
-        Err(ClientError::Server { code, .. }) => assert_eq!(code, -32602),
+        Err(SessionError::Server { code, .. }) => assert_eq!(code, -32602),
         other => panic!("expected invalid params, got {other:?}"),
     }
     session.close().await.unwrap();
@@ -513,7 +515,7 @@ async fn an_unpinned_server_needs_consent(launcher: Launcher) {
     let mut unpinned = spec(launcher, guests::EVERYTHING);
     unpinned.allow_unmeasured = false;
     match host().connect(&unpinned).await {
-        Err(ClientError::Launch(LaunchError::Unmeasured { server })) => {
+        Err(ConnectError::Launch(LaunchError::Unmeasured { server })) => {
             assert_eq!(server, "everything")
         }
         Err(other) => panic!("expected an unmeasured refusal, got {other}"),

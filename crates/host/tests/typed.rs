@@ -11,7 +11,7 @@ use common::{args, host, text};
 use moat_host::ServerSpec;
 use moat_host::config::{Instances, ServerKind};
 use moat_host::rmcp::model::CallToolResult;
-use moat_host::{ClientError, Session};
+use moat_host::{Session, SessionError};
 use moat_test_guests as guests;
 use serde_json::{Value, json};
 
@@ -312,7 +312,7 @@ async fn an_err_result_is_an_error_the_model_sees() {
 /// The message of a refused call.
 async fn refused(session: &Session, tool: &str, arguments: Value) -> String {
     match session.call_tool(tool, args(arguments)).await {
-        Err(ClientError::Server { code, message, .. }) => {
+        Err(SessionError::Server { code, message, .. }) => {
             assert_eq!(code, -32602, "{tool}: invalid params");
             message
         }

@@ -9,7 +9,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use moat_host::wasm::{CacheOutcome, WasmError};
-use moat_host::{ClientError, Digest, Expectation, Host, LaunchError, ServerSpec};
+use moat_host::{ConnectError, Digest, Expectation, Host, LaunchError, ServerSpec, SessionError};
 use moat_test_guests as guests;
 use serde_json::json;
 
@@ -40,7 +40,7 @@ async fn a_component_with_one_byte_changed_is_refused() {
     let mut tampered = ServerSpec::wasm("everything", &path);
     tampered.sha256 = Some(pinned);
     match host().connect(&tampered).await {
-        Err(ClientError::Launch(LaunchError::Wasm(WasmError::Digest { mismatch, .. }))) => {
+        Err(ConnectError::Launch(LaunchError::Wasm(WasmError::Digest { mismatch, .. }))) => {
             assert_eq!(mismatch.expected, pinned);
             assert_eq!(mismatch.actual, Digest::of(&bytes));
         }
@@ -304,7 +304,7 @@ async fn an_epoch_metered_engine_stops_a_spinning_guest_at_its_deadline() {
     let during = ticks.load(std::sync::atomic::Ordering::SeqCst);
     heartbeat.abort();
     match error {
-        ClientError::Fault { fault, .. } => assert_eq!(
+        SessionError::Fault { fault, .. } => assert_eq!(
             fault,
             moat_host::Fault::Limit {
                 server: "spin".into(),

@@ -33,8 +33,8 @@ use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::mpsc;
 
-use crate::ClientError;
 use crate::gateway::{AgentSession, Gateway};
+use crate::session::SessionError;
 use crate::tasks_2025::{Reader, Wire, Writer};
 
 /// Why the stdio front could not serve.
@@ -84,7 +84,7 @@ impl Agent {
     pub async fn serve_until(
         self,
         shutdown: impl Future<Output = ()>,
-    ) -> Vec<(String, ClientError)> {
+    ) -> Vec<(String, SessionError)> {
         let Self {
             session,
             cancel,

@@ -26,7 +26,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::config::ServerSpec;
-use crate::session::ClientError;
+use crate::host::ConnectError;
+use crate::session::SessionError;
 
 pub use generate::{Call, Case, Generator, PROTOCOL_SUBJECT, ToolSchema};
 
@@ -119,13 +120,13 @@ pub enum FuzzError {
     Start {
         server: String,
         #[source]
-        source: Box<ClientError>,
+        source: Box<ConnectError>,
     },
     #[error("fuzz: listing the tools of server `{server}` failed: {source}")]
     ListTools {
         server: String,
         #[source]
-        source: Box<ClientError>,
+        source: Box<SessionError>,
     },
     #[error("fuzz: server `{server}` has no tool `{tool}` (it lists: {listed})")]
     NoSuchTool {

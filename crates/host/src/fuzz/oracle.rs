@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{Case, Class, Outcome};
 use crate::limits::LimitHit;
-use crate::session::{ClientError, Session};
+use crate::session::{Session, SessionError};
 use crate::transport::{Fault, Shared};
 
 /// How much of a panic message a finding carries.
@@ -73,7 +73,7 @@ pub(super) async fn execute(
                 .call_tool_with(tool, arguments.as_object().cloned(), None, cancel, None)
                 .await;
             match answer {
-                Ok(_) | Err(ClientError::Cancelled { .. }) => ping(session).await,
+                Ok(_) | Err(SessionError::Cancelled { .. }) => ping(session).await,
                 Err(error) => classify_error(&error, false),
             }
         }
@@ -99,7 +99,7 @@ async fn call(
 ) -> Outcome {
     let answer = match arguments {
         Value::Object(map) => match session.call_tool(tool, Some(map.clone())).await {
-            Ok(result) => serde_json::to_value(result).map_err(|e| ClientError::Protocol {
+            Ok(result) => serde_json::to_value(result).map_err(|e| SessionError::Protocol {
                 server: session.server().to_owned(),
                 operation: format!("tools/call `{tool}`"),
                 detail: e.to_string(),
@@ -172,11 +172,11 @@ fn classify_result(
 /// must still answer a ping.
 async fn expect_rejection_then_ping(
     session: &Session,
-    answer: Result<Value, ClientError>,
+    answer: Result<Value, SessionError>,
 ) -> Outcome {
     match answer {
         Ok(_) => ping(session).await,
-        Err(error @ ClientError::Server { .. }) => {
+        Err(error @ SessionError::Server { .. }) => {
             let outcome = classify_error(&error, true);
             match ping(session).await {
                 Outcome {
@@ -193,7 +193,7 @@ async fn expect_rejection_then_ping(
 /// 2026-07-28 server may answer that it does not know the method).
 async fn ping(session: &Session) -> Outcome {
     match session.ping().await {
-        Ok(()) | Err(ClientError::Server { .. }) => Outcome::new(Class::Ok, ""),
+        Ok(()) | Err(SessionError::Server { .. }) => Outcome::new(Class::Ok, ""),
         Err(error) => {
             let mut outcome = classify_error(&error, false);
             outcome.detail = format!("the server stopped answering: {}", outcome.detail);
@@ -202,10 +202,10 @@ async fn ping(session: &Session) -> Outcome {
     }
 }
 
-pub(super) fn classify_error(error: &ClientError, expect_rejection: bool) -> Outcome {
+pub(super) fn classify_error(error: &SessionError, expect_rejection: bool) -> Outcome {
     match error {
-        ClientError::Fault { fault, .. } => classify_fault(fault),
-        ClientError::Server { code, message, .. } => {
+        SessionError::Fault { fault, .. } => classify_fault(fault),
+        SessionError::Server { code, message, .. } => {
             let detail = format!("error {code}: {message}");
             if expect_rejection {
                 Outcome::new(Class::Rejected, detail)

@@ -101,9 +101,9 @@ pub(super) async fn ask_agent(
     server: &str,
     subject: &str,
     asked: &rmcp::model::InputRequests,
-) -> Result<rmcp::model::InputResponses, ClientError> {
+) -> Result<rmcp::model::InputResponses, SessionError> {
     use rmcp::model::InputRequest;
-    let failed = |detail: String| ClientError::Protocol {
+    let failed = |detail: String| SessionError::Protocol {
         server: server.to_owned(),
         operation: format!("asking the agent for input to {subject}"),
         detail,

@@ -288,7 +288,7 @@ impl AgentSession {
                 CallAnswer::InputRequired(asked) if takes.input => {
                     Ok(CallToolResponse::InputRequired(asked))
                 }
-                CallAnswer::InputRequired(_) => Err(ClientError::InputRequired {
+                CallAnswer::InputRequired(_) => Err(SessionError::InputRequired {
                     server: server.to_owned(),
                     tool: tool.to_owned(),
                 }),
@@ -303,7 +303,7 @@ impl AgentSession {
         };
         drop(call);
         let result = result.map_err(|error| match error {
-            ClientError::Cancelled { .. } if !cancel.is_cancelled() => self
+            SessionError::Cancelled { .. } if !cancel.is_cancelled() => self
                 .revoked_during(server, tool, Some(&child))
                 .unwrap_or_else(|| error.into()),
             error => error.into(),

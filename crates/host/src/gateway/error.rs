@@ -1,18 +1,33 @@
 //! The gateway's own errors of a call: what a session of `moat serve`
 //! decides (a server it gave up on, one held back after a failed start,
 //! one a reloaded lock no longer matches, a call cancelled by a
-//! revocation), apart from what the server session reports
-//! ([`ClientError`], carried as it is).
+//! revocation, a tool revoked), apart from what the server session
+//! reports ([`SessionError`]) and what its start under the lock reported
+//! ([`ConnectError`]), each carried as it is.
 
-use crate::session::ClientError;
+use crate::host::ConnectError;
+use crate::session::SessionError;
 use crate::transport::Fault;
 
 /// Why a call (or a listing) through the gateway failed.
 #[derive(Debug, thiserror::Error)]
 pub enum CallError {
-    /// What the server session, its launch or the lock said.
+    /// What the server session said.
     #[error(transparent)]
-    Session(Box<ClientError>),
+    Session(Box<SessionError>),
+    /// What starting the server under the lock said.
+    #[error(transparent)]
+    Connect(Box<ConnectError>),
+    /// The kill switch: moat.lock's `[[revoked]]` names the tool, the
+    /// server or a digest the server runs.
+    #[error("{subject} is refused: {revocation}")]
+    Revoked {
+        server: String,
+        /// `server `x`` or `tool `t` on server `x``.
+        subject: String,
+        /// What was revoked, by whom, when and why.
+        revocation: String,
+    },
     #[error(
         "server `{server}` crashed again after {restarts} restarts in this session; giving up: {fault}"
     )]
@@ -45,15 +60,25 @@ pub enum CallError {
     },
 }
 
-impl From<ClientError> for CallError {
-    fn from(error: ClientError) -> Self {
+impl From<SessionError> for CallError {
+    fn from(error: SessionError) -> Self {
         CallError::Session(Box::new(error))
+    }
+}
+
+impl From<ConnectError> for CallError {
+    /// A start that got as far as a session is the session's error.
+    fn from(error: ConnectError) -> Self {
+        match error {
+            ConnectError::Session(error) => CallError::Session(error),
+            other => CallError::Connect(Box::new(other)),
+        }
     }
 }
 
 impl CallError {
     /// The server session's error, when that is what this is.
-    pub fn session(&self) -> Option<&ClientError> {
+    pub fn session(&self) -> Option<&SessionError> {
         match self {
             CallError::Session(error) => Some(error),
             _ => None,

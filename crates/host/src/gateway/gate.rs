@@ -41,14 +41,14 @@ impl Generation {
             Some(revocation) => (revocation, tool),
             None => (revoked.of_digests(&digests)?, None),
         };
-        Some(CallError::from(ClientError::Revoked {
+        Some(CallError::Revoked {
             server: server.to_owned(),
             subject: match subject {
                 Some(tool) => format!("tool `{tool}` on server `{server}`"),
                 None => format!("server `{server}`"),
             },
             revocation: crate::revoke::describe(revocation),
-        }))
+        })
     }
 
     /// Whether this generation lets `server` (or its `tool`, or `child`,

@@ -84,7 +84,7 @@ impl Generation {
     pub(super) async fn close_spares(
         &self,
         keep: impl Fn(&str, &Session) -> bool,
-        failures: &mut Vec<(String, ClientError)>,
+        failures: &mut Vec<(String, SessionError)>,
     ) -> usize {
         let closing: Vec<(String, Session)> = {
             let mut spares = self.spares.lock().unwrap_or_else(|e| e.into_inner());

@@ -4,7 +4,7 @@
 
 use rmcp::model::{Prompt, Resource};
 
-use crate::session::{ClientError, Session};
+use crate::session::{Session, SessionError};
 
 use super::*;
 
@@ -16,13 +16,13 @@ pub(super) trait Listed: Sized {
     /// What `session` lists of it (under a lock, the pinned definitions).
     fn list(
         session: &Session,
-    ) -> impl std::future::Future<Output = Result<Vec<Self>, ClientError>> + Send;
+    ) -> impl std::future::Future<Output = Result<Vec<Self>, SessionError>> + Send;
 }
 
 impl Listed for Prompt {
     const METHOD: &'static str = "prompts/list";
 
-    async fn list(session: &Session) -> Result<Vec<Self>, ClientError> {
+    async fn list(session: &Session) -> Result<Vec<Self>, SessionError> {
         session.list_prompts().await
     }
 }
@@ -30,14 +30,14 @@ impl Listed for Prompt {
 impl Listed for Resource {
     const METHOD: &'static str = "resources/list";
 
-    async fn list(session: &Session) -> Result<Vec<Self>, ClientError> {
+    async fn list(session: &Session) -> Result<Vec<Self>, SessionError> {
         session.list_resources().await
     }
 }
 
 impl AgentSession {
     /// Every server's tools, as `server__tool`, in server order.
-    pub async fn tools(&self) -> Result<Vec<Tool>, ClientError> {
+    pub async fn tools(&self) -> Result<Vec<Tool>, SessionError> {
         let mut exposed = Vec::new();
         for server in self.servers() {
             if self.gate(&server, None).is_err() {
@@ -93,7 +93,7 @@ impl AgentSession {
 
     /// Every server's prompts, named `server__name`; a name that cannot be
     /// exposed is hidden, with a warning.
-    pub async fn prompts(&self) -> Result<Vec<rmcp::model::Prompt>, ClientError> {
+    pub async fn prompts(&self) -> Result<Vec<rmcp::model::Prompt>, SessionError> {
         let mut exposed = Vec::new();
         for (server, prompts) in self.gather::<rmcp::model::Prompt>().await {
             let mut seen = std::collections::BTreeSet::new();
@@ -112,13 +112,13 @@ impl AgentSession {
 
     /// Every server's resources, named `server__name`, URIs unchanged. Two
     /// servers listing the same URI is an error naming both.
-    pub async fn resources(&self) -> Result<Vec<rmcp::model::Resource>, ClientError> {
+    pub async fn resources(&self) -> Result<Vec<rmcp::model::Resource>, SessionError> {
         let mut exposed = Vec::new();
         let mut owners = BTreeMap::new();
         for (server, resources) in self.gather::<rmcp::model::Resource>().await {
             for mut resource in resources {
                 if let Some(other) = owners.insert(resource.uri.clone(), server.clone()) {
-                    return Err(ClientError::Protocol {
+                    return Err(SessionError::Protocol {
                         server: server.clone(),
                         operation: "resources/list".into(),
                         detail: format!(

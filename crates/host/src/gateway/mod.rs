@@ -8,10 +8,11 @@
 use crate::audit::{AuditError, AuditLog, Event, Outcome};
 use crate::config::Config;
 pub use crate::config::SEPARATOR;
+use crate::host::ConnectError;
 use crate::host::Host;
 use crate::identity::Digest;
 use crate::revoke::Revoked;
-use crate::session::{CallAnswer, ClientError, ProgressSender, Retry, ServerAsk, Session};
+use crate::session::{CallAnswer, ProgressSender, Retry, ServerAsk, Session, SessionError};
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, ErrorData, ListToolsResult, PaginatedRequestParams,
     ProgressNotificationParam, ServerCapabilities, ServerConfig, Tool,
@@ -348,7 +349,7 @@ impl Gateway {
     /// Closes every session still open (graceful shutdown): each drains its
     /// in-flight calls, cancels what outlives the drain timeout, and stops
     /// its children. Reports what failed to close, by session and server.
-    pub async fn close_all(&self) -> Vec<(String, ClientError)> {
+    pub async fn close_all(&self) -> Vec<(String, SessionError)> {
         let mut failures = Vec::new();
         self.current()
             .close_spares(|_, _| false, &mut failures)

@@ -19,7 +19,7 @@ pub(super) struct Parked {
     /// holding it (a stateless request's, taken up by the next request).
     pub(super) keep: Option<AgentSession>,
     pub(super) call:
-        std::pin::Pin<Box<dyn Future<Output = Result<CallAnswer, ClientError>> + Send>>,
+        std::pin::Pin<Box<dyn Future<Output = Result<CallAnswer, SessionError>> + Send>>,
     pub(super) asks: tokio::sync::mpsc::UnboundedReceiver<ServerAsk>,
     /// The call's progress, passed to whichever agent request holds it.
     pub(super) progress: tokio::sync::mpsc::UnboundedReceiver<ProgressNotificationParam>,
@@ -72,7 +72,7 @@ impl AgentSession {
         retry: Retry,
         asker: Option<&Peer<RoleServer>>,
         takes: Takes,
-    ) -> Result<CallAnswer, ClientError> {
+    ) -> Result<CallAnswer, SessionError> {
         let Takes {
             input: takes_input,
             held,
@@ -107,7 +107,7 @@ impl AgentSession {
                     parked
                 })
             }
-            .ok_or_else(|| ClientError::Protocol {
+            .ok_or_else(|| SessionError::Protocol {
                     server: server.to_owned(),
                     operation: format!("tools/call `{tool}`"),
                     detail: format!(

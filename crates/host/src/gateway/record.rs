@@ -23,33 +23,39 @@ pub(super) fn unaudited(error: &AuditError) -> ErrorData {
 pub(super) fn outcome_of(error: &CallError) -> Outcome {
     match error {
         CallError::Session(error) => session_outcome(error),
+        CallError::Connect(error) => connect_outcome(error),
         CallError::GaveUp { fault, .. } => Outcome::of_fault(fault),
         // Moat's own refusals, in its own words.
-        CallError::CancelledByRevocation { .. } => Outcome::plain("revoked"),
+        CallError::CancelledByRevocation { .. } | CallError::Revoked { .. } => {
+            Outcome::plain("revoked")
+        }
         CallError::Stale { .. } => Outcome::plain("stale"),
         CallError::NotStarted { .. } => Outcome::plain("not-started"),
     }
 }
 
 /// [`outcome_of`] for what the server session said.
-pub(super) fn session_outcome(error: &ClientError) -> Outcome {
+pub(super) fn session_outcome(error: &SessionError) -> Outcome {
     match error {
-        ClientError::InvalidArguments { .. } => Outcome::plain("invalid-params"),
-        ClientError::ToolUnavailable { .. } => Outcome::plain("unavailable"),
-        ClientError::Cancelled { .. } => Outcome::plain("cancelled"),
-        ClientError::Fault { fault, .. } => Outcome::of_fault(fault),
-        ClientError::InvalidOutput { .. } => Outcome::plain("invalid-output"),
-        ClientError::Revoked { .. } => Outcome::plain("revoked"),
-        ClientError::Launch(_)
-        | ClientError::Lock(_)
-        | ClientError::NotLocked { .. }
-        | ClientError::GrantNotLocked { .. }
-        | ClientError::BadLock { .. }
-        | ClientError::LockConflict { .. }
-        | ClientError::IdentityChanged { .. } => Outcome::plain(error.to_string()),
+        SessionError::InvalidArguments { .. } => Outcome::plain("invalid-params"),
+        SessionError::ToolUnavailable { .. } => Outcome::plain("unavailable"),
+        SessionError::Cancelled { .. } => Outcome::plain("cancelled"),
+        SessionError::Fault { fault, .. } => Outcome::of_fault(fault),
+        SessionError::InvalidOutput { .. } => Outcome::plain("invalid-output"),
+        SessionError::Launch(_) | SessionError::BadLock { .. } => Outcome::plain(error.to_string()),
         // The rest may quote the server (a JSON-RPC error's message, the
         // paths its stderr named).
         other => Outcome::with_server_text("error", Some(&other.to_string())),
+    }
+}
+
+/// [`outcome_of`] for what starting the server under the lock said: Moat's
+/// own words, or the session's.
+pub(super) fn connect_outcome(error: &ConnectError) -> Outcome {
+    match error {
+        ConnectError::Session(error) => session_outcome(error),
+        ConnectError::Revoked { .. } => Outcome::plain("revoked"),
+        other => Outcome::plain(other.to_string()),
     }
 }
 
@@ -117,7 +123,7 @@ pub(super) fn typed_limit(
 }
 
 pub(super) fn cancelled(server: &str, tool: &str) -> ErrorData {
-    to_error(ClientError::Cancelled {
+    to_error(SessionError::Cancelled {
         server: server.to_owned(),
         tool: tool.to_owned(),
     })
@@ -128,7 +134,7 @@ pub(super) fn cancelled(server: &str, tool: &str) -> ErrorData {
 pub(super) fn to_error(error: impl Into<CallError>) -> ErrorData {
     let error = error.into();
     match error.session() {
-        Some(ClientError::InvalidArguments { .. } | ClientError::ToolUnavailable { .. }) => {
+        Some(SessionError::InvalidArguments { .. } | SessionError::ToolUnavailable { .. }) => {
             ErrorData::invalid_params(error.to_string(), None)
         }
         _ => ErrorData::internal_error(error.to_string(), None),

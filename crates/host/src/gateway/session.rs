@@ -152,7 +152,7 @@ impl SessionState {
     /// for up to the drain timeout (`[serve] drain_timeout_ms`), cancels the
     /// rest, then stops every child. Reports the children that failed to
     /// close (and calls that outlived even their cancellation).
-    pub async fn close(&self) -> Vec<(String, ClientError)> {
+    pub async fn close(&self) -> Vec<(String, SessionError)> {
         if self.closed.swap(true, Ordering::SeqCst) {
             return Vec::new();
         }
@@ -167,7 +167,7 @@ impl SessionState {
         if let Some(left) = self.admission.close(&self.id, drain).await {
             failures.push((
                 "*".to_owned(),
-                ClientError::Protocol {
+                SessionError::Protocol {
                     server: "*".to_owned(),
                     operation: "close".into(),
                     detail: format!(
@@ -187,7 +187,7 @@ impl SessionState {
             let evidence = evidence_of(&child);
             let outcome = match Arc::try_unwrap(child) {
                 Ok(child) => child.close().await.err(),
-                Err(_) => Some(ClientError::Protocol {
+                Err(_) => Some(SessionError::Protocol {
                     server: server.clone(),
                     operation: "close".into(),
                     detail: "still in use by a call that outlived its cancellation".into(),

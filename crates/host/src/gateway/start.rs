@@ -64,7 +64,7 @@ impl AgentSession {
             .generation
             .config
             .server(server)
-            .map_err(|e| ClientError::Protocol {
+            .map_err(|e| SessionError::Protocol {
                 server: server.to_owned(),
                 operation: "route".into(),
                 detail: e.to_string(),
@@ -146,7 +146,7 @@ impl AgentSession {
         self.children.started(server);
         let identity = session
             .launched_identity()
-            .ok_or_else(|| ClientError::Protocol {
+            .ok_or_else(|| SessionError::Protocol {
                 server: server.to_owned(),
                 operation: "launch".into(),
                 detail: "the server reported no identity".into(),

@@ -44,7 +44,7 @@ impl StartFailures {
     /// Records that `server` could not start: returns the failure, with
     /// the next try 1 s away after the first failure, doubling after each
     /// one more, at most [`START_RETRY_MAX`].
-    pub(super) fn record(&self, server: &str, error: &crate::ClientError) -> StartFailure {
+    pub(super) fn record(&self, server: &str, error: &crate::host::ConnectError) -> StartFailure {
         let mut failures = self.lock();
         let attempts = failures.get(server).map_or(0, |f| f.attempts) + 1;
         let backoff = Duration::from_secs(1)
@@ -52,7 +52,7 @@ impl StartFailures {
             .min(START_RETRY_MAX);
         let failure = StartFailure {
             reason: error.to_string(),
-            seen: crate::session::SeenRefusal::of(error),
+            seen: error.session().and_then(crate::session::SeenRefusal::of),
             attempts,
             retry_at: Instant::now() + backoff,
         };

@@ -5,18 +5,19 @@ use std::path::PathBuf;
 
 use rmcp::model::{CallToolResult, JsonObject};
 
+use super::ConnectError;
 use super::Host;
 use crate::config::{ServerKind, ServerSpec};
 use crate::launch::LaunchError;
-use crate::session::{ClientError, Handshake, Session};
+use crate::session::{Handshake, Session, SessionError};
 
 /// What a `moat learn` run found: the grants it proposes, how the run
 /// ended, and each tool call it made with what came of it.
 #[derive(Debug)]
 pub struct Learned {
     pub proposal: crate::native::learn::Proposal,
-    pub outcome: Result<(), ClientError>,
-    pub calls: Vec<(String, Result<CallToolResult, ClientError>)>,
+    pub outcome: Result<(), SessionError>,
+    pub calls: Vec<(String, Result<CallToolResult, SessionError>)>,
 }
 
 impl Host {
@@ -36,13 +37,13 @@ impl Host {
         spec: &ServerSpec,
         writable: &[PathBuf],
         calls: &[(String, Option<JsonObject>)],
-    ) -> Result<Learned, ClientError> {
+    ) -> Result<Learned, ConnectError> {
         let ServerKind::Native { cwd, measure, .. } = &spec.kind else {
-            return Err(ClientError::Protocol {
+            return Err(ConnectError::from(SessionError::Protocol {
                 server: spec.name.clone(),
                 operation: "learn".into(),
                 detail: "moat learn runs native servers only (wasm and remote servers have no files or sockets of the host to learn)".into(),
-            });
+            }));
         };
         let expected = spec.expectation().ok_or_else(|| LaunchError::Unmeasured {
             server: spec.name.clone(),
@@ -87,11 +88,11 @@ impl Host {
         let executable = match &planned {
             crate::launch::Planned::Native(launch) => launch.resolved.target.clone(),
             _ => {
-                return Err(ClientError::Protocol {
+                return Err(ConnectError::from(SessionError::Protocol {
                     server: spec.name.clone(),
                     operation: "learn".into(),
                     detail: "a native server planned another launcher".into(),
-                });
+                }));
             }
         };
         let transport = planned.transport(&spec.name, spec.limits.clone());

@@ -1,15 +1,12 @@
 //! A spec under the lock: refused when revoked, its grants pinned to the
 //! inodes the lock saw, its OCI reference to the manifest the lock approved.
 
+use super::ConnectError;
 use crate::config::{ServerKind, ServerSpec, WasmSource};
 use crate::identity::Digest;
 use crate::lock::LockedServer;
 use crate::revoke::Revoked;
-use crate::session::ClientError;
 
-/// `spec` with each grant pinned to the inode the lock recorded for it. A
-/// grant the lock does not list was added since `moat lock`: its path is
-/// the error.
 /// The revocation that forbids launching `server` as `locked` pins it: of
 /// its name, of its digest or of its OCI manifest. (Its tools' revocations
 /// are the gateway's to enforce, per call.)
@@ -24,6 +21,9 @@ pub(crate) fn revoked_before_launch(
         .map(crate::revoke::describe)
 }
 
+/// `spec` with each grant pinned to the inode the lock recorded for it. A
+/// grant the lock does not list was added since `moat lock`: its path is
+/// the error.
 pub(crate) fn pin_grants(spec: &ServerSpec, locked: &LockedServer) -> Result<ServerSpec, String> {
     let mut spec = spec.clone();
     crate::grants::fs::pin(&mut spec.dirs, &locked.grants)
@@ -38,7 +38,7 @@ pub(crate) fn pin_oci(
     mut spec: ServerSpec,
     locked: &LockedServer,
     lock_name: &str,
-) -> Result<ServerSpec, Box<ClientError>> {
+) -> Result<ServerSpec, Box<ConnectError>> {
     let ServerKind::Wasm {
         source: WasmSource::Oci { reference, .. },
         ..
@@ -47,7 +47,7 @@ pub(crate) fn pin_oci(
         return Ok(spec);
     };
     let Some(approved) = &locked.oci else {
-        return Err(Box::new(ClientError::BadLock {
+        return Err(Box::new(ConnectError::BadLock {
             server: spec.name.clone(),
             lock: lock_name.to_owned(),
             detail: format!(
@@ -56,7 +56,7 @@ pub(crate) fn pin_oci(
         }));
     };
     let manifest: Digest = approved.manifest.parse().map_err(|e| {
-        Box::new(ClientError::BadLock {
+        Box::new(ConnectError::BadLock {
             server: spec.name.clone(),
             lock: lock_name.to_owned(),
             detail: format!("oci.manifest: {e}"),
@@ -65,7 +65,7 @@ pub(crate) fn pin_oci(
     if reference.to_string() != approved.reference
         || reference.digest.is_some_and(|digest| digest != manifest)
     {
-        return Err(Box::new(ClientError::OciLockConflict {
+        return Err(Box::new(ConnectError::OciLockConflict {
             server: spec.name.clone(),
             config: reference.to_string(),
             locked: format!("{} (manifest sha256:{manifest})", approved.reference),

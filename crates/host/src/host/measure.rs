@@ -1,18 +1,19 @@
 //! `moat lock`'s measurement of one server: start it, read its identity
 //! and its tools, prompts and resources, and record them.
 
+use super::ConnectError;
 use super::Host;
 use crate::config::ServerSpec;
 use crate::identity::Expectation;
 use crate::launch::LaunchError;
 use crate::lock::{LockedServer, LockedTool, canonical_tool, execution_identity, tool_pin};
-use crate::session::{ClientError, Handshake, identity_parts};
+use crate::session::{Handshake, SessionError, identity_parts};
 
 impl Host {
     /// Starts `spec`, measures it and returns what `moat lock` records: its
     /// digests, identity, evidence and every tool's pinned definition. A
     /// digest pinned in the config must still match.
-    pub async fn measure(&self, spec: &ServerSpec) -> Result<LockedServer, ClientError> {
+    pub async fn measure(&self, spec: &ServerSpec) -> Result<LockedServer, ConnectError> {
         let expected = spec.sha256.map_or(Expectation::Record, Expectation::Pinned);
         // The grants as they are now: recorded, and pinned for this very
         // launch, so what is recorded is what the server was given.
@@ -44,27 +45,29 @@ impl Host {
             } else {
                 Vec::new()
             };
-            Ok::<_, ClientError>((tools, prompts, resources))
+            Ok::<_, ConnectError>((tools, prompts, resources))
         }
         .await;
         let identity = session.identity();
         session.close().await?;
         let (tools, prompts, resources) = listed?;
-        let identity = identity.ok_or_else(|| ClientError::Protocol {
-            server: spec.name.clone(),
-            operation: "measure".into(),
-            detail: "the server reported no identity".into(),
+        let identity = identity.ok_or_else(|| {
+            ConnectError::from(SessionError::Protocol {
+                server: spec.name.clone(),
+                operation: "measure".into(),
+                detail: "the server reported no identity".into(),
+            })
         })?;
         let digest = match identity.digest {
             Some(digest) => digest.to_string(),
             // A remote server has no bytes here; its identity is its endpoint.
             None if identity.evidence == crate::identity::Evidence::Remote => String::new(),
             None => {
-                return Err(ClientError::Protocol {
+                return Err(ConnectError::from(SessionError::Protocol {
                     server: spec.name.clone(),
                     operation: "measure".into(),
                     detail: "the server's bytes were not measured".into(),
-                });
+                }));
             }
         };
         let parts = identity_parts(spec, &identity);

@@ -4,14 +4,16 @@
 //! what the lock does not approve), measures servers for `moat lock`
 //! ([`measure`]) and watches one for `moat learn` ([`learn`]).
 
+mod error;
 mod learn;
 mod locked;
 mod measure;
 
+pub use error::ConnectError;
 pub use learn::Learned;
 use locked::{pin_grants, pin_oci, revoked_before_launch};
 
-use crate::session::{ClientError, Handshake, Session};
+use crate::session::{Handshake, Session, SessionError};
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -258,7 +260,7 @@ impl Host {
     }
 
     /// Launches `spec` and completes the handshake.
-    pub async fn connect(&self, spec: &ServerSpec) -> Result<Session, ClientError> {
+    pub async fn connect(&self, spec: &ServerSpec) -> Result<Session, ConnectError> {
         self.connect_with(spec, Handshake::Auto).await
     }
 
@@ -271,17 +273,19 @@ impl Host {
         server: &str,
         launch: impl Fn() -> Result<ServerTransport, LaunchError>,
         handshake: Handshake,
-    ) -> Result<Session, ClientError> {
+    ) -> Result<Session, ConnectError> {
         match Session::connect(launch()?, handshake).await {
-            Err(ClientError::DiscoverUnreadable { detail, .. }) if handshake == Handshake::Auto => {
+            Err(SessionError::DiscoverUnreadable { detail, .. })
+                if handshake == Handshake::Auto =>
+            {
                 tracing::warn!(
                     %server,
                     %detail,
                     "its answer to server/discover could not be read; starting it again with initialize"
                 );
-                Session::connect(launch()?, Handshake::Initialize).await
+                Ok(Session::connect(launch()?, Handshake::Initialize).await?)
             }
-            other => other,
+            other => Ok(other?),
         }
     }
 
@@ -292,7 +296,7 @@ impl Host {
         &self,
         spec: &ServerSpec,
         handshake: Handshake,
-    ) -> Result<Session, ClientError> {
+    ) -> Result<Session, ConnectError> {
         self.launches
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let Some((lock, lock_path)) = &self.lock else {
@@ -307,13 +311,13 @@ impl Host {
         let locked = lock
             .servers
             .get(&spec.name)
-            .ok_or_else(|| ClientError::NotLocked {
+            .ok_or_else(|| ConnectError::NotLocked {
                 server: spec.name.clone(),
                 lock: lock_name.clone(),
             })?
             .clone();
         if let Some(revocation) = revoked_before_launch(&self.revoked(), &spec.name, &locked) {
-            return Err(ClientError::Revoked {
+            return Err(ConnectError::Revoked {
                 server: spec.name.clone(),
                 subject: format!("server `{}`", spec.name),
                 revocation,
@@ -324,7 +328,7 @@ impl Host {
             // tool pins are checked below.
             None
         } else {
-            let digest: Digest = locked.sha256.parse().map_err(|e| ClientError::BadLock {
+            let digest: Digest = locked.sha256.parse().map_err(|e| ConnectError::BadLock {
                 server: spec.name.clone(),
                 lock: lock_name.clone(),
                 detail: format!("sha256: {e}"),
@@ -332,13 +336,13 @@ impl Host {
             if let Some(pin) = spec.sha256
                 && pin != digest
             {
-                return Err(ClientError::LockConflict {
+                return Err(ConnectError::LockConflict {
                     server: spec.name.clone(),
                     config: pin.to_string(),
                     locked: digest.to_string(),
                 });
             }
-            let spec = pin_grants(spec, &locked).map_err(|path| ClientError::GrantNotLocked {
+            let spec = pin_grants(spec, &locked).map_err(|path| ConnectError::GrantNotLocked {
                 server: spec.name.clone(),
                 path,
                 lock: lock_name.clone(),
@@ -360,7 +364,22 @@ impl Host {
             .await?;
         self.track(&spec.name, &session);
         session.execution = session.execution_identity(spec);
-        if let Err(error) = session.enforce(&locked).await {
+        let checked = match session.execution {
+            None => Err(ConnectError::from(SessionError::Protocol {
+                server: spec.name.clone(),
+                operation: "pin check".into(),
+                detail: "the server reported no identity".into(),
+            })),
+            Some(live) if live.to_string() != locked.identity => {
+                Err(ConnectError::IdentityChanged {
+                    server: spec.name.clone(),
+                    locked: locked.identity.clone(),
+                    live: live.to_string(),
+                })
+            }
+            Some(live) => session.enforce(&locked, live).await.map_err(Into::into),
+        };
+        if let Err(error) = checked {
             let _ = session.close_quietly().await;
             return Err(error);
         }

@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::Session;
 use super::client_side::ProgressSender;
-use super::error::ClientError;
+use super::error::SessionError;
 use crate::policy::ToolStatus;
 
 /// What a server answered a `tools/call` with: 2026-07-28 adds two
@@ -42,7 +42,7 @@ impl Session {
         &self,
         name: &str,
         arguments: Option<JsonObject>,
-    ) -> Result<CallToolResult, ClientError> {
+    ) -> Result<CallToolResult, SessionError> {
         self.call_tool_with(name, arguments, None, CancellationToken::new(), None)
             .await
     }
@@ -53,7 +53,7 @@ impl Session {
         &self,
         name: &str,
         arguments: &Option<JsonObject>,
-    ) -> Result<(), ClientError> {
+    ) -> Result<(), SessionError> {
         let (Some(state), Some(reports)) = (&self.pins, self.tool_reports().await?) else {
             return Ok(());
         };
@@ -67,7 +67,7 @@ impl Session {
             Some(ToolStatus::Missing { .. }) => Some("the server no longer lists it".to_owned()),
         };
         if let Some(reason) = reason {
-            return Err(ClientError::ToolUnavailable {
+            return Err(SessionError::ToolUnavailable {
                 server: self.server().to_owned(),
                 tool: name.to_owned(),
                 reason,
@@ -77,7 +77,7 @@ impl Session {
         state
             .pins
             .check_arguments(name, &value)
-            .map_err(|violation| ClientError::InvalidArguments {
+            .map_err(|violation| SessionError::InvalidArguments {
                 server: self.server().to_owned(),
                 tool: name.to_owned(),
                 violation,
@@ -94,7 +94,7 @@ impl Session {
         progress: Option<ProgressSender>,
         cancel: CancellationToken,
         traceparent: Option<String>,
-    ) -> Result<CallToolResult, ClientError> {
+    ) -> Result<CallToolResult, SessionError> {
         let answer = self
             .call_tool_answer(
                 name,
@@ -108,7 +108,7 @@ impl Session {
         match answer {
             CallAnswer::Complete(result) => Ok(result),
             CallAnswer::Task(created) => self.finish_task(name, &created.task, &cancel).await,
-            CallAnswer::InputRequired(_) => Err(ClientError::InputRequired {
+            CallAnswer::InputRequired(_) => Err(SessionError::InputRequired {
                 server: self.server().to_owned(),
                 tool: name.to_owned(),
             }),
@@ -126,7 +126,7 @@ impl Session {
         cancel: CancellationToken,
         traceparent: Option<String>,
         retry: Retry,
-    ) -> Result<CallAnswer, ClientError> {
+    ) -> Result<CallAnswer, SessionError> {
         use rmcp::model::RequestParamsMeta;
         self.check_call(name, &arguments).await?;
         let operation = format!("tools/call `{name}`");
@@ -161,7 +161,7 @@ impl Session {
             Some(Err(_)) => return Err(self.error(&operation, ServiceError::TransportClosed)),
             None => {
                 let _ = handle.cancel(Some("cancelled by the client".into())).await;
-                return Err(ClientError::Cancelled {
+                return Err(SessionError::Cancelled {
                     server: self.server().to_owned(),
                     tool: name.to_owned(),
                 });
@@ -180,10 +180,10 @@ impl Session {
 
     /// A result's structured content against the tool's pinned output
     /// schema, when a lock pins it: the error that withholds it.
-    pub(crate) fn check_output(&self, name: &str, result: &CallToolResult) -> Option<ClientError> {
+    pub(crate) fn check_output(&self, name: &str, result: &CallToolResult) -> Option<SessionError> {
         let (state, structured) = (self.pins.as_ref()?, result.structured_content.as_ref()?);
         let violation = state.pins.check_output(name, structured).err()?;
-        Some(ClientError::InvalidOutput {
+        Some(SessionError::InvalidOutput {
             server: self.server().to_owned(),
             tool: name.to_owned(),
             violation,

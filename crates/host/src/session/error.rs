@@ -1,23 +1,18 @@
-//! The errors of launching, locking and talking to a server.
+//! The errors of one connected server session: its transport's start, its
+//! faults, what the server answered, its pins, and calls refused or
+//! withheld. What may be launched under the lock has its own error
+//! (`host::ConnectError`), and the gateway's own decisions theirs
+//! (`gateway::CallError`).
 
 use crate::launch::LaunchError;
 use crate::transport::Fault;
 
-/// Errors of a client session, naming the server and the operation.
+/// Errors of a server session, naming the server and the operation.
 #[derive(Debug, thiserror::Error)]
-pub enum ClientError {
+pub enum SessionError {
+    /// The transport could not start the server.
     #[error(transparent)]
     Launch(#[from] LaunchError),
-    /// The kill switch: moat.lock's `[[revoked]]` names the server, the
-    /// tool or a digest the server runs.
-    #[error("{subject} is refused: {revocation}")]
-    Revoked {
-        server: String,
-        /// `server `x`` or `tool `t` on server `x``.
-        subject: String,
-        /// What was revoked, by whom, when and why.
-        revocation: String,
-    },
     #[error("{operation} on server `{server}` failed: {fault}")]
     Fault {
         server: String,
@@ -65,50 +60,11 @@ pub enum ClientError {
         "handshake on server `{server}` failed: its answer to server/discover is not a discover result Moat can read ({detail})"
     )]
     DiscoverUnreadable { server: String, detail: String },
-    #[error(transparent)]
-    Lock(#[from] crate::lock::LockError),
-    #[cfg(unix)]
-    #[error(transparent)]
-    Learn(#[from] crate::native::learn::LearnError),
-    #[error("server `{server}` is not in {lock}: run `moat lock` to approve it")]
-    NotLocked { server: String, lock: String },
-    #[error(
-        "server `{server}`: grant {path} is not in {lock} (added since `moat lock`, or the lock predates grant pins): run `moat lock` to approve it"
-    )]
-    GrantNotLocked {
-        server: String,
-        path: String,
-        lock: String,
-    },
     #[error("server `{server}`: {lock} is damaged: {detail}")]
     BadLock {
         server: String,
         lock: String,
         detail: String,
-    },
-    #[error(
-        "server `{server}`: the config pins sha256 {config} but the lock approved {locked}: run `moat lock` after checking which is right"
-    )]
-    LockConflict {
-        server: String,
-        config: String,
-        locked: String,
-    },
-    #[error(
-        "server `{server}`: the config names {config} but the lock approved {locked}: run `moat lock` to approve the config's"
-    )]
-    OciLockConflict {
-        server: String,
-        config: String,
-        locked: String,
-    },
-    #[error(
-        "server `{server}`: its execution identity changed since the lock (locked {locked}, now {live}): argv, cwd, environment names or measured files differ; run `moat lock` to approve"
-    )]
-    IdentityChanged {
-        server: String,
-        locked: String,
-        live: String,
     },
     #[error(transparent)]
     Policy(#[from] crate::policy::PolicyError),
@@ -153,7 +109,7 @@ pub enum ClientError {
     },
 }
 
-impl ClientError {
+impl SessionError {
     /// The transport fault behind this error, if one caused it.
     pub fn fault(&self) -> Option<&Fault> {
         match self {

@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::error::ClientError;
+use super::error::SessionError;
 use crate::transport::Fault;
 
 /// A server that died during the handshake under the sandbox: when its
@@ -20,10 +20,10 @@ pub(crate) fn sandbox_hint(
     operation: &str,
     fault: Fault,
     granted: &[(PathBuf, bool)],
-) -> ClientError {
+) -> SessionError {
     let operation = operation.to_owned();
     let (Fault::Exited { stderr_tail, .. } | Fault::Crashed { stderr_tail, .. }) = &fault else {
-        return ClientError::Fault {
+        return SessionError::Fault {
             server,
             operation,
             fault,
@@ -31,7 +31,7 @@ pub(crate) fn sandbox_hint(
     };
     if stderr_tail.lines().any(is_network_failure) {
         let hosts = hosts_in(stderr_tail);
-        return ClientError::NetworkRefused {
+        return SessionError::NetworkRefused {
             server,
             operation,
             fault,
@@ -43,7 +43,7 @@ pub(crate) fn sandbox_hint(
         };
     }
     if !stderr_tail.lines().any(is_denial) {
-        return ClientError::Fault {
+        return SessionError::Fault {
             server,
             operation,
             fault,
@@ -102,7 +102,7 @@ pub(crate) fn sandbox_hint(
             private_tmp.join(", ")
         ));
     }
-    ClientError::Sandboxed {
+    SessionError::Sandboxed {
         denied: said,
         server,
         operation,
@@ -122,13 +122,13 @@ pub(crate) struct SeenRefusal {
 
 impl SeenRefusal {
     /// What a failed start showed: `None` unless `error` is the sandbox's.
-    pub(crate) fn of(error: &ClientError) -> Option<Self> {
+    pub(crate) fn of(error: &SessionError) -> Option<Self> {
         match error {
-            ClientError::NetworkRefused { hosts, .. } => Some(Self {
+            SessionError::NetworkRefused { hosts, .. } => Some(Self {
                 kind: "network",
                 subject: hosts.clone(),
             }),
-            ClientError::Sandboxed { denied, .. } if !denied.is_empty() => Some(Self {
+            SessionError::Sandboxed { denied, .. } if !denied.is_empty() => Some(Self {
                 kind: "filesystem",
                 subject: denied.trim_start_matches("; ").to_owned(),
             }),
@@ -333,7 +333,7 @@ mod tests {
             fault("error: API_KEY is not set\n"),
             &[],
         );
-        assert!(matches!(own, ClientError::Fault { .. }), "{own}");
+        assert!(matches!(own, SessionError::Fault { .. }), "{own}");
     }
 
     #[test]

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use super::Session;
 use super::client_side::Notice;
-use super::error::ClientError;
+use super::error::SessionError;
 
 /// One subscription at one server: see [`Session::listen`].
 pub enum Listening {
@@ -91,7 +91,7 @@ impl Session {
     pub async fn listen(
         self: &Arc<Self>,
         filter: rmcp::model::SubscriptionFilter,
-    ) -> Result<Listening, ClientError> {
+    ) -> Result<Listening, SessionError> {
         if self.is_current() {
             let stream = self
                 .service
@@ -120,7 +120,7 @@ impl Session {
 
     /// `resources/subscribe` for `uri`, unless this session holds it already.
     #[allow(deprecated, reason = "servers before 2026-07-28 subscribe this way")]
-    pub(crate) async fn subscribe_resource(&self, uri: &str) -> Result<(), ClientError> {
+    pub(crate) async fn subscribe_resource(&self, uri: &str) -> Result<(), SessionError> {
         let first = {
             let mut held = self.subscribed.lock().unwrap_or_else(|e| e.into_inner());
             let count = held.entry(uri.to_owned()).or_insert(0);

@@ -7,7 +7,7 @@ use rmcp::model::{
 
 use super::Session;
 use super::call::Retry;
-use super::error::ClientError;
+use super::error::SessionError;
 
 /// Prompt or resource pins being enforced, and which of them the latest
 /// listing found as pinned.
@@ -67,7 +67,11 @@ impl Session {
 
     /// Under a lock, the refusal of `name` unless the latest listing found
     /// it as pinned.
-    pub(crate) fn unpinned(&self, state: Option<&ListingState>, name: &str) -> Option<ClientError> {
+    pub(crate) fn unpinned(
+        &self,
+        state: Option<&ListingState>,
+        name: &str,
+    ) -> Option<SessionError> {
         let state = state?;
         if state
             .available
@@ -77,7 +81,7 @@ impl Session {
         {
             return None;
         }
-        Some(ClientError::NotPinned {
+        Some(SessionError::NotPinned {
             server: self.server().to_owned(),
             kind: state.pins.kind(),
             name: name.to_owned(),
@@ -87,7 +91,7 @@ impl Session {
 
     /// Every prompt the server lists; under a lock, the pinned definitions
     /// of those listed as pinned, and no other.
-    pub async fn list_prompts(&self) -> Result<Vec<rmcp::model::Prompt>, ClientError> {
+    pub async fn list_prompts(&self) -> Result<Vec<rmcp::model::Prompt>, SessionError> {
         let live = self
             .service
             .list_all_prompts()
@@ -102,7 +106,7 @@ impl Session {
 
     /// Every resource the server lists; under a lock, the pinned definitions
     /// of those listed as pinned, and no other.
-    pub async fn list_resources(&self) -> Result<Vec<Resource>, ClientError> {
+    pub async fn list_resources(&self) -> Result<Vec<Resource>, SessionError> {
         let live = self
             .service
             .list_all_resources()
@@ -116,7 +120,7 @@ impl Session {
     }
 
     /// Reads resource `uri` (under a lock, only one listed as pinned).
-    pub async fn read_resource(&self, uri: &str) -> Result<ReadResourceResult, ClientError> {
+    pub async fn read_resource(&self, uri: &str) -> Result<ReadResourceResult, SessionError> {
         if let Some(refused) = self.unpinned(self.resource_pins.as_ref(), uri) {
             return Err(refused);
         }
@@ -131,7 +135,7 @@ impl Session {
         &self,
         name: &str,
         arguments: Option<JsonObject>,
-    ) -> Result<GetPromptResult, ClientError> {
+    ) -> Result<GetPromptResult, SessionError> {
         if let Some(refused) = self.unpinned(self.prompt_pins.as_ref(), name) {
             return Err(refused);
         }
@@ -151,7 +155,7 @@ impl Session {
         name: &str,
         arguments: Option<JsonObject>,
         retry: Retry,
-    ) -> Result<rmcp::model::GetPromptResponse, ClientError> {
+    ) -> Result<rmcp::model::GetPromptResponse, SessionError> {
         if let Some(refused) = self.unpinned(self.prompt_pins.as_ref(), name) {
             return Err(refused);
         }
@@ -171,7 +175,7 @@ impl Session {
         &self,
         uri: &str,
         retry: Retry,
-    ) -> Result<rmcp::model::ReadResourceResponse, ClientError> {
+    ) -> Result<rmcp::model::ReadResourceResponse, SessionError> {
         if let Some(refused) = self.unpinned(self.resource_pins.as_ref(), uri) {
             return Err(refused);
         }

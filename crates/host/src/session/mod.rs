@@ -20,7 +20,7 @@ mod tasks;
 pub use call::{CallAnswer, Retry};
 use client_side::{Askers, ClientSide, NOTICES_BUFFERED, ServerTap};
 pub use client_side::{Notice, ProgressSender, ServerAsk};
-pub use error::ClientError;
+pub use error::SessionError;
 pub(crate) use hints::{SeenRefusal, refusal_seen, sandbox_hint};
 pub use listen::Listening;
 use listings::ListingState;
@@ -145,7 +145,7 @@ impl Session {
     pub async fn connect(
         transport: ServerTransport,
         handshake: Handshake,
-    ) -> Result<Self, ClientError> {
+    ) -> Result<Self, SessionError> {
         let shared = transport.shared().clone();
         let server = shared.server().to_owned();
         let tap = Arc::new(ServerTap::default());
@@ -187,7 +187,7 @@ impl Session {
                         .map(|identity| identity.sandbox.granted)
                         .unwrap_or_default(),
                 ),
-                Some(fault) => ClientError::Fault {
+                Some(fault) => SessionError::Fault {
                     server,
                     operation: "handshake".into(),
                     fault,
@@ -199,12 +199,12 @@ impl Session {
                     ))
                 ) =>
                 {
-                    ClientError::DiscoverUnreadable {
+                    SessionError::DiscoverUnreadable {
                         server,
                         detail: error.to_string(),
                     }
                 }
-                None => ClientError::Protocol {
+                None => SessionError::Protocol {
                     server,
                     operation: "handshake".into(),
                     detail: error.to_string(),
@@ -311,7 +311,7 @@ impl Session {
             .map(|info| info.protocol_version.to_string())
     }
 
-    pub(crate) fn error(&self, operation: &str, error: ServiceError) -> ClientError {
+    pub(crate) fn error(&self, operation: &str, error: ServiceError) -> SessionError {
         let server = self.server().to_owned();
         if let Some(fault) = self.shared.fault() {
             // A server that died of a refusal mid-call is told so as at
@@ -324,20 +324,20 @@ impl Session {
                     .unwrap_or_default();
                 return sandbox_hint(server, operation, fault, &granted);
             }
-            return ClientError::Fault {
+            return SessionError::Fault {
                 server,
                 operation: operation.to_owned(),
                 fault,
             };
         }
         match error {
-            ServiceError::McpError(data) => ClientError::Server {
+            ServiceError::McpError(data) => SessionError::Server {
                 server,
                 operation: operation.to_owned(),
                 code: data.code.0,
                 message: data.message.into_owned(),
             },
-            other => ClientError::Protocol {
+            other => SessionError::Protocol {
                 server,
                 operation: operation.to_owned(),
                 detail: other.to_string(),
@@ -361,7 +361,7 @@ impl Session {
     }
 
     /// Closes without reporting errors (used on a failed pin check).
-    pub(crate) async fn close_quietly(self) -> Result<(), ClientError> {
+    pub(crate) async fn close_quietly(self) -> Result<(), SessionError> {
         self.close().await
     }
 
@@ -372,14 +372,14 @@ impl Session {
         &self,
         method: &str,
         params: Option<serde_json::Value>,
-    ) -> Result<serde_json::Value, ClientError> {
+    ) -> Result<serde_json::Value, SessionError> {
         let request = ClientRequest::CustomRequest(rmcp::model::CustomRequest::new(method, params));
         let result = self
             .service
             .send_request(request)
             .await
             .map_err(|e| self.error(method, e))?;
-        serde_json::to_value(result).map_err(|e| ClientError::Protocol {
+        serde_json::to_value(result).map_err(|e| SessionError::Protocol {
             server: self.server().to_owned(),
             operation: method.to_owned(),
             detail: format!("the answer does not serialise: {e}"),
@@ -387,7 +387,7 @@ impl Session {
     }
 
     /// Sends `ping` and waits for the answer.
-    pub async fn ping(&self) -> Result<(), ClientError> {
+    pub async fn ping(&self) -> Result<(), SessionError> {
         self.service
             .send_request(ClientRequest::PingRequest(
                 rmcp::model::PingRequest::default(),
@@ -406,13 +406,13 @@ impl Session {
 
     /// Closes the session: EOF on the server's stdin, the grace period, then
     /// the server is stopped and every task of the transport awaited.
-    pub async fn close(self) -> Result<(), ClientError> {
+    pub async fn close(self) -> Result<(), SessionError> {
         let server = self.server().to_owned();
         self.service
             .cancel()
             .await
             .map(|_| ())
-            .map_err(|e| ClientError::Protocol {
+            .map_err(|e| SessionError::Protocol {
                 server,
                 operation: "close".into(),
                 detail: e.to_string(),

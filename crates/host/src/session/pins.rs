@@ -5,7 +5,7 @@
 use rmcp::model::Tool;
 
 use super::Session;
-use super::error::ClientError;
+use super::error::SessionError;
 use super::listings::ListingState;
 use crate::lock::LockedServer;
 use crate::policy::{Pins, ToolReport, ToolStatus};
@@ -17,22 +17,14 @@ pub(crate) struct PinState {
 }
 
 impl Session {
-    /// Checks the running server against its lock entry: the execution
-    /// identity must be the locked one; then the live tools are compared with
-    /// the pins, which this session enforces from now on.
-    pub(crate) async fn enforce(&mut self, locked: &LockedServer) -> Result<(), ClientError> {
-        let live = self.execution.ok_or_else(|| ClientError::Protocol {
-            server: self.server().to_owned(),
-            operation: "pin check".into(),
-            detail: "the server reported no identity".into(),
-        })?;
-        if live.to_string() != locked.identity {
-            return Err(ClientError::IdentityChanged {
-                server: self.server().to_owned(),
-                locked: locked.identity.clone(),
-                live: live.to_string(),
-            });
-        }
+    /// Enforces the pins of `locked` on this session from now on: the live
+    /// tools are compared with the pins (the host has already checked that
+    /// the server runs as `live`, the locked execution identity).
+    pub(crate) async fn enforce(
+        &mut self,
+        locked: &LockedServer,
+        live: crate::identity::Digest,
+    ) -> Result<(), SessionError> {
         let pins = Pins::from_locked(locked, live)?;
         // What is listed now supersedes any earlier announcement.
         self.take_tools_changed();
@@ -65,15 +57,15 @@ impl Session {
         Ok(())
     }
 
-    pub(crate) fn bad_lock(&self, detail: String) -> ClientError {
-        ClientError::BadLock {
+    pub(crate) fn bad_lock(&self, detail: String) -> SessionError {
+        SessionError::BadLock {
             server: self.server().to_owned(),
             lock: "the lock".into(),
             detail,
         }
     }
 
-    pub(crate) async fn live_tools(&self) -> Result<Vec<Tool>, ClientError> {
+    pub(crate) async fn live_tools(&self) -> Result<Vec<Tool>, SessionError> {
         self.service
             .list_all_tools()
             .await
@@ -83,7 +75,7 @@ impl Session {
     /// The latest check of live tools against the pins, re-checked when the
     /// server announced `notifications/tools/list_changed`. `None` without a
     /// lock.
-    pub async fn tool_reports(&self) -> Result<Option<Vec<ToolReport>>, ClientError> {
+    pub async fn tool_reports(&self) -> Result<Option<Vec<ToolReport>>, SessionError> {
         let Some(state) = &self.pins else {
             return Ok(None);
         };
@@ -98,7 +90,7 @@ impl Session {
     /// The tools to expose. Without a lock, what the server lists; with one,
     /// the pinned definitions of the tools that are as pinned (never the
     /// server's own words).
-    pub async fn list_tools(&self) -> Result<Vec<Tool>, ClientError> {
+    pub async fn list_tools(&self) -> Result<Vec<Tool>, SessionError> {
         match (&self.pins, self.tool_reports().await?) {
             (Some(state), Some(reports)) => Ok(state.pins.exposed(&reports)),
             _ => self.live_tools().await,

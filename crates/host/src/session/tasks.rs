@@ -5,7 +5,7 @@ use rmcp::model::CallToolResult;
 use tokio_util::sync::CancellationToken;
 
 use super::Session;
-use super::error::ClientError;
+use super::error::SessionError;
 
 impl Session {
     /// `tasks/get` for task `task_id` of tool `tool` (the call that made
@@ -14,7 +14,7 @@ impl Session {
         &self,
         tool: &str,
         task_id: &str,
-    ) -> Result<rmcp::model::GetTaskResult, ClientError> {
+    ) -> Result<rmcp::model::GetTaskResult, SessionError> {
         let operation = format!("tasks/get `{task_id}`");
         let found = self
             .service
@@ -24,7 +24,7 @@ impl Session {
         if let rmcp::model::TaskPayload::Completed { result } = &found.task.payload {
             let result: CallToolResult =
                 serde_json::from_value(serde_json::Value::Object(result.clone())).map_err(|e| {
-                    ClientError::Protocol {
+                    SessionError::Protocol {
                         server: self.server().to_owned(),
                         operation: operation.clone(),
                         detail: format!("the completed task's result is not a tool's result: {e}"),
@@ -42,7 +42,7 @@ impl Session {
         &self,
         task_id: &str,
         input_responses: rmcp::model::InputResponses,
-    ) -> Result<(), ClientError> {
+    ) -> Result<(), SessionError> {
         self.service
             .update_task(rmcp::model::UpdateTaskParams::new(task_id, input_responses))
             .await
@@ -50,7 +50,7 @@ impl Session {
     }
 
     /// `tasks/cancel`: asks the server to stop task `task_id`.
-    pub async fn cancel_task(&self, task_id: &str) -> Result<(), ClientError> {
+    pub async fn cancel_task(&self, task_id: &str) -> Result<(), SessionError> {
         self.service
             .cancel_task(rmcp::model::CancelTaskParams::new(task_id))
             .await
@@ -66,7 +66,7 @@ impl Session {
         tool: &str,
         task: &rmcp::model::Task,
         cancel: &CancellationToken,
-    ) -> Result<CallToolResult, ClientError> {
+    ) -> Result<CallToolResult, SessionError> {
         use rmcp::model::TaskPayload;
         // The server's hint, kept between 10 ms and a second.
         let interval =
@@ -77,7 +77,7 @@ impl Session {
                 TaskPayload::Working => {}
                 TaskPayload::Completed { result } => {
                     return serde_json::from_value(serde_json::Value::Object(result)).map_err(
-                        |e| ClientError::Protocol {
+                        |e| SessionError::Protocol {
                             server: self.server().to_owned(),
                             operation: format!("tasks/get `{}`", task.task_id),
                             detail: format!(
@@ -87,7 +87,7 @@ impl Session {
                     );
                 }
                 TaskPayload::Failed { error } => {
-                    return Err(ClientError::Server {
+                    return Err(SessionError::Server {
                         server: self.server().to_owned(),
                         operation: format!("task `{}` of tools/call `{tool}`", task.task_id),
                         code: error.get("code").and_then(|c| c.as_i64()).unwrap_or(-32603) as i32,
@@ -99,14 +99,14 @@ impl Session {
                     });
                 }
                 TaskPayload::Cancelled => {
-                    return Err(ClientError::Cancelled {
+                    return Err(SessionError::Cancelled {
                         server: self.server().to_owned(),
                         tool: tool.to_owned(),
                     });
                 }
                 TaskPayload::InputRequired { .. } => {
                     let _ = self.cancel_task(&task.task_id).await;
-                    return Err(ClientError::InputRequired {
+                    return Err(SessionError::InputRequired {
                         server: self.server().to_owned(),
                         tool: tool.to_owned(),
                     });
@@ -117,7 +117,7 @@ impl Session {
                 () = tokio::time::sleep(interval) => {}
                 () = cancel.cancelled() => {
                     let _ = self.cancel_task(&task.task_id).await;
-                    return Err(ClientError::Cancelled {
+                    return Err(SessionError::Cancelled {
                         server: self.server().to_owned(),
                         tool: tool.to_owned(),
                     });

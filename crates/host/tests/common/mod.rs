@@ -5,7 +5,7 @@ use std::path::Path;
 use std::sync::OnceLock;
 
 use moat_host::rmcp::model::{CallToolResult, JsonObject};
-use moat_host::{ClientError, Fault, Host, ServerSpec, Session};
+use moat_host::{Fault, Host, ServerSpec, Session, SessionError};
 use moat_test_guests::{self as guests, Guest};
 use serde_json::json;
 
@@ -91,9 +91,9 @@ pub async fn host_still_serves_everything(launcher: Launcher) {
     session.close().await.expect("close");
 }
 
-pub fn fault_of(error: ClientError) -> Fault {
+pub fn fault_of(error: SessionError) -> Fault {
     match error {
-        ClientError::Fault { fault, .. } => fault,
+        SessionError::Fault { fault, .. } => fault,
         other => panic!("expected a transport fault, got {other:?}"),
     }
 }

@@ -96,7 +96,7 @@ pub async fn serve(
     token: Option<String>,
     allowed: Allowed,
     shutdown: impl std::future::Future<Output = ()>,
-) -> Result<Vec<(String, crate::session::ClientError)>, HttpError> {
+) -> Result<Vec<(String, crate::session::SessionError)>, HttpError> {
     let settings = gateway.serve_settings().clone();
     let addr = listener.local_addr().map_err(HttpError::LocalAddr)?;
     if !addr.ip().is_loopback() && token.is_none() {
