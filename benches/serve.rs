@@ -42,6 +42,10 @@
 //! `MOAT_BENCH_STDIO_ONLY=1` stops after the stdio table and the compile
 //! cache (the start figures, without the HTTP runs).
 //!
+//! `MOAT_BENCH_BASELINE=PATH` measures another `moat` binary (an earlier
+//! commit's, say) in the same run, each of its rows right before this
+//! build's, and prints the two side by side with their ratios.
+//!
 //! `cargo bench --bench serve`; `MOAT_BENCH_MOAT=PATH` runs the same
 //! bench against another `moat` binary (the `dist` profile's, say:
 //! `cargo build --profile dist -p moat`, then
@@ -261,9 +265,25 @@ fn compile_cache(cache: &Path, state: &Path, digest: &dyn Fn(&str) -> String) {
     );
 }
 
+/// The `moat` being measured now: this build's (or `$MOAT_BENCH_MOAT`), or
+/// `$MOAT_BENCH_BASELINE` while the baseline's rows are measured.
+static BINARY: std::sync::Mutex<Option<std::ffi::OsString>> = std::sync::Mutex::new(None);
+
 /// The `moat` under test: this build's, or `$MOAT_BENCH_MOAT`.
-fn moat_binary() -> std::ffi::OsString {
+fn under_test() -> std::ffi::OsString {
     std::env::var_os("MOAT_BENCH_MOAT").unwrap_or_else(|| env!("CARGO_BIN_EXE_moat").into())
+}
+
+fn moat_binary() -> std::ffi::OsString {
+    BINARY.lock().unwrap().clone().unwrap_or_else(under_test)
+}
+
+/// Runs `f` with `binary` as the `moat` every command spawns.
+fn with_binary<T>(binary: &std::ffi::OsString, f: impl FnOnce() -> T) -> T {
+    *BINARY.lock().unwrap() = Some(binary.clone());
+    let out = f();
+    *BINARY.lock().unwrap() = None;
+    out
 }
 
 fn moat(config: &Path, cache: &Path, state: &Path) -> Command {
@@ -469,21 +489,51 @@ fn raise_open_files() {
         .status();
 }
 
-fn main() {
-    // `cargo bench` passes `--bench`; a filter argument is ignored here.
-    println!("moat under test: {}", moat_binary().to_string_lossy());
-    let dir = tempfile::tempdir().unwrap();
-    let cache = dir.path().join("cache");
-    let state = dir.path().join("state");
-    let digest = |path: &str| {
-        let output = Command::new(moat_binary())
-            .args(["digest", path])
-            .output()
-            .unwrap();
-        String::from_utf8(output.stdout).unwrap().trim().to_owned()
-    };
+/// The configs one `moat` binary is measured with, each in its own
+/// directory with its own cache and state (a baseline binary may not read
+/// this build's cache).
+struct Configs {
+    cache: PathBuf,
+    state: PathBuf,
+    wasm: PathBuf,
+    locked: PathBuf,
+    typed_call: PathBuf,
+    typed_session: PathBuf,
+    wasm_pooled: PathBuf,
+    typed_call_pooled: PathBuf,
+    native: PathBuf,
+    native_script: PathBuf,
+}
+
+fn digest(path: &str) -> String {
+    let output = Command::new(moat_binary())
+        .args(["digest", path])
+        .output()
+        .unwrap();
+    String::from_utf8(output.stdout).unwrap().trim().to_owned()
+}
+
+fn pooled(config: &Path, name: &str, instances: usize) -> PathBuf {
+    let dir = config.parent().unwrap().parent().unwrap();
+    write_config(
+        dir,
+        name,
+        &format!(
+            "{}
+[wasm]
+allocator = \"pooling\"\npool_instances = {instances}\n",
+            std::fs::read_to_string(config).unwrap()
+        ),
+    )
+}
+
+/// Writes the configs under `dir`, locks one, and warms the component
+/// cache, all with the current binary.
+fn prepare(dir: &Path) -> Configs {
+    let cache = dir.join("cache");
+    let state = dir.join("state");
     let wasm = write_config(
-        dir.path(),
+        dir,
         "wasm",
         &format!(
             "[servers.everything]\nwasm = {:?}\nsha256 = {:?}\n",
@@ -491,16 +541,12 @@ fn main() {
             digest(guests::EVERYTHING_WASM)
         ),
     );
-    let locked = write_config(
-        dir.path(),
-        "locked",
-        &std::fs::read_to_string(&wasm).unwrap(),
-    );
+    let locked = write_config(dir, "locked", &std::fs::read_to_string(&wasm).unwrap());
     // The typed tool component `kinds`, a fresh instance per call and one
     // per session.
     let typed = |name: &str, instance: &str| {
         write_config(
-            dir.path(),
+            dir,
             name,
             &format!(
                 "[servers.kinds]\nwasm = {:?}\nsha256 = {:?}\ninstance = {instance:?}\n",
@@ -511,22 +557,10 @@ fn main() {
     };
     let typed_call = typed("typed-call", "call");
     let typed_session = typed("typed-session", "session");
-    let pooled = |config: &Path, name: &str, instances: usize| {
-        write_config(
-            dir.path(),
-            name,
-            &format!(
-                "{}
-[wasm]
-allocator = \"pooling\"\npool_instances = {instances}\n",
-                std::fs::read_to_string(config).unwrap()
-            ),
-        )
-    };
     let wasm_pooled = pooled(&wasm, "wasm-pooled", 1000);
     let typed_call_pooled = pooled(&typed_call, "typed-call-pooled", 1000);
     let native = write_config(
-        dir.path(),
+        dir,
         "native",
         &format!(
             "[servers.everything]\ncommand = {:?}\nsha256 = {:?}\n",
@@ -535,14 +569,14 @@ allocator = \"pooling\"\npool_instances = {instances}\n",
         ),
     );
     // A `#!` script run by the native guest (which ignores its argv).
-    let script = dir.path().join("everything-script");
+    let script = dir.join("everything-script");
     std::fs::write(&script, format!("#!{}\n", guests::EVERYTHING_NATIVE)).unwrap();
     {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
     }
     let native_script = write_config(
-        dir.path(),
+        dir,
         "native-script",
         &format!(
             "[servers.everything]\ncommand = {:?}\nsha256 = {:?}\n",
@@ -577,38 +611,115 @@ allocator = \"pooling\"\npool_instances = {instances}\n",
         driver.request("tools/list", json!({}));
         driver.close();
     }
+    Configs {
+        cache,
+        state,
+        wasm,
+        locked,
+        typed_call,
+        typed_session,
+        wasm_pooled,
+        typed_call_pooled,
+        native,
+        native_script,
+    }
+}
 
-    let rows = [
-        measure("native", "echo", &|| {
-            Command::new(guests::EVERYTHING_NATIVE)
-        }),
-        measure("serve → wasm", "everything__echo", &|| {
-            moat(&wasm, &cache, &state)
-        }),
-        measure("serve → wasm, locked", "everything__echo", &|| {
-            let mut command = moat(&locked, &cache, &state);
-            command.arg("--locked");
-            command
-        }),
-        measure("serve → native child", "everything__echo", &|| {
-            moat(&native, &cache, &state)
-        }),
-        measure("serve → native script", "everything__echo", &|| {
-            moat(&native_script, &cache, &state)
-        }),
-        measure("serve → typed, per call", "kinds__greet", &|| {
-            moat(&typed_call, &cache, &state)
-        }),
-        measure("serve → typed, session", "kinds__greet", &|| {
-            moat(&typed_session, &cache, &state)
-        }),
-        measure("serve → wasm, pooled", "everything__echo", &|| {
-            moat(&wasm_pooled, &cache, &state)
-        }),
-        measure("serve → typed/call, pooled", "kinds__greet", &|| {
-            moat(&typed_call_pooled, &cache, &state)
-        }),
+/// The stdio rows after the floor, for each binary with its configs: one
+/// row is measured with every binary before the next row, so drift on the
+/// machine falls on each alike. `[binary][row]`.
+fn serve_rows(runs: &[(&std::ffi::OsString, &Configs)]) -> Vec<Vec<Row>> {
+    type Pick = fn(&Configs) -> &PathBuf;
+    let specs: [(&'static str, &str, Pick, bool); 8] = [
+        ("serve → wasm", "everything__echo", |c| &c.wasm, false),
+        (
+            "serve → wasm, locked",
+            "everything__echo",
+            |c| &c.locked,
+            true,
+        ),
+        (
+            "serve → native child",
+            "everything__echo",
+            |c| &c.native,
+            false,
+        ),
+        (
+            "serve → native script",
+            "everything__echo",
+            |c| &c.native_script,
+            false,
+        ),
+        (
+            "serve → typed, per call",
+            "kinds__greet",
+            |c| &c.typed_call,
+            false,
+        ),
+        (
+            "serve → typed, session",
+            "kinds__greet",
+            |c| &c.typed_session,
+            false,
+        ),
+        (
+            "serve → wasm, pooled",
+            "everything__echo",
+            |c| &c.wasm_pooled,
+            false,
+        ),
+        (
+            "serve → typed/call, pooled",
+            "kinds__greet",
+            |c| &c.typed_call_pooled,
+            false,
+        ),
     ];
+    let mut out: Vec<Vec<Row>> = runs.iter().map(|_| Vec::new()).collect();
+    for (name, tool, pick, locked) in specs {
+        for (rows, (binary, c)) in out.iter_mut().zip(runs) {
+            rows.push(with_binary(binary, || {
+                measure(name, tool, &|| {
+                    let mut command = moat(pick(c), &c.cache, &c.state);
+                    if locked {
+                        command.arg("--locked");
+                    }
+                    command
+                })
+            }));
+        }
+    }
+    out
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; a filter argument is ignored here.
+    let current = under_test();
+    let baseline = std::env::var_os("MOAT_BENCH_BASELINE");
+    println!("moat under test: {}", current.to_string_lossy());
+    if let Some(baseline) = &baseline {
+        println!("baseline: {}", baseline.to_string_lossy());
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let configs = with_binary(&current, || prepare(&dir.path().join("current")));
+    let before = baseline
+        .as_ref()
+        .map(|b| (b, with_binary(b, || prepare(&dir.path().join("baseline")))));
+
+    let floor = measure("native", "echo", &|| {
+        Command::new(guests::EVERYTHING_NATIVE)
+    });
+    let mut rows = vec![floor];
+    // With a baseline, each row is measured with it right before this
+    // build.
+    let mut runs: Vec<(&std::ffi::OsString, &Configs)> = Vec::new();
+    if let Some((binary, configs)) = &before {
+        runs.push((binary, configs));
+    }
+    runs.push((&current, &configs));
+    let mut measured = serve_rows(&runs);
+    rows.extend(measured.pop().unwrap());
+    let base_rows = measured.pop();
     let floor = &rows[0];
     let ratio = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64();
     println!(
@@ -639,7 +750,31 @@ allocator = \"pooling\"\npool_instances = {instances}\n",
             ratio(typed.p50, stdio.p50)
         );
     }
-    compile_cache(&dir.path().join("cold-cache"), &state, &digest);
+    if let Some(base_rows) = &base_rows {
+        println!(
+            "\n{:<26} {:>30} {:>30} {:>24}",
+            "baseline → this build", "spawn → first call", "call p50", "peak RSS"
+        );
+        for (before, after) in base_rows.iter().zip(&rows[1..]) {
+            println!(
+                "{:<26} {:>8.2} → {:>7.2} ms {:>5.2}× {:>8.0} → {:>7.0} µs {:>5.2}× {:>6.1} → {:>5.1} MB {:>5.2}×",
+                after.name,
+                before.start.as_secs_f64() * 1e3,
+                after.start.as_secs_f64() * 1e3,
+                ratio(after.start, before.start),
+                before.p50.as_secs_f64() * 1e6,
+                after.p50.as_secs_f64() * 1e6,
+                ratio(after.p50, before.p50),
+                before.rss as f64 / 1e6,
+                after.rss as f64 / 1e6,
+                after.rss as f64 / before.rss as f64,
+            );
+        }
+        println!("(ratios are this build over the baseline: below 1 is better)");
+    }
+    with_binary(&current, || {
+        compile_cache(&dir.path().join("cold-cache"), &configs.state, &digest)
+    });
     if std::env::var_os("MOAT_BENCH_STDIO_ONLY").is_some_and(|v| v != "0") {
         return;
     }
@@ -651,35 +786,49 @@ allocator = \"pooling\"\npool_instances = {instances}\n",
         .ok()
         .and_then(|n| n.parse().ok())
         .unwrap_or(IDLE_SESSIONS);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut runs = Vec::new();
+    if let Some((binary, configs)) = &before {
+        runs.push(("baseline", *binary, configs));
+    }
+    runs.push(("this build", &current, &configs));
+    for (label, binary, configs) in runs {
+        with_binary(binary, || http_runs(label, configs, &runtime, idle));
+    }
+}
+
+/// Throughput and idle sessions over streamable HTTP, with the current
+/// binary.
+fn http_runs(label: &str, c: &Configs, runtime: &tokio::runtime::Runtime, idle: usize) {
     let room = idle.max(AGENTS) + 1;
     let serve_settings = format!(
         "\n[serve]\nmax_sessions = {room}\nmax_connections = {}\n",
         4 * room
     );
+    let dir = c.wasm.parent().unwrap().parent().unwrap();
     let wasm_http = write_config(
-        dir.path(),
+        dir,
         "wasm-http",
-        &(std::fs::read_to_string(&wasm).unwrap() + &serve_settings),
+        &(std::fs::read_to_string(&c.wasm).unwrap() + &serve_settings),
     );
     let native_http = write_config(
-        dir.path(),
+        dir,
         "native-http",
-        &(std::fs::read_to_string(&native).unwrap() + &serve_settings),
+        &(std::fs::read_to_string(&c.native).unwrap() + &serve_settings),
     );
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .unwrap();
     let rate = |config: &Path| {
-        let serve = HttpServe::spawn(moat(config, &cache, &state));
-        let rate = throughput(&runtime, &serve);
+        let serve = HttpServe::spawn(moat(config, &c.cache, &c.state));
+        let rate = throughput(runtime, &serve);
         serve.stop();
         rate
     };
     let wasm_rate = rate(&wasm_http);
     let native_rate = rate(&native_http);
     println!(
-        "\nthroughput over HTTP, {AGENTS} agent sessions × {CALLS_PER_AGENT} calls at once:\n\
+        "\n{label}: throughput over HTTP, {AGENTS} agent sessions × {CALLS_PER_AGENT} calls at once:\n\
          serve → wasm          {wasm_rate:>8.0} calls/s {:>5.2}×\n\
          serve → native child  {native_rate:>8.0} calls/s",
         wasm_rate / native_rate
@@ -691,14 +840,14 @@ allocator = \"pooling\"\npool_instances = {instances}\n",
         pooled_rate / native_rate
     );
     for (allocator, config) in [("on demand", &wasm_http), ("pooled", &wasm_http_pooled)] {
-        let serve = HttpServe::spawn(moat(config, &cache, &state));
-        let (before, after, held) = idle_sessions(&runtime, &serve, idle);
+        let serve = HttpServe::spawn(moat(config, &c.cache, &c.state));
+        let (before, after, held) = idle_sessions(runtime, &serve, idle);
         serve.stop();
         let per = |a: u64, b: u64| a.saturating_sub(b) as f64 / 1e3 / held.max(1) as f64;
         let max_map_count =
             std::fs::read_to_string("/proc/sys/vm/max_map_count").unwrap_or_default();
         println!(
-            "\n{held} of {idle} idle wasm sessions held over HTTP (each called once), {allocator}:\n\
+            "\n{label}: {held} of {idle} idle wasm sessions held over HTTP (each called once), {allocator}:\n\
          RSS {:.1} MB → {:.1} MB, {:.0} KB a session\n\
          PSS {:.1} MB → {:.1} MB, {:.0} KB a session\n\
          mappings {} → {}, {:.1} a session (vm.max_map_count {})",
