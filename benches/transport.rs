@@ -200,7 +200,7 @@ fn start_to_initialized(c: &mut Criterion) {
                     for _ in 0..iters {
                         let started = Instant::now();
                         let spec = spec();
-                        let transport = moat_host::launch::Planned::WasmPrepared {
+                        let transport = moat_host::Planned::WasmPrepared {
                             prepared: prepared.clone(),
                             launch: WasmLaunch::from_spec(&spec),
                         }

@@ -8,7 +8,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
-use moat_host::text::printable;
+use moat_host::printable;
 
 mod commands;
 
@@ -98,7 +98,7 @@ fn main() -> ExitCode {
         Err(error) => {
             eprintln!(
                 "moat: error: --otlp: {}",
-                printable(&moat_host::text::error_chain(error.as_ref()))
+                printable(&moat_host::error_chain(error.as_ref()))
             );
             return ExitCode::FAILURE;
         }
@@ -108,7 +108,7 @@ fn main() -> ExitCode {
     // descriptors: Moat takes all it may have (servers get their own
     // `open_files`, not this).
     #[cfg(unix)]
-    match moat_host::limits::raise_open_files() {
+    match moat_host::raise_open_files() {
         Ok(open) => tracing::debug!(
             soft = open.soft,
             hard = open.hard,
@@ -144,8 +144,7 @@ fn main() -> ExitCode {
         Err(error) => {
             // One line: the chain of causes, joined, with whatever a server
             // wrote into it (error messages, stderr tails) escaped.
-            let message =
-                printable(&moat_host::text::error_chain(error.as_ref()).replace('\n', " "));
+            let message = printable(&moat_host::error_chain(error.as_ref()).replace('\n', " "));
             eprintln!("moat: error: {message}");
             ExitCode::FAILURE
         }

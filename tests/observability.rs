@@ -174,7 +174,7 @@ fn metrics_count_exactly_what_the_audit_log_records() {
     // Calls: by server, tool and outcome class, as audited.
     let mut audited: BTreeMap<(String, String, String), f64> = BTreeMap::new();
     for call in of("tool_call") {
-        let outcome = moat_host::metrics::outcome_class(call["outcome"].as_str().unwrap());
+        let outcome = moat_host::outcome_class(call["outcome"].as_str().unwrap());
         *audited
             .entry((
                 call["server"].as_str().unwrap().to_owned(),

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Result;
-use moat_host::text::printable;
+use moat_host::printable;
 
 #[derive(clap::Args)]
 pub struct Args {

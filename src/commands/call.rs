@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
+use moat_host::printable;
 use moat_host::rmcp::model::JsonObject;
-use moat_host::text::printable;
 
 #[derive(clap::Args)]
 pub struct Args {

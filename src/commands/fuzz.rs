@@ -10,7 +10,7 @@ use anyhow::{Context, Result, bail};
 use moat_host::fuzz::report::{self, CaseFile};
 use moat_host::fuzz::{self as engine, Budget, Event, Options, Runner, Summary};
 use moat_host::lock::Lock;
-use moat_host::text::printable;
+use moat_host::printable;
 use moat_host::{Config, ServerSpec};
 
 #[derive(clap::Args)]

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Result;
-use moat_host::text::printable;
+use moat_host::printable;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -31,7 +31,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let store = if args.no_install {
         None
     } else {
-        Some(moat_host::dirs::store().ok_or(moat_host::packages::PackageError::NoStore)?)
+        Some(moat_host::store_dir().ok_or(moat_host::PackageError::NoStore)?)
     };
     let imported = moat_host::importer::import(
         &args.file,

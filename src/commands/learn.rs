@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use anyhow::{Context, Result, bail};
 use moat_host::Config;
 use moat_host::grants::DirMode;
-use moat_host::text::printable;
+use moat_host::printable;
 
 #[derive(clap::Args)]
 pub struct Args {

@@ -6,8 +6,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Result;
+use moat_host::printable;
 use moat_host::relock::{self, Event};
-use moat_host::text::printable;
 
 #[derive(clap::Args)]
 pub struct Args {

@@ -5,9 +5,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Result;
+use moat_host::printable;
 use moat_host::relock::{self, Revoking};
 use moat_host::revoke::describe;
-use moat_host::text::printable;
 
 #[derive(clap::Args)]
 pub struct Args {

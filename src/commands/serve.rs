@@ -12,7 +12,7 @@ use anyhow::{Context, Result, bail};
 use moat_host::front::http::{Allowed, HttpError};
 use moat_host::gateway::{Gateway, ReloadError, Reloaded};
 use moat_host::lock::Lock;
-use moat_host::text::printable;
+use moat_host::printable;
 use tokio::signal::unix::{SignalKind, signal};
 
 #[derive(clap::Args)]
@@ -168,7 +168,7 @@ fn reload_on_hangup(gateway: &Gateway, config_path: &Path, watch: bool) -> Resul
     let mut hangup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
     let mut changes = if watch {
         let files = [config_path.to_owned(), Lock::path_for(config_path)];
-        let changes = moat_host::watch::watch(&files)?;
+        let changes = moat_host::watch(&files)?;
         eprintln!(
             "moat: watching {} and {} for changes",
             files[0].display(),
@@ -218,7 +218,7 @@ fn reload_report(source: &str, gateway: &Gateway, result: Result<Reloaded, Reloa
         ),
         Err(error) => format!(
             "error: {source}: reload refused: {}; still serving generation {}, unchanged",
-            printable(&moat_host::text::error_chain(&error)),
+            printable(&moat_host::error_chain(&error)),
             gateway.generation()
         ),
     }

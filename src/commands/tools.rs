@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Result;
-use moat_host::policy::ToolStatus;
-use moat_host::text::printable;
+use moat_host::ToolStatus;
+use moat_host::printable;
 
 #[derive(clap::Args)]
 pub struct Args {

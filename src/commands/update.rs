@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Result;
-use moat_host::text::printable;
+use moat_host::printable;
 use moat_host::update::{self, Event, Updated};
 
 #[derive(clap::Args)]

@@ -78,7 +78,7 @@ pub fn state_dir() -> std::path::PathBuf {
 }
 
 /// The audit key `moat` writes with under [`state_dir`].
-pub fn audit_key() -> moat_host::keys::Key {
+pub fn audit_key() -> moat_host::Key {
     moat_host::audit::key_in(&state_dir(), true).unwrap()
 }
 

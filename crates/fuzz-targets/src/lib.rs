@@ -10,9 +10,9 @@
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
+use moat_host::Pins;
 use moat_host::instance::{Exit, Identity, Launched, Metrics, Tracker};
 use moat_host::lock::{Lock, LockedServer, LockedTool, canonical_json, tool_pin};
-use moat_host::policy::Pins;
 use moat_host::{Config, Digest, Evidence, Handshake, Host, Limits, ServerSpec, Session};
 
 /// A fuzz target's body: one input, checked by assertion.

@@ -197,7 +197,7 @@ pub fn resolve_windows(
 /// literal; `"` is doubled; backslashes before a quote are doubled (the C
 /// runtime's rule); `%` becomes `%%cd:~,%`, which expands to nothing before
 /// a literal `%`, so no variable can be expanded.
-pub fn quote_for_cmd(arg: &str) -> String {
+fn quote_for_cmd(arg: &str) -> String {
     let mut out = String::with_capacity(arg.len() + 2);
     out.push('"');
     let mut backslashes = 0usize;

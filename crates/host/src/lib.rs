@@ -5,6 +5,12 @@
 //! read and held against every module's `crate::` paths by a test
 //! (`layers.rs`), so it cannot drift from the code.
 //!
+//! The surface: the modules declared `pub` below are what a caller drives
+//! by name (the config, grants, lock and revocations; the launch contract
+//! and the launchers; the audit log; the gateway, its fronts and `moat
+//! fuzz`; importing; the commands' procedures). The rest are the crate's
+//! own, and what callers need of them is re-exported at the root.
+//!
 //! | layer | modules | what they are |
 //! | --- | --- | --- |
 //! | 1 | `text`, `dirs`, `identity`, `limits`, `keys`, `seal`, `command`, `script`, `tasks_2025`, `watch` | vocabulary: printable text, Moat's directories, digests and evidence, limits, keys, command and `#!` resolution, 2025-11-25's task wire, file watching |
@@ -22,59 +28,68 @@
 //! | 13 | `setup`, `report`, `relock`, `update` | what the CLI's commands call, each the procedure of one command: a host and a gateway from a config path, what `moat tools` and `moat inspect` show, `moat lock` and `moat revoke`, `moat update` |
 
 pub mod audit;
-pub mod command;
+pub(crate) mod command;
 pub mod config;
-pub mod dirs;
+pub(crate) mod dirs;
 #[cfg(target_os = "linux")]
 pub mod egress;
 pub mod front;
 pub mod fuzz;
 pub mod gateway;
 pub mod grants;
-pub mod host;
-pub mod identity;
+pub(crate) mod host;
+pub(crate) mod identity;
 pub mod importer;
 pub mod instance;
-pub mod keys;
-pub mod launch;
+pub(crate) mod keys;
+pub(crate) mod launch;
 #[cfg(test)]
 mod layers;
-pub mod limits;
+pub(crate) mod limits;
 pub mod lock;
-pub mod metrics;
+pub(crate) mod metrics;
 #[cfg(unix)]
 pub mod native;
 pub mod oci;
-pub mod packages;
-pub mod policy;
+pub(crate) mod packages;
+pub(crate) mod policy;
 pub mod relock;
-pub mod remote;
+pub(crate) mod remote;
 pub mod report;
 pub mod revoke;
 #[cfg(target_os = "linux")]
-pub mod sandbox;
+pub(crate) mod sandbox;
 #[cfg(unix)]
-pub mod script;
+pub(crate) mod script;
 pub mod seal;
-pub mod session;
+pub(crate) mod session;
 pub mod setup;
-pub mod tasks_2025;
-pub mod text;
-pub mod trace;
-pub mod transport;
+pub(crate) mod tasks_2025;
+pub(crate) mod text;
+pub(crate) mod trace;
+pub(crate) mod transport;
 pub mod update;
 pub mod wasm;
 pub mod wassette;
-pub mod watch;
+pub(crate) mod watch;
 
+// The surface: what the CLI, the benches and the tests use. Modules not
+// named `pub` above are the crate's own; what of them callers need is
+// here.
+pub use command::{WindowsLaunch, resolve as resolve_command, resolve_windows};
 pub use config::{Config, ConfigError, ServerKind, ServerSpec};
-pub use host::{ConnectError, Host};
+pub use dirs::store as store_dir;
+pub use host::{ConnectError, Host, Learned};
 pub use identity::{Digest, Evidence, Expectation};
-pub use launch::LaunchError;
-pub use limits::{LimitHit, Limits};
+pub use keys::Key;
+pub use launch::{LaunchError, Planned, ServerTransport};
+pub use limits::{LimitHit, Limits, raise_open_files};
+pub use metrics::outcome_class;
+pub use packages::PackageError;
+pub use policy::{Pins, ToolStatus};
 /// The rmcp version Moat speaks, re-exported for its protocol types.
 pub use rmcp;
 pub use session::{Handshake, Session, SessionError};
-pub use transport::{Fault, TransportError};
-
-pub use launch::ServerTransport;
+pub use text::{error_chain, printable};
+pub use transport::{Fault, MAX_UNANSWERED_SERVER_REQUESTS, TransportError};
+pub use watch::watch;

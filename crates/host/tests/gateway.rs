@@ -137,7 +137,7 @@ fn gateway_audited(
 }
 
 /// The audit key these tests write and verify with.
-fn audit_key() -> moat_host::keys::Key {
+fn audit_key() -> moat_host::Key {
     moat_host::audit::key_in(
         &Path::new(env!("CARGO_TARGET_TMPDIR")).join("audit-key"),
         true,

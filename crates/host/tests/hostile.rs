@@ -190,7 +190,7 @@ async fn a_flood_of_requests_to_the_client_fails_closed(launcher: Launcher) {
         attack_faults(launcher, &session).await,
         Fault::RequestFlood {
             server: "request-flood".into(),
-            limit: moat_host::transport::MAX_UNANSWERED_SERVER_REQUESTS,
+            limit: moat_host::MAX_UNANSWERED_SERVER_REQUESTS,
         }
     );
     let grown = peak_rss_bytes().saturating_sub(before);

@@ -9,8 +9,8 @@ use common::{running, text};
 
 use std::path::{Path, PathBuf};
 
-use moat_host::command::resolve;
 use moat_host::native::{self, NativeError, NativeLaunch};
+use moat_host::resolve_command as resolve;
 use moat_host::{
     ConnectError, Digest, Evidence, Expectation, Handshake, Host, LaunchError, ServerSpec, Session,
 };
@@ -708,8 +708,7 @@ fn opened(
     executable: native::MeasuredExecutable,
 ) -> moat_host::ServerTransport {
     let (name, limits) = (launch.name.clone(), launch.limits.clone());
-    moat_host::launch::Planned::NativeOpened(Box::new((launch, executable)))
-        .transport(&name, limits)
+    moat_host::Planned::NativeOpened(Box::new((launch, executable))).transport(&name, limits)
 }
 
 /// Issue 33: a native server gets a small base environment and nothing
@@ -768,13 +767,13 @@ for line in sys.stdin:
     // The interpreter's directory first, unless it is a system directory
     // already (a Moat running as nobody finds /usr/bin/python3).
     let interpreter_dir = interpreter.parent().unwrap().display().to_string();
-    let path = if native::env::SYSTEM_PATH
+    let path = if native::SYSTEM_PATH
         .split(':')
         .any(|dir| dir == interpreter_dir)
     {
-        native::env::SYSTEM_PATH.to_owned()
+        native::SYSTEM_PATH.to_owned()
     } else {
-        format!("{interpreter_dir}:{}", native::env::SYSTEM_PATH)
+        format!("{interpreter_dir}:{}", native::SYSTEM_PATH)
     };
     assert_eq!(env["PATH"], path);
     assert_eq!(env["TMPDIR"], "/tmp");

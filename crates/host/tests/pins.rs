@@ -10,8 +10,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use common::{Launcher, args, spec, text};
+use moat_host::ToolStatus;
 use moat_host::lock::{LOCK_VERSION, Lock, LockedServer};
-use moat_host::policy::ToolStatus;
 use moat_host::{ConnectError, Host, LaunchError, ServerSpec, Session, SessionError};
 use moat_test_guests as guests;
 use serde_json::json;

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use moat_host::transport::TransportError;
+use moat_host::TransportError;
 use moat_host::{
     ConnectError, Evidence, Fault, Handshake, LaunchError, LimitHit, Session, SessionError,
 };

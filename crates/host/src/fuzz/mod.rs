@@ -11,9 +11,9 @@
 //! launcher, identity check, capabilities and limits), but tool pins are not
 //! enforced: the point is to send the server what pins would refuse.
 
-pub mod generate;
+pub(crate) mod generate;
 pub mod report;
-pub mod shrink;
+pub(crate) mod shrink;
 
 mod campaign;
 mod oracle;

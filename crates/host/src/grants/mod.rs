@@ -13,9 +13,9 @@
 //! - [`toml`]: a grant written as `moat.toml` lines, for every command that
 //!   proposes one (import, learn, the sandbox's hints, Wassette policies).
 
-pub mod fs;
-pub mod net;
-pub mod protect;
+pub(crate) mod fs;
+pub(crate) mod net;
+pub(crate) mod protect;
 pub mod toml;
 
 use std::path::PathBuf;

@@ -34,7 +34,7 @@ use crate::limits::Limits;
 use crate::script::ScriptError;
 
 mod contain;
-pub mod env;
+pub(crate) mod env;
 mod exec;
 pub mod learn;
 mod measure;
@@ -42,6 +42,7 @@ mod reaper;
 mod spawn;
 mod start;
 
+pub use env::SYSTEM_PATH;
 pub use measure::{Interpreter, MeasuredExecutable, measure_path, open_measured};
 
 /// Errors of the native launcher, naming the operation and the path.

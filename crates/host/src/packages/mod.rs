@@ -32,7 +32,7 @@ mod run;
 use std::path::PathBuf;
 
 pub use crate::config::{Ecosystem, PackageRecord};
-pub use install::{INSTALL_RECORD, Installed, install};
+pub use install::{Installed, install};
 pub use recognise::recognise;
 pub use repin::{RepinError, repin_config, respec};
 

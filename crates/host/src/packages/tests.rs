@@ -1,7 +1,7 @@
 use std::path::Path;
 use std::process::Command;
 
-use super::install::{exact_version, hex_of, in_store, request_key};
+use super::install::{INSTALL_RECORD, exact_version, hex_of, in_store, request_key};
 use super::python::console_scripts;
 use super::run::{PROGRESS_EVERY, run_telling, tree_bytes};
 use super::*;

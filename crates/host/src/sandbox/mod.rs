@@ -28,8 +28,8 @@ mod start;
 #[cfg(test)]
 mod tests;
 
-pub use self::landlock::{Grants, kernel_abi, plan, plan_for_abi, restrict_child, ruleset_fd};
-pub use self::learn::{LearnGrants, learn_plan, learn_plan_for_abi};
+pub use self::landlock::{Grants, plan, restrict_child, ruleset_fd};
+pub use self::learn::{LearnGrants, learn_plan};
 pub use self::start::{ImplicitRoots, granted_to_start, implicit_roots};
 
 use crate::config::Sandbox;

@@ -1,6 +1,8 @@
 use std::os::fd::BorrowedFd;
 use std::path::Path;
 
+use super::landlock::{kernel_abi, plan_for_abi};
+use super::learn::learn_plan_for_abi;
 use super::start::etc_grants;
 use super::*;
 use crate::grants::NetGrant;

@@ -22,7 +22,6 @@ use client_side::{Askers, ClientSide, NOTICES_BUFFERED, ServerTap};
 pub use client_side::{Notice, ProgressSender, ServerAsk};
 pub use error::SessionError;
 pub(crate) use hints::{SeenRefusal, refusal_seen, sandbox_hint};
-pub use listen::Listening;
 use listings::ListingState;
 use pins::PinState;
 

@@ -15,9 +15,9 @@
 mod cache;
 mod component;
 mod engine;
-pub mod http;
-pub mod lookup;
-pub mod pipe;
+pub(crate) mod http;
+pub(crate) mod lookup;
+pub(crate) mod pipe;
 mod run;
 mod settings;
 mod state;

@@ -17,9 +17,6 @@ mod protocol;
 mod tests;
 mod values;
 
-pub use mutate::{Step, at, at_mut, paths};
-pub use values::resolve;
-
 use rand::rngs::Xoshiro256PlusPlus;
 use rand::{RngExt, SeedableRng};
 use serde::{Deserialize, Serialize};

@@ -41,7 +41,7 @@ mod tests;
 
 pub use build::Failure;
 pub(crate) use build::{build, seal};
-pub use support::{Unsupported, support};
+pub use support::support;
 
 /// `HOME` in a root of the server's own: a directory made in its private
 /// `/tmp`, writable by it and by nothing else.
