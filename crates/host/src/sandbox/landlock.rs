@@ -62,6 +62,36 @@ pub(super) fn file_only() -> BitFlags<AccessFs> {
     AccessFs::ReadFile | AccessFs::Execute | AccessFs::WriteFile | AccessFs::Truncate
 }
 
+/// The error of a ruleset `operation`.
+pub(super) fn ruleset_error(
+    operation: &'static str,
+) -> impl Fn(landlock::RulesetError) -> SandboxError {
+    move |error| SandboxError::Ruleset {
+        operation,
+        detail: error.to_string(),
+    }
+}
+
+/// A ruleset for ABI `version` (1 or more) that handles every filesystem
+/// access, and from ABI 6 scopes signals and abstract Unix sockets to the
+/// server (said in `plan`'s evidence).
+pub(super) fn fs_ruleset(version: i32, plan: &mut Plan) -> Result<(ABI, Ruleset), SandboxError> {
+    let abi = ABI::from(version);
+    let mut ruleset = Ruleset::default()
+        .handle_access(AccessFs::from_all(abi))
+        .map_err(ruleset_error("handle filesystem access"))?;
+    if version >= 6 {
+        ruleset = ruleset
+            .scope(Scope::from_all(abi))
+            .map_err(ruleset_error("scope signals and abstract sockets"))?;
+        plan.enforced.push(
+            "Landlock scopes (ABI 6+): no signal to, and no abstract Unix socket of, any process outside the server"
+                .to_owned(),
+        );
+    }
+    Ok((abi, ruleset))
+}
+
 /// Builds the Landlock ruleset for `grants` on this kernel.
 pub fn plan(grants: &Grants<'_>) -> Result<Plan, SandboxError> {
     plan_for_abi(grants, kernel_abi())
@@ -79,25 +109,8 @@ pub fn plan_for_abi(grants: &Grants<'_>, version: i32) -> Result<Plan, SandboxEr
         )?;
         return Ok(plan);
     }
-    let abi = ABI::from(version);
-    let ruleset_error = |operation: &'static str| {
-        move |error: landlock::RulesetError| SandboxError::Ruleset {
-            operation,
-            detail: error.to_string(),
-        }
-    };
-    let mut ruleset = Ruleset::default()
-        .handle_access(AccessFs::from_all(abi))
-        .map_err(ruleset_error("handle filesystem access"))?;
-    if version >= 6 {
-        ruleset = ruleset
-            .scope(Scope::from_all(abi))
-            .map_err(ruleset_error("scope signals and abstract sockets"))?;
-        plan.enforced.push(
-            "Landlock scopes (ABI 6+): no signal to, and no abstract Unix socket of, any process outside the server"
-                .to_owned(),
-        );
-    } else {
+    let (abi, mut ruleset) = fs_ruleset(version, &mut plan)?;
+    if version < 6 {
         plan.not_enforced.push(
             "Landlock scopes for signals and abstract Unix sockets (ABI 6, Linux 6.12)".to_owned(),
         );

@@ -3,12 +3,9 @@
 
 use std::path::Path;
 
-use landlock::{
-    ABI, Access, AccessFs, BitFlags, PathBeneath, PathFd, Ruleset, RulesetAttr, RulesetCreatedAttr,
-    Scope,
-};
+use landlock::{Access, AccessFs, BitFlags, PathBeneath, PathFd, RulesetCreatedAttr};
 
-use super::landlock::{file_only, kernel_abi};
+use super::landlock::{file_only, fs_ruleset, kernel_abi, ruleset_error};
 use super::{Plan, SandboxError, enforce_or_report};
 use crate::config::Sandbox;
 use crate::grants::DirMode;
@@ -45,25 +42,7 @@ pub fn learn_plan_for_abi(grants: &LearnGrants<'_>, version: i32) -> Result<Plan
         )?;
         return Ok(plan);
     }
-    let abi = ABI::from(version);
-    let ruleset_error = |operation: &'static str| {
-        move |error: landlock::RulesetError| SandboxError::Ruleset {
-            operation,
-            detail: error.to_string(),
-        }
-    };
-    let mut ruleset = Ruleset::default()
-        .handle_access(AccessFs::from_all(abi))
-        .map_err(ruleset_error("handle filesystem access"))?;
-    if version >= 6 {
-        ruleset = ruleset
-            .scope(Scope::from_all(abi))
-            .map_err(ruleset_error("scope signals and abstract sockets"))?;
-        plan.enforced.push(
-            "Landlock scopes (ABI 6+): no signal to, and no abstract Unix socket of, any process outside the server"
-                .to_owned(),
-        );
-    }
+    let (abi, ruleset) = fs_ruleset(version, &mut plan)?;
     if version < 3 {
         plan.not_enforced.push(
             "truncate(2) by name (Landlock ABI 3, Linux 6.2): a learn run may shorten a file it can only read"

@@ -5,9 +5,10 @@ use std::ffi::c_char;
 
 use crate::native::contain::namespaces::MAX_BINDS;
 
-use super::mounts::{bind_resolv_conf, bind_script, fd_path};
+use super::mounts::{bind_resolv_conf, bind_script};
 use super::sockets::hand_over_listener;
 use super::{ChildFds, ChildPlan, Step, close_range, errno, fail, fail_at, write_proc};
+use crate::sandbox::root::fd_path;
 
 /// The child, between clone and exec. Never returns.
 ///
@@ -156,17 +157,7 @@ pub(super) unsafe fn child(
                             libc::statvfs(bind.target.as_ptr(), &mut stat) == 0,
                             Step::BindReadOnly,
                         );
-                        let kept = [
-                            (libc::ST_NOSUID, libc::MS_NOSUID),
-                            (libc::ST_NODEV, libc::MS_NODEV),
-                            (libc::ST_NOEXEC, libc::MS_NOEXEC),
-                            (libc::ST_NOATIME, libc::MS_NOATIME),
-                            (libc::ST_NODIRATIME, libc::MS_NODIRATIME),
-                            (libc::ST_RELATIME, libc::MS_RELATIME),
-                        ]
-                        .iter()
-                        .filter(|(st, _)| stat.f_flag & st != 0)
-                        .fold(0, |flags, (_, ms)| flags | ms);
+                        let kept = crate::sandbox::root::kept_mount_flags(&stat);
                         check(
                             libc::mount(
                                 std::ptr::null(),

@@ -1,7 +1,6 @@
 //! Mounts the child makes over what the host shows it: Moat's resolv.conf
 //! and a script's sealed copy, each bound read-only.
 
-use std::ffi::c_char;
 use std::os::fd::RawFd;
 
 use crate::native::contain::namespaces::ScriptBind;
@@ -10,29 +9,6 @@ use super::{Step, errno, fail};
 
 /// What a server behind the egress proxy finds in /etc/resolv.conf.
 const RESOLV_CONF: &[u8] = b"# Moat answers DNS here, for the names in this server's `net` only.\nnameserver 127.0.0.1\noptions attempts:1 timeout:2\n";
-
-/// `/proc/self/fd/N` for `fd`, written into `buf` with its NUL, without
-/// allocating.
-pub(super) fn fd_path(fd: i32, buf: &mut [u8; 32]) -> *const c_char {
-    const PREFIX: &[u8] = b"/proc/self/fd/";
-    buf[..PREFIX.len()].copy_from_slice(PREFIX);
-    let mut digits = [0u8; 12];
-    let mut n = fd.unsigned_abs();
-    let mut len = 0;
-    loop {
-        digits[len] = b'0' + (n % 10) as u8;
-        len += 1;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    for i in 0..len {
-        buf[PREFIX.len() + i] = digits[len - 1 - i];
-    }
-    buf[PREFIX.len() + len] = 0;
-    buf.as_ptr().cast()
-}
 
 /// Covers /etc/resolv.conf with [`RESOLV_CONF`], read-only, through a file
 /// in the private /tmp that is unlinked once bound.
@@ -60,28 +36,7 @@ pub(super) unsafe fn bind_resolv_conf(report: RawFd) {
         check(written == RESOLV_CONF.len() as isize);
         libc::close(file);
         let target = c"/etc/resolv.conf";
-        check(
-            libc::mount(
-                source.as_ptr(),
-                target.as_ptr(),
-                std::ptr::null(),
-                libc::MS_BIND,
-                std::ptr::null(),
-            ) == 0,
-        );
-        check(
-            libc::mount(
-                std::ptr::null(),
-                target.as_ptr(),
-                std::ptr::null(),
-                libc::MS_REMOUNT
-                    | libc::MS_BIND
-                    | libc::MS_RDONLY
-                    | libc::MS_NOSUID
-                    | libc::MS_NODEV,
-                std::ptr::null(),
-            ) == 0,
-        );
+        check(bind_read_only(source.as_ptr(), target.as_ptr()));
         check(libc::unlink(source.as_ptr()) == 0);
     }
 }
@@ -121,19 +76,31 @@ pub(super) unsafe fn bind_script(bind: &ScriptBind, report: RawFd) {
             }
         }
         libc::close(file);
-        check(
-            libc::mount(
-                source.as_ptr(),
-                bind.target.as_ptr(),
+        check(bind_read_only(source.as_ptr(), bind.target.as_ptr()));
+        check(libc::unlink(source.as_ptr()) == 0);
+    }
+}
+
+/// Binds `source` over `target` and remounts the bind read-only, nosuid and
+/// nodev; false if either call failed (errno says why).
+///
+/// # Safety
+///
+/// Only in the cloned child, in its own mount namespace; both are
+/// NUL-terminated paths.
+unsafe fn bind_read_only(source: *const libc::c_char, target: *const libc::c_char) -> bool {
+    // SAFETY: two mount(2) calls on the caller's paths; see the contract.
+    unsafe {
+        libc::mount(
+            source,
+            target,
+            std::ptr::null(),
+            libc::MS_BIND,
+            std::ptr::null(),
+        ) == 0
+            && libc::mount(
                 std::ptr::null(),
-                libc::MS_BIND,
-                std::ptr::null(),
-            ) == 0,
-        );
-        check(
-            libc::mount(
-                std::ptr::null(),
-                bind.target.as_ptr(),
+                target,
                 std::ptr::null(),
                 libc::MS_REMOUNT
                     | libc::MS_BIND
@@ -141,8 +108,6 @@ pub(super) unsafe fn bind_script(bind: &ScriptBind, report: RawFd) {
                     | libc::MS_NOSUID
                     | libc::MS_NODEV,
                 std::ptr::null(),
-            ) == 0,
-        );
-        check(libc::unlink(source.as_ptr()) == 0);
+            ) == 0
     }
 }

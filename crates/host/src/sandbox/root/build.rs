@@ -12,8 +12,26 @@ pub(super) fn errno() -> i32 {
     std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
 }
 
-/// `/proc/self/fd/N` for `fd`, written into `buf` with its NUL.
-fn fd_path(fd: i32, buf: &mut [u8; 32]) -> *const libc::c_char {
+/// The flags of a mount (`stat` from statvfs) that a read-only remount of
+/// a bind must keep: the kernel refuses a remount that would drop a
+/// locked nosuid, nodev, noexec or atime flag.
+pub(crate) fn kept_mount_flags(stat: &libc::statvfs) -> libc::c_ulong {
+    [
+        (libc::ST_NOSUID, libc::MS_NOSUID),
+        (libc::ST_NODEV, libc::MS_NODEV),
+        (libc::ST_NOEXEC, libc::MS_NOEXEC),
+        (libc::ST_NOATIME, libc::MS_NOATIME),
+        (libc::ST_NODIRATIME, libc::MS_NODIRATIME),
+        (libc::ST_RELATIME, libc::MS_RELATIME),
+    ]
+    .iter()
+    .filter(|(st, _)| stat.f_flag & st != 0)
+    .fold(0, |flags, (_, ms)| flags | ms)
+}
+
+/// `/proc/self/fd/N` for `fd`, written into `buf` with its NUL, without
+/// allocating (it runs between clone and exec).
+pub(crate) fn fd_path(fd: i32, buf: &mut [u8; 32]) -> *const libc::c_char {
     const PREFIX: &[u8] = b"/proc/self/fd/";
     buf[..PREFIX.len()].copy_from_slice(PREFIX);
     let mut digits = [0u8; 12];
@@ -47,17 +65,7 @@ unsafe fn remount_read_only(target: &std::ffi::CStr) -> bool {
         if libc::statvfs(target.as_ptr(), &mut stat) != 0 {
             return false;
         }
-        let kept = [
-            (libc::ST_NOSUID, libc::MS_NOSUID),
-            (libc::ST_NODEV, libc::MS_NODEV),
-            (libc::ST_NOEXEC, libc::MS_NOEXEC),
-            (libc::ST_NOATIME, libc::MS_NOATIME),
-            (libc::ST_NODIRATIME, libc::MS_NODIRATIME),
-            (libc::ST_RELATIME, libc::MS_RELATIME),
-        ]
-        .iter()
-        .filter(|(st, _)| stat.f_flag & st != 0)
-        .fold(0, |flags, (_, ms)| flags | ms);
+        let kept = kept_mount_flags(&stat);
         libc::mount(
             std::ptr::null(),
             target.as_ptr(),

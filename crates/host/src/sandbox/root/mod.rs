@@ -40,7 +40,7 @@ mod support;
 mod tests;
 
 pub use build::Failure;
-pub(crate) use build::{build, seal};
+pub(crate) use build::{build, fd_path, kept_mount_flags, seal};
 pub use support::support;
 
 /// `HOME` in a root of the server's own: a directory made in its private
