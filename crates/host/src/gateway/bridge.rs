@@ -2,7 +2,11 @@
 //! the agent's own requests (`elicitation/create`, `sampling/createMessage`,
 //! `roots/list`), and refusing what it cannot be asked.
 
-use super::*;
+use crate::session::ServerAsk;
+use crate::session::{Session, SessionError};
+use rmcp::RoleServer;
+use rmcp::model::ErrorData;
+use rmcp::service::Peer;
 
 /// What a server before 2026-07-28 gets when it asks, while serving
 /// `subject` (`tool `x``, `prompt `x``, `resource x`), for input that the

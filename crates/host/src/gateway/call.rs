@@ -2,7 +2,20 @@
 //! check the gate, get the child, call it (through the bridge for an older
 //! server), follow rounds of input, and record the end.
 
-use super::*;
+use super::bridge::{INPUT_ROUNDS, ask_agent, can_ask};
+use super::calls::Ticket;
+use super::parked::PARKED_STATE;
+use super::record::{CallRecord, cancelled, to_error, unaudited};
+use super::session::AgentSession;
+use crate::config::SEPARATOR;
+use crate::session::{CallAnswer, ProgressSender, Retry};
+use crate::session::{Session, SessionError};
+use rmcp::RoleServer;
+use rmcp::model::{CallToolRequestParams, CallToolResponse, ErrorData, ProgressNotificationParam};
+use rmcp::service::{Peer, RequestContext};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
 
 /// Where a call goes: the server, its tool and the child that runs it.
 #[derive(Clone, Copy)]

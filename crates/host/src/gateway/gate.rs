@@ -3,7 +3,20 @@
 //! fixed points of a call, and a revocation put in force in one session
 //! (drain, cancel, stop the children it refuses).
 
-use super::*;
+use super::calls::Ticket;
+use super::children::Child;
+use super::error::CallError;
+use super::generation::Generation;
+use super::record::{cancelled, evidence_of, outcome_of, to_error};
+use super::session::{AgentSession, SessionState};
+use crate::audit::{Event, Outcome};
+use crate::identity::Digest;
+use crate::session::Session;
+use rmcp::model::ErrorData;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
 
 impl Generation {
     /// The refusal of `server` (or its `tool`) in this generation: when a

@@ -3,7 +3,13 @@
 //! failures of servers that could not start, and what the lock refuses.
 //! A reload makes a new one; sessions keep the one they began with.
 
-use super::*;
+use super::names::unexposable;
+use super::start_failures;
+use crate::config::Config;
+use crate::host::Host;
+use crate::session::{Session, SessionError};
+use std::collections::HashMap;
+use std::sync::Arc;
 
 /// One configuration that a gateway serves: the config and lock read at
 /// start or at a reload, with the host that enforces that lock. Sessions

@@ -1,7 +1,18 @@
 //! The agent's side: rmcp's `ServerHandler` for an agent session. Each
 //! request is parsed here and handed to one stage of the session.
 
-use super::*;
+use super::bridge::{answering, can_ask};
+use super::call::{CallRequest, Takes, complete, takes_input};
+use super::record::to_error;
+use super::session::AgentSession;
+use super::tasks::TaskAt;
+use crate::session::Retry;
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, ErrorData, ListToolsResult, PaginatedRequestParams,
+    ServerCapabilities, ServerConfig,
+};
+use rmcp::service::{NotificationContext, RequestContext};
+use rmcp::{RoleServer, ServerHandler};
 
 impl ServerHandler for AgentSession {
     fn get_info(&self) -> ServerConfig {

@@ -6,7 +6,13 @@ use rmcp::model::{Prompt, Resource};
 
 use crate::session::{Session, SessionError};
 
-use super::*;
+use super::GatewayError;
+use super::names::valid_exposed_name;
+use super::session::AgentSession;
+use crate::config::SEPARATOR;
+use rmcp::model::Tool;
+use std::collections::BTreeMap;
+use std::sync::Arc;
 
 /// A kind of listed thing.
 pub(super) trait Listed: Sized {
@@ -138,7 +144,7 @@ impl AgentSession {
     /// What each server lists of `T`, in server order. A server that cannot
     /// start, or whose listing fails, is left out (with a warning), never
     /// the whole listing.
-    pub(super) async fn gather<T: listings::Listed>(&self) -> Vec<(String, Vec<T>)> {
+    pub(super) async fn gather<T: Listed>(&self) -> Vec<(String, Vec<T>)> {
         let mut gathered = Vec::new();
         for server in self.servers() {
             let Some(child) = self.listable(&server).await else {

@@ -5,26 +5,16 @@
 //! `server__tool`; calls are routed to the right child and audited. It never
 //! matches on the launcher kind.
 
-use crate::audit::{AuditError, AuditLog, Event, Outcome};
+use crate::audit::{AuditError, AuditLog, Event};
 use crate::config::Config;
 pub use crate::config::SEPARATOR;
-use crate::host::ConnectError;
 use crate::host::Host;
-use crate::identity::Digest;
 use crate::revoke::Revoked;
-use crate::session::{CallAnswer, ProgressSender, Retry, ServerAsk, Session, SessionError};
-use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, ErrorData, ListToolsResult, PaginatedRequestParams,
-    ProgressNotificationParam, ServerCapabilities, ServerConfig, Tool,
-};
-use rmcp::service::{NotificationContext, Peer, RequestContext};
-use rmcp::{RoleServer, ServerHandler};
-use std::collections::{BTreeMap, HashMap};
+use crate::session::SessionError;
+use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
-use tokio::sync::Mutex;
-use tokio_util::sync::CancellationToken;
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
 mod agent;
 mod bridge;
 mod call;
@@ -47,27 +37,14 @@ mod subscriptions;
 mod tasks;
 mod tasks_2025;
 
-use agent::AgentLink;
-use bridge::*;
 pub use call::Takes;
-use call::*;
-use calls::*;
 pub use children::MAX_RESTARTS;
-use children::*;
 pub use error::CallError;
 pub use gate::Enforced;
 use generation::Generation;
 pub use names::{check_lock_names, valid_exposed_name};
-use names::{unexposable, unguessable};
-use own_task::OwnTask;
-use parked::*;
-use record::{
-    CallRecord, cancelled, evidence_of, outcome_of, session_outcome, to_error, unaudited,
-};
 pub use session::{AgentSession, SessionState};
 pub use start_failures::{START_RETRY_MAX, StartFailure};
-use subscriptions::*;
-use tasks::*;
 
 /// Everything sessions share: the configuration in force (a
 /// [`Generation`]), the audit log and the metrics.

@@ -1,7 +1,8 @@
 //! Exposed names: `server__tool`, what a name may be, and which names
 //! of a lock cannot be served (left out, never the whole gateway).
 
-use super::*;
+use super::GatewayError;
+use crate::config::SEPARATOR;
 
 /// Whether `name` is a valid exposed tool name: `^[a-zA-Z0-9_-]{1,64}$`.
 pub fn valid_exposed_name(name: &str) -> bool {

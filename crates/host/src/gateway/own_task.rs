@@ -195,7 +195,7 @@ impl OwnTask {
                 }
             }
             Ok(CallToolResponse::Complete(mut result)) => {
-                super::complete(&mut result.result_type);
+                super::call::complete(&mut result.result_type);
                 TaskPayload::Completed {
                     result: object(result),
                 }

@@ -3,7 +3,18 @@
 //! an unguessable `requestState` until the agent's retry brings the
 //! answers, or cancelled after [`INPUT_WAIT`].
 
-use super::*;
+use super::bridge::{INPUT_ROUNDS, answer_ask};
+use super::call::{Takes, Target};
+use super::names::unguessable;
+use super::session::AgentSession;
+use crate::session::SessionError;
+use crate::session::{CallAnswer, ProgressSender, Retry, ServerAsk};
+use rmcp::RoleServer;
+use rmcp::model::{ErrorData, ProgressNotificationParam};
+use rmcp::service::Peer;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
 
 /// A call to a server before 2026-07-28 that asked for input (its own
 /// `elicitation/create` or `sampling/createMessage`) while its agent, on

@@ -3,7 +3,14 @@
 //! error the agent gets; and the one sink a call's end goes to, for the
 //! metrics, the trace and the audit log.
 
-use super::*;
+use super::error::CallError;
+use super::session::SessionState;
+use crate::audit::{AuditError, Event, Outcome};
+use crate::host::ConnectError;
+use crate::identity::Digest;
+use crate::session::{Session, SessionError};
+use rmcp::model::{CallToolResponse, ErrorData};
+use std::time::Instant;
 
 pub(super) fn evidence_of(child: &Session) -> String {
     child

@@ -2,7 +2,14 @@
 //! every session: a new generation for new sessions, and what the new
 //! lock refuses stopped in the old ones.
 
-use super::*;
+use super::gate::Enforced;
+use super::generation::Generation;
+use super::names::check_lock_names;
+use super::{Gateway, ReloadError, Reloaded};
+use crate::audit::Event;
+use crate::config::Config;
+use crate::revoke::Revoked;
+use std::sync::Arc;
 
 impl Gateway {
     /// [`Gateway::set_revocations`]; with `always`, every session enforces

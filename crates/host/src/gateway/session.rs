@@ -2,7 +2,22 @@
 //! (children, admission, tasks, parked calls, subscriptions, the agent),
 //! how it opens, and how it closes (drain, cancel, stop every child).
 
-use super::*;
+use super::Gateway;
+use super::agent::AgentLink;
+use super::calls::{Admission, CANCEL_GRACE, InFlight, Ticket};
+use super::children::{Child, ChildSet};
+use super::generation::Generation;
+use super::parked::Parked;
+use super::record::{evidence_of, session_outcome, unaudited};
+use super::subscriptions::Resources;
+use super::tasks::Tasks;
+use crate::audit::{AuditError, Event, Outcome};
+use crate::session::SessionError;
+use rmcp::model::ErrorData;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 /// One agent session and the children it started. Clones share the
 /// session; when the last clone is dropped without [`SessionState::close`]

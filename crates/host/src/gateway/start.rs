@@ -3,7 +3,15 @@
 //! backoff after a crash; a server that cannot start is held back, told
 //! to the agent and the audit log once, and retried in the background.
 
-use super::*;
+use super::children::{Adopted, process_key};
+use super::error::CallError;
+use super::record::{evidence_of, outcome_of};
+use super::session::AgentSession;
+use super::start_failures::StartFailure;
+use crate::audit::{Event, Outcome};
+use crate::session::{Session, SessionError};
+use std::sync::Arc;
+use std::time::Duration;
 
 impl AgentSession {
     /// Tries `server` again when its next try is due, and again after

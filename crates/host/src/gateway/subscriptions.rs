@@ -2,7 +2,14 @@
 //! server is asked to listen to for an agent's subscription, and what a
 //! subscription that just opened is told.
 
-use super::*;
+use super::record::to_error;
+use super::session::AgentSession;
+use rmcp::RoleServer;
+use rmcp::model::ErrorData;
+use rmcp::service::RequestContext;
+use std::collections::BTreeMap;
+use tokio::sync::Mutex;
+use tokio_util::sync::CancellationToken;
 
 /// The resources of one session: which server lists each URI (as last
 /// listed), and what an agent before 2026-07-28 subscribed to.

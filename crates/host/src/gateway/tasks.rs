@@ -4,7 +4,19 @@
 //! for a stateless request. The state machine of one task of Moat's is
 //! `own_task.rs`.
 
-use super::*;
+use super::call::CallRequest;
+use super::names::unguessable;
+use super::own_task;
+use super::own_task::OwnTask;
+use super::record::to_error;
+use super::session::AgentSession;
+use crate::config::SEPARATOR;
+use crate::session::Session;
+use rmcp::model::{CallToolResponse, ErrorData};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
 
 /// The tasks made of one session's calls, by the id the agent knows them
 /// by.

@@ -3,7 +3,16 @@
 //! agent on that revision sends as custom requests: answered from the
 //! tasks of Moat's own that this session holds.
 
-use super::*;
+use super::call::{CallRequest, Takes};
+use super::calls::CANCEL_GRACE;
+use super::own_task;
+use super::own_task::OwnTask;
+use super::session::AgentSession;
+use crate::session::Retry;
+use rmcp::RoleServer;
+use rmcp::model::{CallToolRequestParams, ErrorData};
+use rmcp::service::RequestContext;
+use tokio_util::sync::CancellationToken;
 
 impl AgentSession {
     pub(super) async fn tasks_2025(
