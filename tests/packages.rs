@@ -196,11 +196,11 @@ fn reference_servers_from_client_configs_run_installed_under_the_required_sandbo
             assert!(spec.net.is_empty(), "{name}: {:?}", spec.net);
         }
         if name == "clock" {
-            assert!(spec.package.is_none());
+            assert!(spec.package().is_none());
             assert_eq!(measure, std::slice::from_ref(&venv), "the venv is measured");
             continue;
         }
-        let package = spec.package.as_ref().unwrap_or_else(|| panic!("{name}"));
+        let package = spec.package().unwrap_or_else(|| panic!("{name}"));
         assert!(package.store.starts_with(&store), "{name}: {package:?}");
         assert!(package.store.join(package.ecosystem.lockfile()).is_file());
         assert_eq!(measure.first(), Some(&package.store), "{name}");
@@ -237,13 +237,7 @@ fn reference_servers_from_client_configs_run_installed_under_the_required_sandbo
         .as_ref()
         .expect("the lock records the package");
     assert_eq!(package.version, "2026.8.31");
-    let store = &config
-        .server("memory")
-        .unwrap()
-        .package
-        .as_ref()
-        .unwrap()
-        .store;
+    let store = &config.server("memory").unwrap().package().unwrap().store;
     assert_eq!(
         memory.measured.get(&store.display().to_string()),
         Some(&package.sha256),
@@ -341,8 +335,7 @@ fn update_shows_the_diff_and_re_pins_only_when_asked() {
         .unwrap()
         .server("memory")
         .unwrap()
-        .package
-        .as_ref()
+        .package()
         .unwrap()
         .store
         .clone();
@@ -413,7 +406,7 @@ fn update_shows_the_diff_and_re_pins_only_when_asked() {
         "moat update --yes",
     );
     let spec = Config::load(&config).unwrap();
-    let package = spec.server("memory").unwrap().package.clone().unwrap();
+    let package = spec.server("memory").unwrap().package().cloned().unwrap();
     assert_eq!(package.version, "2026.8.31");
     assert_ne!(package.store, old);
     let lock = moat_host::lock::Lock::load(&dir.join("moat.lock"))
@@ -479,7 +472,7 @@ fn launchers_naming_more_than_the_package_install_it_all_and_run_the_program() {
         );
     }
     let loaded = Config::load(&config).unwrap();
-    let time = loaded.server("time").unwrap().package.clone().unwrap();
+    let time = loaded.server("time").unwrap().package().cloned().unwrap();
     assert_eq!(
         (
             time.name.as_str(),
@@ -497,7 +490,7 @@ fn launchers_naming_more_than_the_package_install_it_all_and_run_the_program() {
         "{requirements}"
     );
     assert!(time.store.join("site/six.py").is_file());
-    let memory = loaded.server("memory").unwrap().package.clone().unwrap();
+    let memory = loaded.server("memory").unwrap().package().cloned().unwrap();
     assert_eq!(
         (
             memory.name.as_str(),
@@ -622,7 +615,7 @@ fn python_dash_m_of_a_local_module_stays_local_and_installs_nothing() {
     std::fs::write(&config_path, &toml).unwrap();
     let config = Config::load(&config_path).unwrap();
     let spec = config.server("local").unwrap();
-    assert!(spec.package.is_none(), "{toml}");
+    assert!(spec.package().is_none(), "{toml}");
     assert_eq!(spec.args, ["-m", MODULE]);
     assert_eq!(spec.env_passthrough, ["API_TOKEN"]);
     let ServerKind::Native {
@@ -678,7 +671,7 @@ fn python_dash_m_of_a_local_module_stays_local_and_installs_nothing() {
     );
     let added = Config::load(&added).unwrap();
     let spec = added.servers.values().next().unwrap();
-    assert!(spec.package.is_none());
+    assert!(spec.package().is_none());
     assert!(matches!(&spec.kind, ServerKind::Native { cwd, .. } if cwd == &project));
     assert!(!dir.join("data/store").exists(), "nothing was installed");
 }

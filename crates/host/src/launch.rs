@@ -128,6 +128,7 @@ pub fn plan(
             base_dir,
             cwd,
             measure,
+            ..
         } => {
             let path_var = std::env::var_os("PATH");
             let resolved = crate::command::resolve(command, base_dir, path_var.as_deref())

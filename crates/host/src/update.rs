@@ -150,8 +150,8 @@ pub async fn update(
     let config = Config::load(config_path)?;
     let spec = config.server(server)?;
     let record = spec
-        .package
-        .clone()
+        .package()
+        .cloned()
         .ok_or_else(|| UpdateError::NotInstalled {
             server: server.to_owned(),
         })?;

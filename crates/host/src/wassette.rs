@@ -271,7 +271,7 @@ mod tests {
         assert_eq!(spec.sha256, Some(Digest::of(b"\0asm")));
         assert_eq!(spec.env_passthrough, ["GITHUB_TOKEN"]);
         assert_eq!(
-            spec.http
+            spec.http()
                 .iter()
                 .map(ToString::to_string)
                 .collect::<Vec<_>>(),

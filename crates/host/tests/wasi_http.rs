@@ -81,10 +81,12 @@ impl Origin {
 fn fetch(grants: &[String]) -> ServerSpec {
     let mut spec = ServerSpec::wasm("fetch", guests::FETCH_WASM);
     spec.allow_unmeasured = true;
-    spec.http = grants
-        .iter()
-        .map(|g| HttpGrant::parse(g).unwrap().unwrap())
-        .collect();
+    if let moat_host::ServerKind::Wasm { http, .. } = &mut spec.kind {
+        *http = grants
+            .iter()
+            .map(|g| HttpGrant::parse(g).unwrap().unwrap())
+            .collect();
+    }
     spec
 }
 

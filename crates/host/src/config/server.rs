@@ -82,7 +82,7 @@ pub(super) fn spec(
             format!("server `{name}`: `bearer_token_env` applies to remote `url` servers only"),
         ));
     }
-    let kind = match (server.wasm, server.command, server.url) {
+    let mut kind = match (server.wasm, server.command, server.url) {
         (Some(wasm), None, None) => {
             if server.cwd.is_some() || !server.measure.is_empty() {
                 return Err(invalid(
@@ -109,6 +109,7 @@ pub(super) fn spec(
             ServerKind::Wasm {
                 source,
                 instances: server.instance.map(Spanned::into_inner).unwrap_or_default(),
+                http: Vec::new(),
             }
         }
         (None, Some(command), None) => {
@@ -125,6 +126,7 @@ pub(super) fn spec(
                     .cwd
                     .map_or_else(|| base.to_owned(), |cwd| base.join(cwd)),
                 measure: server.measure.iter().map(|p| base.join(p)).collect(),
+                package: None,
             }
         }
         (None, None, Some(url)) => {
@@ -250,18 +252,18 @@ pub(super) fn spec(
             .map_err(|message| invalid(Some(span), message))?;
         dirs.push(grant);
     }
-    let package = match server.package {
-        None => None,
-        Some(record) if matches!(kind, ServerKind::Native { .. }) => Some(record.into_inner()),
-        Some(record) => {
-            return Err(invalid(
-                Some(record.span()),
-                format!("server `{name}`: `package` applies to native `command` servers"),
-            ));
+    if let Some(record) = server.package {
+        match &mut kind {
+            ServerKind::Native { package, .. } => *package = Some(record.into_inner()),
+            _ => {
+                return Err(invalid(
+                    Some(record.span()),
+                    format!("server `{name}`: `package` applies to native `command` servers"),
+                ));
+            }
         }
-    };
+    }
     let mut net = Vec::new();
-    let mut http = Vec::new();
     for entry in &server.net {
         let at = |message| {
             invalid(
@@ -272,13 +274,12 @@ pub(super) fn spec(
         match HttpGrant::parse(entry.get_ref()) {
             Some(grant) => {
                 let grant = grant.map_err(at)?;
-                if is_wasm {
-                    http.push(grant);
-                } else {
-                    net.push(NetGrant {
+                match &mut kind {
+                    ServerKind::Wasm { http, .. } => http.push(grant),
+                    _ => net.push(NetGrant {
                         host: grant.host,
                         port: grant.port,
-                    });
+                    }),
                 }
             }
             None => net.push(entry.get_ref().parse::<NetGrant>().map_err(at)?),
@@ -299,9 +300,7 @@ pub(super) fn spec(
         limits,
         dirs,
         net,
-        http,
         sandbox: server.sandbox,
-        package,
         writers: Vec::new(),
     })
 }

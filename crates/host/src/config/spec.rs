@@ -34,17 +34,10 @@ pub struct ServerSpec {
     /// Directories granted to the server.
     pub dirs: Vec<DirGrant>,
     /// TCP destinations the server may connect to; none means no network.
+    /// (A wasm server's HTTP origins are its kind's `http`.)
     pub net: Vec<NetGrant>,
-    /// HTTP origins a wasm server may send requests to through wasi:http
-    /// (`net` entries written `http://host[:port]` or `https://host[:port]`).
-    /// A native server gets each as a TCP destination in `net` instead: the
-    /// kernel cannot check a scheme.
-    pub http: Vec<HttpGrant>,
     /// What happens when the kernel cannot enforce a rule.
     pub sandbox: Sandbox,
-    /// For a native server installed by Moat (`moat add`, `moat import`):
-    /// the package, its version and its install in the store.
-    pub package: Option<PackageRecord>,
     /// Every `rw` grant of every server of the config this spec was loaded
     /// from (its own included): none may overlap what this server runs or
     /// measures, which is checked when the config is loaded and again at
@@ -85,6 +78,11 @@ pub enum ServerKind {
         /// or one per session. A stdio component always runs one instance
         /// a session.
         instances: Instances,
+        /// HTTP origins it may send requests to through wasi:http (`net`
+        /// entries written `http://host[:port]` or `https://host[:port]`).
+        /// A native server gets each as a TCP destination in `net` instead:
+        /// the kernel cannot check a scheme.
+        http: Vec<HttpGrant>,
     },
     /// A native executable run as a child process.
     Native {
@@ -98,6 +96,9 @@ pub enum ServerKind {
         /// Extra files or directories whose digests join the identity (an
         /// interpreter's script, a package directory).
         measure: Vec<PathBuf>,
+        /// For a server installed by Moat (`moat add`, `moat import`): the
+        /// package, its version and its install in the store.
+        package: Option<PackageRecord>,
     },
     /// A remote server reached over streamable HTTP at one exact endpoint.
     Remote {
@@ -152,6 +153,7 @@ impl ServerSpec {
             kind: ServerKind::Wasm {
                 source: WasmSource::File(path.into()),
                 instances: Instances::default(),
+                http: Vec::new(),
             },
             sha256: None,
             allow_unmeasured: false,
@@ -161,9 +163,7 @@ impl ServerSpec {
             limits: Limits::default(),
             dirs: Vec::new(),
             net: Vec::new(),
-            http: Vec::new(),
             sandbox: Sandbox::default(),
-            package: None,
             writers: Vec::new(),
         }
     }
@@ -177,8 +177,26 @@ impl ServerSpec {
                 cwd: base_dir.clone(),
                 base_dir,
                 measure: Vec::new(),
+                package: None,
             },
             ..Self::wasm(name, "")
+        }
+    }
+
+    /// The HTTP origins a wasm server may reach through wasi:http; none for
+    /// any other kind.
+    pub fn http(&self) -> &[HttpGrant] {
+        match &self.kind {
+            ServerKind::Wasm { http, .. } => http,
+            _ => &[],
+        }
+    }
+
+    /// The package a native server was installed from by Moat, if any.
+    pub fn package(&self) -> Option<&PackageRecord> {
+        match &self.kind {
+            ServerKind::Native { package, .. } => package.as_ref(),
+            _ => None,
         }
     }
 

@@ -42,6 +42,7 @@ request_timeout_ms = 100
         ServerKind::Wasm {
             source: WasmSource::File(PathBuf::from("/etc/moat/guests/everything.wasm")),
             instances: Instances::Call,
+            http: Vec::new(),
         }
     );
     assert_eq!(server.limits.fuel_per_request, 5);
@@ -150,7 +151,7 @@ fn http_net_entries_are_wasi_http_grants_for_wasm_and_tcp_for_native() {
     .unwrap();
     let w = &config.servers["w"];
     assert_eq!(
-        w.http.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        w.http().iter().map(ToString::to_string).collect::<Vec<_>>(),
         ["https://api.example.com:443", "http://127.0.0.1:8080"]
     );
     assert_eq!(
@@ -158,7 +159,7 @@ fn http_net_entries_are_wasi_http_grants_for_wasm_and_tcp_for_native() {
         ["10.0.0.1:22"]
     );
     let n = &config.servers["n"];
-    assert!(n.http.is_empty());
+    assert!(n.http().is_empty());
     assert_eq!(
         n.net.iter().map(ToString::to_string).collect::<Vec<_>>(),
         ["api.example.com:443"]
@@ -327,6 +328,7 @@ address_space_bytes = 1073741824
             measure: vec![PathBuf::from(
                 "/etc/moat/venv/lib/site-packages/mcp_server_time"
             )],
+            package: None,
         }
     );
     assert_eq!(server.args[2], "$(touch X)");

@@ -110,20 +110,17 @@ impl Host {
             tools: locked_tools,
             prompts,
             resources,
-            package: spec
-                .package
-                .as_ref()
-                .map(|record| crate::lock::LockedPackage {
-                    ecosystem: record.ecosystem.to_string(),
-                    name: record.name.clone(),
-                    version: record.version.clone(),
-                    lockfile_sha256: record.lockfile_sha256.clone(),
-                    sha256: parts
-                        .measured
-                        .get(&record.store.display().to_string())
-                        .cloned()
-                        .unwrap_or_default(),
-                }),
+            package: spec.package().map(|record| crate::lock::LockedPackage {
+                ecosystem: record.ecosystem.to_string(),
+                name: record.name.clone(),
+                version: record.version.clone(),
+                lockfile_sha256: record.lockfile_sha256.clone(),
+                sha256: parts
+                    .measured
+                    .get(&record.store.display().to_string())
+                    .cloned()
+                    .unwrap_or_default(),
+            }),
             oci: identity.oci.as_ref().map(|origin| crate::lock::LockedOci {
                 reference: origin.reference.clone(),
                 manifest: origin.manifest.to_string(),

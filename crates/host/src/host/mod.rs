@@ -238,7 +238,7 @@ impl Host {
             _ => &[],
         };
         crate::grants::check_protected(&spec.name, &spec.dirs, readable, &self.protected)?;
-        if let Some(package) = spec.package.as_ref().filter(|p| !p.store.is_dir()) {
+        if let Some(package) = spec.package().filter(|p| !p.store.is_dir()) {
             return Err(LaunchError::PackageMissing {
                 server: spec.name.clone(),
                 package: package.name.clone(),

@@ -224,7 +224,7 @@ fn an_unknown_launcher_option_is_named_with_its_entry() {
     let parsed = crate::config::Config::parse(&dir.path().join("moat.toml"), &imported.toml)
         .unwrap_or_else(|e| panic!("{e}\n{}", imported.toml));
     let time = parsed.server("time").unwrap();
-    assert!(time.package.is_none());
+    assert!(time.package().is_none());
     assert_eq!(time.args, ["--python", "3.12", "mcp-server-time"]);
 }
 

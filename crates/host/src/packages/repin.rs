@@ -39,7 +39,7 @@ pub fn respec(
     spec: &crate::config::ServerSpec,
     new: &Installed,
 ) -> Option<crate::config::ServerSpec> {
-    let old = spec.package.as_ref()?;
+    let old = spec.package()?;
     let mut spec = spec.clone();
     if !spec.args.starts_with(&old.entry_args) {
         return None;
@@ -49,20 +49,23 @@ pub fn respec(
         new.record.entry_args.iter().cloned(),
     );
     if let crate::config::ServerKind::Native {
-        command, measure, ..
+        command,
+        measure,
+        package,
+        ..
     } = &mut spec.kind
     {
         *command = new.interpreter.display().to_string();
         for path in measure.iter_mut().filter(|p| **p == old.store) {
             *path = new.record.store.clone();
         }
+        *package = Some(new.record.clone());
     }
     for dir in spec.dirs.iter_mut().filter(|d| d.host == old.store) {
         dir.host = new.record.store.clone();
         dir.inode = None;
     }
     spec.sha256 = std::fs::read(&new.interpreter).ok().map(|b| Digest::of(&b));
-    spec.package = Some(new.record.clone());
     Some(spec)
 }
 
@@ -82,8 +85,7 @@ pub fn repin_config(
     };
     let mut doc: DocumentMut = text.parse().map_err(|e| fail(format!("{e}")))?;
     let record = new
-        .package
-        .as_ref()
+        .package()
         .ok_or_else(|| fail(format!("server `{name}` has no package")))?;
     let server = doc
         .get_mut("servers")

@@ -172,7 +172,7 @@ lockfile_sha256 = "00"
     let path = Path::new("/etc/moat/moat.toml");
     let config = crate::config::Config::parse(path, text).unwrap();
     let spec = config.server("time").unwrap();
-    let record = spec.package.as_ref().unwrap();
+    let record = spec.package().unwrap();
     assert_eq!(record.extras, ["cli"]);
     assert_eq!(record.with, ["tzdata==2025.2"]);
     let request = record.request();
@@ -184,10 +184,17 @@ lockfile_sha256 = "00"
     );
 
     let mut new = spec.clone();
-    new.package.as_mut().unwrap().with = vec!["tzdata==2026.1".into()];
+    let crate::config::ServerKind::Native {
+        package: Some(package),
+        ..
+    } = &mut new.kind
+    else {
+        panic!("a native server with a package");
+    };
+    package.with = vec!["tzdata==2026.1".into()];
     let written = repin_config(path, text, "time", &new).unwrap();
     let again = crate::config::Config::parse(path, &written).unwrap();
-    let record = again.server("time").unwrap().package.clone().unwrap();
+    let record = again.server("time").unwrap().package().cloned().unwrap();
     assert_eq!(
         (record.extras.as_slice(), record.with.as_slice()),
         (&["cli".to_owned()][..], &["tzdata==2026.1".to_owned()][..])

@@ -64,7 +64,7 @@ impl WasmLaunch {
             limits: spec.limits.clone(),
             dirs: spec.dirs.clone(),
             net: spec.net.clone(),
-            http: spec.http.clone(),
+            http: spec.http().to_vec(),
             instances: match &spec.kind {
                 crate::config::ServerKind::Wasm { instances, .. } => *instances,
                 _ => crate::config::Instances::default(),
