@@ -124,33 +124,17 @@ pub fn plan(
         }),
         #[cfg(unix)]
         ServerKind::Native {
-            command,
-            base_dir,
-            cwd,
-            measure,
-            ..
+            command, base_dir, ..
         } => {
             let path_var = std::env::var_os("PATH");
             let resolved = crate::command::resolve(command, base_dir, path_var.as_deref())
                 .map_err(crate::native::NativeError::from)?;
-            Ok(Planned::Native(Box::new(crate::native::NativeLaunch {
-                name: spec.name.clone(),
-                resolved,
-                args: spec.args.clone(),
-                env: spec.environment(),
-                cwd: cwd.clone(),
-                measure: measure.clone(),
-                expected,
-                limits: spec.limits.clone(),
-                dirs: spec.dirs.clone(),
-                net: spec.net.clone(),
-                sandbox: spec.sandbox,
-                learn,
-                sealer: wasm.sealer(),
-                writers: spec.writers.clone(),
-                egress,
-                kept: crate::grants::Kept::from_env(protected),
-            })))
+            let mut launch = crate::native::NativeLaunch::new(spec.clone(), resolved, expected);
+            launch.learn = learn;
+            launch.sealer = wasm.sealer();
+            launch.egress = egress;
+            launch.kept = crate::grants::Kept::from_env(protected);
+            Ok(Planned::Native(Box::new(launch)))
         }
         #[cfg(not(unix))]
         ServerKind::Native { .. } => Err(LaunchError::Unsupported {
@@ -191,7 +175,7 @@ impl Planned {
                             && pinned != pulled.layer
                         {
                             return Err(LaunchError::OciPin {
-                                server: launch.name.clone(),
+                                server: launch.spec.name.clone(),
                                 reference: reference.to_string(),
                                 layer: pulled.layer,
                                 pinned,

@@ -40,24 +40,15 @@ fn pinned(name: &str, path: &Path, digest: Digest) -> ServerSpec {
 
 /// A launch of the file at `path`, pinned to `digest`, with nothing granted.
 fn pinned_launch(name: &str, path: &Path, digest: Digest, cwd: PathBuf) -> NativeLaunch {
-    NativeLaunch {
-        name: name.into(),
-        resolved: resolve(path.to_str().unwrap(), Path::new("/"), None).unwrap(),
-        args: Vec::new(),
-        env: Vec::new(),
-        cwd,
-        measure: Vec::new(),
-        expected: Expectation::Pinned(digest),
-        limits: Default::default(),
-        dirs: Vec::new(),
-        net: Vec::new(),
-        sandbox: Default::default(),
-        learn: None,
-        sealer: None,
-        writers: Vec::new(),
-        egress: Default::default(),
-        kept: Default::default(),
+    let mut spec = ServerSpec::native(name, path.to_str().unwrap());
+    if let moat_host::ServerKind::Native { cwd: dir, .. } = &mut spec.kind {
+        *dir = cwd;
     }
+    NativeLaunch::new(
+        spec,
+        resolve(path.to_str().unwrap(), Path::new("/"), None).unwrap(),
+        Expectation::Pinned(digest),
+    )
 }
 
 fn expect_native_error(result: Result<Session, ConnectError>) -> NativeError {
@@ -707,7 +698,7 @@ fn opened(
     launch: native::NativeLaunch,
     executable: native::MeasuredExecutable,
 ) -> moat_host::ServerTransport {
-    let (name, limits) = (launch.name.clone(), launch.limits.clone());
+    let (name, limits) = (launch.spec().name.clone(), launch.spec().limits.clone());
     moat_host::Planned::NativeOpened(Box::new((launch, executable))).transport(&name, limits)
 }
 

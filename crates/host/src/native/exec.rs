@@ -92,7 +92,7 @@ pub(super) fn argv(
             (interpreter.fd.as_raw_fd(), argv)
         }
     };
-    for arg in &launch.args {
+    for arg in &launch.spec.args {
         argv.push(cstring("an argument", arg)?);
     }
     Ok((exec_fd, fd, argv))

@@ -24,13 +24,13 @@
 //! [`start`] spawns the child ([`spawn`]) and serves its egress, and
 //! [`reaper`] waits for it and says how it ended. [`learn`] is `moat learn`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::command::{ResolveError, Resolved};
+use crate::config::{ServerKind, ServerSpec};
 use crate::identity::{DigestMismatch, Expectation};
 use crate::instance::{Launched, Tracker};
-use crate::limits::Limits;
 use crate::script::ScriptError;
 
 mod contain;
@@ -93,31 +93,23 @@ pub enum NativeError {
     },
 }
 
-/// Everything one native launch needs.
+/// One native launch: the server as configured, and what planning it
+/// added (the resolved command, the environment read from the host, the
+/// expectation, and what the host lends it). Everything else (name, args,
+/// limits, grants, sandbox, writers; the kind's cwd and measure paths) is
+/// read from the spec, not copied.
 #[derive(Clone, Debug)]
 pub struct NativeLaunch {
-    /// The server's name, for logs and errors.
-    pub name: String,
+    /// The server as configured; its kind is [`ServerKind::Native`].
+    /// Shared, not copied: the launch and its caller hold the same spec.
+    spec: Arc<ServerSpec>,
     /// The command, resolved.
     pub resolved: Resolved,
-    /// Arguments after argv[0], passed exactly.
-    pub args: Vec<String>,
-    /// The exact environment.
+    /// The exact environment ([`ServerSpec::environment`], read when the
+    /// launch was planned).
     pub env: Vec<(String, String)>,
-    /// The working directory.
-    pub cwd: PathBuf,
-    /// Files or directories whose digests join the identity.
-    pub measure: Vec<PathBuf>,
     /// What the executable's bytes must hash to.
     pub expected: Expectation,
-    /// Bounds.
-    pub limits: Limits,
-    /// Directories granted (Landlock).
-    pub dirs: Vec<crate::grants::DirGrant>,
-    /// TCP destinations granted (Landlock: by port).
-    pub net: Vec<crate::grants::NetGrant>,
-    /// Whether a rule the kernel cannot enforce refuses the launch.
-    pub sandbox: crate::config::Sandbox,
     /// A learn run (`moat learn`): everything readable, writes only to its
     /// private /tmp, its `rw` dirs and the run's `--write` directories, no
     /// network rules; every file and address the server names is recorded.
@@ -126,10 +118,6 @@ pub struct NativeLaunch {
     /// unchanged since it was hashed is not hashed again (a script is
     /// always read, into its sealed copy).
     pub sealer: Option<crate::seal::Sealer>,
-    /// Every `rw` grant of the config (see
-    /// [`crate::config::ServerSpec::writers`]): none may overlap what this
-    /// server runs or measures. Its own `rw` grants are checked as well.
-    pub writers: Vec<crate::grants::Writer>,
     /// What its egress proxy's connections count against beside the
     /// server's own bound: its session's and its gateway's.
     pub egress: crate::egress::Shares,
@@ -138,9 +126,64 @@ pub struct NativeLaunch {
     pub kept: crate::grants::Kept,
 }
 
+impl NativeLaunch {
+    /// A launch of `spec` (a native server) running `resolved`, whose bytes
+    /// must meet `expected`; its environment is read from the host now. No
+    /// learn run, no sealer, no shared egress bound and nothing kept clear
+    /// of: set those fields when the launch needs them.
+    ///
+    /// # Panics
+    ///
+    /// When `spec` is not a native server.
+    pub fn new(
+        spec: impl Into<Arc<ServerSpec>>,
+        resolved: Resolved,
+        expected: Expectation,
+    ) -> Self {
+        let spec = spec.into();
+        assert!(
+            matches!(spec.kind, ServerKind::Native { .. }),
+            "server `{}`: a native launch of a server that is not native",
+            spec.name
+        );
+        Self {
+            env: spec.environment(),
+            spec,
+            resolved,
+            expected,
+            learn: None,
+            sealer: None,
+            egress: Default::default(),
+            kept: Default::default(),
+        }
+    }
+
+    /// The server as configured.
+    pub fn spec(&self) -> &ServerSpec {
+        &self.spec
+    }
+
+    /// The working directory.
+    pub fn cwd(&self) -> &Path {
+        self.native().0
+    }
+
+    /// Files or directories whose digests join the identity.
+    pub fn measure(&self) -> &[PathBuf] {
+        self.native().1
+    }
+
+    fn native(&self) -> (&Path, &[PathBuf]) {
+        match &self.spec.kind {
+            ServerKind::Native { cwd, measure, .. } => (cwd, measure),
+            _ => unreachable!("NativeLaunch::new takes native servers only"),
+        }
+    }
+}
+
 /// Starts an executable already opened (and measured) by [`open_measured`]:
 /// whatever happens to the path afterwards, the bytes behind the descriptor
-/// are what runs. `launch.measure` is measured now.
+/// are what runs. `launch.measure()` is measured now.
 pub async fn start_opened(
     launch: NativeLaunch,
     executable: MeasuredExecutable,
@@ -148,9 +191,9 @@ pub async fn start_opened(
 ) -> Result<Launched, NativeError> {
     let also = executable.measured_files(&launch.resolved.target);
     let measured =
-        measure::measure_all(launch.measure.clone(), &launch.resolved.target, also).await?;
+        measure::measure_all(launch.measure().to_vec(), &launch.resolved.target, also).await?;
     for (path, digest) in &measured {
-        tracing::debug!(server = %launch.name, path = %path.display(), %digest, "measured");
+        tracing::debug!(server = %launch.spec.name, path = %path.display(), %digest, "measured");
     }
     start::start(&launch, executable, measured, &tracker)
 }

@@ -56,7 +56,7 @@ pub(super) fn start(
         &mut report,
     )?;
     let cstring = |what: &'static str, text: &str| exec::cstring(path, what, text);
-    let layout = crate::egress::Layout::of(&launch.net, contain::ipv6());
+    let layout = crate::egress::Layout::of(&launch.spec.net, contain::ipv6());
     let channel = if proxied {
         Some(
             spawn::proxy_channel().map_err(|failure| NativeError::Spawn {
@@ -74,7 +74,7 @@ pub(super) fn start(
         path: cstring("the executable path", &format!("/proc/self/fd/{exec_fd}"))?,
         argv,
         env,
-        cwd: std::ffi::CString::new(launch.cwd.as_os_str().as_encoded_bytes()).map_err(|_| {
+        cwd: std::ffi::CString::new(launch.cwd().as_os_str().as_encoded_bytes()).map_err(|_| {
             NativeError::Nul {
                 what: "the working directory",
                 path: path.clone(),
@@ -85,7 +85,7 @@ pub(super) fn start(
             .interpreter
             .as_ref()
             .map(|interpreter| interpreter.fd.as_raw_fd()),
-        rlimits: contain::rlimits(&launch.limits),
+        rlimits: contain::rlimits(&launch.spec.limits),
         namespaces: isolation.namespaces,
         landlock: crate::sandbox::ruleset_fd(&sandbox)
             .map(|ruleset| (ruleset, sandbox.proc_self_access, sandbox.tmp_access)),
@@ -135,14 +135,14 @@ pub(super) fn start(
                 })
                 .collect::<Result<Vec<_>, _>>()?;
             let task = crate::egress::serve(
-                launch.name.clone(),
+                launch.spec.name.clone(),
                 crate::egress::Sockets {
                     proxy: std::net::TcpListener::from(proxy),
                     dns: std::net::UdpSocket::from(dns),
                     relays,
                 },
                 layout,
-                launch.net.clone(),
+                launch.spec.net.clone(),
                 launch.egress.clone(),
             )
             .map_err(|source| NativeError::Io {
@@ -194,13 +194,13 @@ pub(super) fn start(
         path: path.clone(),
         source: std::io::Error::other("clone returned no pid"),
     })?;
-    tracing::debug!(server = %launch.name, pid = pid.as_raw_nonzero().get(), "native server started");
+    tracing::debug!(server = %launch.spec.name, pid = pid.as_raw_nonzero().get(), "native server started");
     let stopped = Arc::new(AtomicBool::new(false));
     let out_of_memory = Arc::new(AtomicBool::new(false));
     let (exit_tx, exit) = watch::channel(None);
     let guard = tracker.enter();
-    let limits = launch.limits.clone();
-    let name = launch.name.clone();
+    let limits = launch.spec.limits.clone();
+    let name = launch.spec.name.clone();
     let signals = reaper.signaller();
     let task = tokio::spawn({
         let stopped = stopped.clone();

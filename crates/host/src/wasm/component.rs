@@ -33,42 +33,32 @@ pub(super) fn exports_cli_run(component: &Component, engine: &Engine) -> bool {
         .any(|(name, _)| name.starts_with("wasi:cli/run@"))
 }
 
-/// What one instance gets: argv, exact environment, and its limits.
-#[derive(Clone, Debug, Default)]
+/// What one instance gets: the server as configured (its name is argv[0]
+/// and names it in errors; then its args, limits, preopened `dirs`, `net`
+/// destinations and, from its kind, its `http` origins and instances), and
+/// the exact environment, read when the launch was planned.
+#[derive(Clone, Debug)]
 pub struct WasmLaunch {
-    /// The server's name, used as argv[0] and in errors.
-    pub name: String,
-    /// Arguments after argv[0].
-    pub args: Vec<String>,
-    /// The exact environment.
+    /// The server as configured, shared with every instance's setup.
+    pub spec: Arc<crate::config::ServerSpec>,
+    /// The exact environment ([`crate::config::ServerSpec::environment`]).
     pub env: Vec<(String, String)>,
-    /// Bounds.
-    pub limits: Limits,
-    /// Preopened directories.
-    pub dirs: Vec<crate::grants::DirGrant>,
-    /// TCP destinations allowed (names are resolved at launch).
-    pub net: Vec<crate::grants::NetGrant>,
-    /// HTTP origins allowed through wasi:http (names resolved at launch).
-    pub http: Vec<crate::grants::HttpGrant>,
-    /// For a typed tool component: an instance per call, or per session.
-    pub instances: crate::config::Instances,
 }
 
 impl WasmLaunch {
     /// What `spec` grants one instance.
     pub fn from_spec(spec: &crate::config::ServerSpec) -> Self {
         Self {
-            name: spec.name.clone(),
-            args: spec.args.clone(),
             env: spec.environment(),
-            limits: spec.limits.clone(),
-            dirs: spec.dirs.clone(),
-            net: spec.net.clone(),
-            http: spec.http().to_vec(),
-            instances: match &spec.kind {
-                crate::config::ServerKind::Wasm { instances, .. } => *instances,
-                _ => crate::config::Instances::default(),
-            },
+            spec: Arc::new(spec.clone()),
+        }
+    }
+
+    /// For a typed tool component: an instance per call, or per session.
+    pub fn instances(&self) -> crate::config::Instances {
+        match &self.spec.kind {
+            crate::config::ServerKind::Wasm { instances, .. } => *instances,
+            _ => crate::config::Instances::default(),
         }
     }
 
@@ -79,7 +69,7 @@ impl WasmLaunch {
     pub async fn resolve_net(&self) -> Result<ResolvedNet, WasmError> {
         let mut allowed = HashSet::new();
         let mut names = Vec::new();
-        for grant in &self.net {
+        for grant in &self.spec.net {
             let found = resolve(&grant.host, grant.port, &grant.to_string()).await?;
             names.push((
                 grant.host.clone(),
@@ -88,7 +78,7 @@ impl WasmLaunch {
             allowed.extend(found);
         }
         let mut http = Vec::new();
-        for grant in &self.http {
+        for grant in self.spec.http() {
             let found = resolve(&grant.host, grant.port, &grant.to_string()).await?;
             http.push((grant.clone(), found));
         }
@@ -218,7 +208,7 @@ impl PreparedComponent {
         let runner = Runner {
             engine: self.engine.clone(),
             metering: self.metering,
-            limits: launch.limits.clone(),
+            limits: launch.spec.limits.clone(),
         };
         match &self.kind {
             Kind::Command(pre) => {
@@ -264,7 +254,7 @@ impl PreparedComponent {
             answers_deadlines: false,
         };
         Ok(
-            started.spawn(&launch.name, "instance", tracker, async move {
+            started.spawn(&launch.spec.name, "instance", tracker, async move {
                 // The grants' descriptors stay open while the instance runs.
                 let _setup = setup;
                 runner.run_command(&pre, state).await
@@ -286,43 +276,42 @@ impl PreparedComponent {
                  (request_timeout_ms): this engine does not meter guests",
             ),
         }
-        sandbox.enforced(if launch.dirs.is_empty() {
+        let spec = &launch.spec;
+        sandbox.enforced(if spec.dirs.is_empty() {
             "filesystem (wasi): no directories".to_owned()
         } else {
             format!(
                 "filesystem (wasi preopens): {}",
-                launch
-                    .dirs
+                spec.dirs
                     .iter()
                     .map(|d| format!("{} as {} ({})", d.host.display(), d.guest, d.mode))
                     .collect::<Vec<_>>()
                     .join(", ")
             )
         });
-        sandbox.enforced(if launch.net.is_empty() {
+        sandbox.enforced(if spec.net.is_empty() {
             "network (wasi): none".to_owned()
         } else {
             format!(
                 "network (wasi socket check): connect only to {}",
-                crate::grants::net_line(&launch.net)
+                crate::grants::net_line(&spec.net)
             )
         });
-        sandbox.enforced(if launch.http.is_empty() {
+        sandbox.enforced(if spec.http().is_empty() {
             "HTTP (wasi:http): every request refused".to_owned()
         } else {
             format!(
                 "HTTP (wasi:http): requests only to {}, at the addresses resolved at launch, bodies up to max_http_response_bytes = {}",
-                launch
-                    .http
+                spec.http()
                     .iter()
                     .map(ToString::to_string)
                     .collect::<Vec<_>>()
                     .join(", "),
-                launch.limits.max_http_response_bytes
+                spec.limits.max_http_response_bytes
             )
         });
         if let Kind::Typed(_) = self.kind {
-            sandbox.enforced(match launch.instances {
+            sandbox.enforced(match launch.instances() {
                 crate::config::Instances::Call => {
                     "state (typed component): a fresh instance for every call"
                 }

@@ -8,13 +8,12 @@ use super::*;
 /// they wait): a writer beyond it waits for the reader.
 pub(super) const PIPE_BYTES: usize = 64 * 1024;
 
-/// What every instance of one launch is given, prepared once: argv, the
-/// exact environment, the opened directory grants, the network allowed and
-/// the names it may look up, and the counters they share.
+/// What every instance of one launch is given, prepared once: the launch
+/// (argv, the exact environment and the limits are its spec's), the opened
+/// directory grants, the network allowed and the names it may look up, and
+/// the counters they share.
 pub(crate) struct InstanceSetup {
-    pub(super) argv: Vec<String>,
-    pub(super) env: Vec<(String, String)>,
-    pub(super) limits: Limits,
+    pub(super) launch: WasmLaunch,
     /// (path to open, grant): the path is the grant's descriptor.
     pub(super) preopens: Vec<(PathBuf, crate::grants::DirGrant)>,
     /// The grants' descriptors, open while any instance may need them.
@@ -36,7 +35,7 @@ impl InstanceSetup {
             http,
         } = net;
         #[cfg(unix)]
-        let opened = crate::grants::open_all(&launch.name, &launch.dirs)?;
+        let opened = crate::grants::open_all(&launch.spec.name, &launch.spec.dirs)?;
         #[cfg(unix)]
         let preopens: Vec<(PathBuf, crate::grants::DirGrant)> = opened
             .iter()
@@ -44,6 +43,7 @@ impl InstanceSetup {
             .collect();
         #[cfg(not(unix))]
         let preopens: Vec<(PathBuf, crate::grants::DirGrant)> = launch
+            .spec
             .dirs
             .iter()
             .map(|d| (d.host.clone(), d.clone()))
@@ -57,12 +57,8 @@ impl InstanceSetup {
                 });
             }
         }
-        let mut argv = vec![launch.name.clone()];
-        argv.extend(launch.args.iter().cloned());
         Ok(Self {
-            argv,
-            env: launch.env.clone(),
-            limits: launch.limits.clone(),
+            launch: launch.clone(),
             preopens,
             #[cfg(unix)]
             _opened: opened,
@@ -71,7 +67,7 @@ impl InstanceSetup {
             http: http::Hooks {
                 policy: Arc::new(http::HttpPolicy::new(
                     http,
-                    launch.limits.max_http_response_bytes,
+                    launch.spec.limits.max_http_response_bytes,
                 )),
             },
             metrics: Arc::new(Metrics::default()),
@@ -86,14 +82,15 @@ impl InstanceSetup {
         stderr: pipe::PipeWriter,
         requests: Arc<AtomicU64>,
     ) -> Result<HostState, WasmError> {
-        let limits = &self.limits;
+        let limits = &self.launch.spec.limits;
         let mut builder = WasiCtx::builder();
         builder
             .stdin(stdin)
             .stdout(stdout)
             .stderr(stderr)
-            .args(&self.argv)
-            .envs(&self.env)
+            .arg(&self.launch.spec.name)
+            .args(&self.launch.spec.args)
+            .envs(&self.launch.env)
             .max_random_size(limits.max_random_bytes)
             .allow_udp(false);
         for (host_path, dir) in &self.preopens {

@@ -38,25 +38,27 @@ pub(super) fn plan(
     let mut report = SandboxReport::default();
     // No `rw` grant of this config may reach what this server runs.
     let own: Vec<crate::grants::Writer> = launch
+        .spec
         .dirs
         .iter()
         .filter(|d| d.mode == crate::grants::DirMode::Rw)
         .map(|d| crate::grants::Writer {
-            server: launch.name.clone(),
+            server: launch.spec.name.clone(),
             grant: d.host.clone(),
         })
         .collect();
     crate::grants::check_runs(
         &crate::grants::Runs {
-            server: &launch.name,
+            server: &launch.spec.name,
             executable: Some(path),
             interpreter: executable.interpreter.as_ref().map(|i| i.path.as_path()),
-            measure: &launch.measure,
+            measure: launch.measure(),
         },
-        &[own.as_slice(), launch.writers.as_slice()].concat(),
+        &[own.as_slice(), launch.spec.writers.as_slice()].concat(),
     )?;
-    let dirs = crate::grants::open_all(&launch.name, &launch.dirs)?;
+    let dirs = crate::grants::open_all(&launch.spec.name, &launch.spec.dirs)?;
     report.granted = launch
+        .spec
         .dirs
         .iter()
         .map(|d| (d.host.clone(), d.mode == crate::grants::DirMode::Rw))
@@ -69,11 +71,11 @@ pub(super) fn plan(
         .as_ref()
         .map(|interpreter| interpreter.path.as_path());
     for file in std::iter::once(path.as_path()).chain(interpreter_path) {
-        launch.kept.check_file(&launch.name, file)?;
+        launch.kept.check_file(&launch.spec.name, file)?;
     }
     let roots = crate::sandbox::implicit_roots(path, interpreter_path, &launch.kept);
     for line in &roots.held_back {
-        tracing::warn!(server = %launch.name, "{line}");
+        tracing::warn!(server = %launch.spec.name, "{line}");
     }
     let proxied = namespaces::proxied(launch);
     let mut isolation = isolation(launch, &roots)?;
@@ -111,12 +113,12 @@ pub(super) fn plan(
                     inode: None,
                 })
                 .collect();
-            let writable = crate::grants::open_all(&launch.name, &writable)?;
+            let writable = crate::grants::open_all(&launch.spec.name, &writable)?;
             crate::sandbox::learn_plan(&crate::sandbox::LearnGrants {
                 dirs: &dirs,
                 writable: &writable,
                 scratch: scratch.as_ref().map(tempfile::TempDir::path),
-                sandbox: launch.sandbox,
+                sandbox: launch.spec.sandbox,
             })?
         }
         None => crate::sandbox::plan(&crate::sandbox::Grants {
@@ -128,10 +130,10 @@ pub(super) fn plan(
                 .as_ref()
                 .map(|interpreter| (interpreter.fd.as_fd(), interpreter.path.as_path())),
             roots: &roots,
-            measure: &launch.measure,
+            measure: launch.measure(),
             dirs: &dirs,
-            net: &launch.net,
-            sandbox: launch.sandbox,
+            net: &launch.spec.net,
+            sandbox: launch.spec.sandbox,
         })?,
     };
     if isolation.own_root
@@ -145,9 +147,9 @@ pub(super) fn plan(
                 .as_ref()
                 .map(|interpreter| interpreter.path.as_path()),
             roots: &roots.granted,
-            measure: &launch.measure,
+            measure: launch.measure(),
             dirs: &dirs,
-            cwd: &launch.cwd,
+            cwd: launch.cwd(),
             tmp_options,
             resolv_conf: ns.resolv,
         })?;
@@ -188,7 +190,7 @@ fn isolation(
     let root = rustix::process::geteuid().is_root();
     let (namespaces, own_root) =
         namespaces::plan(launch, roots, support, &mut enforced, &mut not_enforced)?;
-    if !launch.net.is_empty() && !namespaces::proxied(launch) {
+    if !launch.spec.net.is_empty() && !namespaces::proxied(launch) {
         not_enforced.push(
             "network: with `net` grants, UDP datagrams (DNS included) may go to any host"
                 .to_owned(),

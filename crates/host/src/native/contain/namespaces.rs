@@ -177,7 +177,7 @@ impl Bind {
 /// Whether `launch` goes out through the egress proxy: it has `net` grants,
 /// is not a learn run, and can have a network namespace of its own.
 pub(super) fn proxied(launch: &NativeLaunch) -> bool {
-    !launch.net.is_empty() && launch.learn.is_none() && namespace_support().available
+    !launch.spec.net.is_empty() && launch.learn.is_none() && namespace_support().available
 }
 
 /// Whether the kernel has IPv6 (a namespace's `lo` then has `::1`).
@@ -206,7 +206,7 @@ pub(super) fn plan(
         });
         // A learn run has its private /tmp too: it is where it may write.
         let tmp = Path::new("/tmp").is_dir().then(|| {
-            std::ffi::CString::new(format!("size={},mode=1777", launch.limits.tmp_bytes))
+            std::ffi::CString::new(format!("size={},mode=1777", launch.spec.limits.tmp_bytes))
                 .unwrap_or_default()
         });
         enforced.push(format!(
@@ -224,19 +224,19 @@ pub(super) fn plan(
         match &tmp {
             Some(_) => enforced.push(format!(
                 "mount namespace: a private, empty /tmp (tmpfs, {} bytes), gone when the server stops",
-                launch.limits.tmp_bytes
+                launch.spec.limits.tmp_bytes
             )),
             None => not_enforced.push("a private /tmp (the host has no /tmp)".to_owned()),
         }
         // A learn run keeps the host's network, to see where it connects.
         let net = launch.learn.is_none();
-        if net && launch.net.is_empty() {
+        if net && launch.spec.net.is_empty() {
             enforced.push(
                 "network namespace: no network at all (TCP, UDP, raw sockets and abstract Unix sockets reach nothing outside the server)"
                     .to_owned(),
             );
         } else if net {
-            let layout = crate::egress::Layout::of(&launch.net, ipv6());
+            let layout = crate::egress::Layout::of(&launch.spec.net, ipv6());
             let relays: Vec<String> = layout
                 .relays
                 .iter()
@@ -254,7 +254,7 @@ pub(super) fn plan(
                 .collect();
             enforced.push(format!(
                 "network namespace: out only through Moat, to {} at the addresses resolved at launch: relayed transparently ({}), and through the proxy at 127.0.0.1:{} (HTTP_PROXY and HTTPS_PROXY set); no other address is routed",
-                crate::grants::net_line(&launch.net),
+                crate::grants::net_line(&launch.spec.net),
                 if relays.is_empty() { "none".to_owned() } else { relays.join(", ") },
                 crate::egress::PROXY_PORT,
             ));
@@ -267,11 +267,11 @@ pub(super) fn plan(
         }
         // Behind Moat, names resolve through Moat: listed ones only.
         let resolv = net
-            && !launch.net.is_empty()
+            && !launch.spec.net.is_empty()
             && tmp.is_some()
             && Path::new("/etc/resolv.conf").exists();
-        if net && !launch.net.is_empty() {
-            let names = crate::egress::listed_names(&launch.net);
+        if net && !launch.spec.net.is_empty() {
+            let names = crate::egress::listed_names(&launch.spec.net);
             if resolv || !Path::new("/etc/resolv.conf").exists() {
                 enforced.push(format!(
                     "DNS: answered by Moat at 127.0.0.1:{} (resolv.conf{}), for {} only (each with its relay address); any other name is NXDOMAIN",
@@ -296,7 +296,7 @@ pub(super) fn plan(
             match why {
                 None => own_root = true,
                 Some(why) => crate::sandbox::enforce_or_report(
-                    launch.sandbox,
+                    launch.spec.sandbox,
                     &format!(
                         "a root of the server's own, hiding every host path outside its grants ({why})"
                     ),
@@ -312,10 +312,11 @@ pub(super) fn plan(
             // executable, its installation root, dirs, measure paths) keeps
             // its place; a path inside another is bound with it.
             let mut granted: Vec<PathBuf> = launch
+                .spec
                 .dirs
                 .iter()
                 .map(|d| d.host.clone())
-                .chain(launch.measure.iter().cloned())
+                .chain(launch.measure().iter().cloned())
                 .chain([launch.resolved.target.clone()])
                 .chain(roots.granted.iter().cloned())
                 .filter(|p| p.starts_with("/tmp") && p != Path::new("/tmp"))
@@ -336,6 +337,7 @@ pub(super) fn plan(
                     });
                 }
                 let writable = launch
+                    .spec
                     .dirs
                     .iter()
                     .any(|d| d.mode == crate::grants::DirMode::Rw && path.starts_with(&d.host));
@@ -358,7 +360,7 @@ pub(super) fn plan(
     } else {
         let why = std::io::Error::from_raw_os_error(support.errno);
         crate::sandbox::enforce_or_report(
-            launch.sandbox,
+            launch.spec.sandbox,
             &format!(
                 "PID, mount, IPC, UTS, cgroup and network namespaces (clone with CLONE_NEWUSER: {why}; unprivileged user namespaces may be disabled)"
             ),

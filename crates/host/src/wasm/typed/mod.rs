@@ -131,12 +131,10 @@ pub(crate) fn launch(
             setup,
             runner,
             stderr: stderr_guest,
-            instances: launch.instances,
-            name: launch.name.clone(),
             session: tokio::sync::Mutex::new(None),
         }),
     };
-    let name = launch.name.clone();
+    let name = launch.spec.name.clone();
     let started = crate::instance::InProcess {
         stdin: Box::new(stdin_host),
         stdout: Box::new(stdout_host),
@@ -148,7 +146,7 @@ pub(crate) fn launch(
         terminate: None,
         answers_deadlines: true,
     };
-    started.spawn(&launch.name, "typed tool server", tracker, async move {
+    started.spawn(&launch.spec.name, "typed tool server", tracker, async move {
         match rmcp::serve_server(server, (stdin_server, stdout_server)).await {
             Ok(running) => match running.waiting().await {
                 Ok(_) => Exit::Code(0),
@@ -175,8 +173,6 @@ struct Inner {
     runner: Runner,
     /// Where instances' stdout and stderr go.
     stderr: pipe::PipeWriter,
-    instances: Instances,
-    name: String,
     /// The session's instance (`instance = "session"`), while it is sound.
     session: tokio::sync::Mutex<Option<Held>>,
 }
@@ -188,6 +184,11 @@ struct Held {
 }
 
 impl Inner {
+    /// The server's name.
+    fn name(&self) -> &str {
+        &self.setup.launch.spec.name
+    }
+
     async fn instantiate(&self) -> Result<Held, Exit> {
         let (closed, stdin) = pipe::pipe(1);
         drop(closed);
@@ -209,7 +210,7 @@ impl Inner {
 
     /// Calls `tool` in an instance: a fresh one, or the session's.
     async fn invoke(&self, tool: &TypedTool, params: Vec<Val>) -> Result<Vec<Val>, Exit> {
-        match self.instances {
+        match self.setup.launch.instances() {
             Instances::Call => {
                 self.instantiate()
                     .await?
@@ -313,7 +314,7 @@ fn failure(server: &str, tool: &str, exit: &Exit) -> CallToolResult {
 impl ServerHandler for ToolServer {
     fn get_info(&self) -> ServerConfig {
         ServerConfig::new(ServerCapabilities::builder().enable_tools().build()).with_server_info(
-            Implementation::new(self.inner.name.clone(), env!("CARGO_PKG_VERSION")),
+            Implementation::new(self.inner.name().to_owned(), env!("CARGO_PKG_VERSION")),
         )
     }
 
@@ -340,7 +341,7 @@ impl ServerHandler for ToolServer {
         let inner = &self.inner;
         let Some(tool) = inner.component.tool(&request.name) else {
             return Err(ErrorData::invalid_params(
-                format!("server `{}` has no tool `{}`", inner.name, request.name),
+                format!("server `{}` has no tool `{}`", inner.name(), request.name),
                 None,
             ));
         };
@@ -356,7 +357,7 @@ impl ServerHandler for ToolServer {
             })));
         Ok(match outcome {
             Ok(results) => answer(tool, &results),
-            Err(exit) => failure(&inner.name, &tool.shape.name, &exit),
+            Err(exit) => failure(inner.name(), &tool.shape.name, &exit),
         }
         .into())
     }
