@@ -76,7 +76,7 @@ if ! PYTHONPATH=target/py python3 -c "import importlib.metadata as m, sys; sys.e
         "prometheus-client==$PROMETHEUS_CLIENT"
 fi
 
-# The egress clients of crates/host/tests/capabilities.rs
+# The egress clients of crates/host/tests/capabilities/egress.rs
 # (native_egress_is_transparent_to_every_client): Python's requests and httpx,
 # pinned, into target/py-egress (pure Python: the sandboxed server runs them
 # under the system's /usr/bin/python3), and Go (Debian's golang-go), whose
