@@ -1,0 +1,254 @@
+//! Over streamable HTTP: `moat serve --http` under concurrent agent sessions
+//! (throughput) and under many idle sessions (RSS, PSS and mappings per
+//! session).
+
+use super::*;
+
+/// `moat serve --http` on a free loopback port.
+pub(super) struct HttpServe {
+    pub(super) child: Child,
+    pub(super) url: String,
+}
+
+impl HttpServe {
+    pub(super) fn spawn(mut command: Command) -> Self {
+        command
+            .args(["--http", "127.0.0.1:0"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let mut child = command.spawn().expect("spawning moat serve --http");
+        let mut stderr = BufReader::new(child.stderr.take().unwrap());
+        let mut line = String::new();
+        let url = loop {
+            line.clear();
+            let n = stderr.read_line(&mut line).expect("reading moat's stderr");
+            assert!(n > 0, "moat serve --http ended before serving");
+            if let Some(url) = line.trim().strip_prefix("moat: serving MCP at ") {
+                break url.to_owned();
+            }
+        };
+        std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
+        Self { child, url }
+    }
+
+    /// What `moat serve` holds now: its RSS, its PSS (shared pages divided
+    /// among their mappers: RSS counts a page of a component's memory image
+    /// once in every instance that maps it, PSS once), and its number of
+    /// memory mappings (bounded by `vm.max_map_count`).
+    pub(super) fn memory(&self) -> Memory {
+        let pid = self.child.id();
+        let rollup =
+            std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap_or_default();
+        Memory {
+            rss: kb_field(&rollup, "Rss:"),
+            pss: kb_field(&rollup, "Pss:"),
+            maps: std::fs::read_to_string(format!("/proc/{pid}/maps"))
+                .map(|maps| maps.lines().count() as u64)
+                .unwrap_or(0),
+        }
+    }
+
+    pub(super) fn stop(mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for HttpServe {
+    /// A bench that fails part way leaves no `moat serve` behind.
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One reading of [`HttpServe::memory`].
+pub(super) struct Memory {
+    pub(super) rss: u64,
+    pub(super) pss: u64,
+    pub(super) maps: u64,
+}
+
+pub(super) type Agent = rmcp::service::RunningService<rmcp::RoleClient, ()>;
+
+pub(super) async fn agent(url: &str) -> Agent {
+    try_agent(url).await.expect("an agent session over HTTP")
+}
+
+pub(super) async fn try_agent(url: &str) -> Result<Agent, String> {
+    use rmcp::ServiceExt;
+    let transport = rmcp::transport::StreamableHttpClientTransport::from_uri(url.to_owned());
+    ().serve(transport).await.map_err(|e| e.to_string())
+}
+
+pub(super) async fn echo(agent: &Agent) {
+    try_echo(agent).await.expect("tools/call");
+}
+
+pub(super) async fn try_echo(agent: &Agent) -> Result<(), String> {
+    let mut params = rmcp::model::CallToolRequestParams::new("everything__echo");
+    params.arguments = json!({"message": "bench"}).as_object().cloned();
+    match agent.call_tool(params).await {
+        Ok(result) if result.is_error != Some(true) => Ok(()),
+        other => Err(format!("{other:?}")),
+    }
+}
+
+/// Calls per second with `AGENTS` sessions calling at once, each session
+/// opened (and its server started) before the clock starts.
+pub(super) fn throughput(runtime: &tokio::runtime::Runtime, serve: &HttpServe) -> f64 {
+    runtime.block_on(async {
+        let mut agents = Vec::with_capacity(AGENTS);
+        for _ in 0..AGENTS {
+            let agent = agent(&serve.url).await;
+            echo(&agent).await;
+            agents.push(std::sync::Arc::new(agent));
+        }
+        let started = Instant::now();
+        let mut calls = tokio::task::JoinSet::new();
+        for agent in &agents {
+            let agent = agent.clone();
+            calls.spawn(async move {
+                for _ in 0..CALLS_PER_AGENT {
+                    echo(&agent).await;
+                }
+            });
+        }
+        while let Some(done) = calls.join_next().await {
+            done.expect("an agent's calls");
+        }
+        let rate = (AGENTS * CALLS_PER_AGENT) as f64 / started.elapsed().as_secs_f64();
+        for agent in agents {
+            if let Ok(agent) = std::sync::Arc::try_unwrap(agent) {
+                let _ = agent.cancel().await;
+            }
+        }
+        rate
+    })
+}
+
+/// `moat serve`'s memory with no session, then with up to `sessions` idle
+/// sessions that have each called the wasm guest once; how many were held
+/// (fewer when one failed, whose error is printed).
+pub(super) fn idle_sessions(
+    runtime: &tokio::runtime::Runtime,
+    serve: &HttpServe,
+    sessions: usize,
+) -> (Memory, Memory, usize) {
+    let before = serve.memory();
+    let agents = runtime.block_on(async {
+        let mut agents = Vec::with_capacity(sessions);
+        for n in 0..sessions {
+            let agent = match try_agent(&serve.url).await {
+                Ok(agent) => agent,
+                Err(error) => {
+                    eprintln!("  session {} could not start: {error}", n + 1);
+                    break;
+                }
+            };
+            if let Err(error) = try_echo(&agent).await {
+                eprintln!("  session {}'s call failed: {error}", n + 1);
+                break;
+            }
+            agents.push(agent);
+            if (n + 1) % 1000 == 0 {
+                eprintln!("  {} idle sessions open", n + 1);
+            }
+        }
+        agents
+    });
+    let held = agents.len();
+    let after = serve.memory();
+    runtime.block_on(async {
+        for agent in agents {
+            let _ = agent.cancel().await;
+        }
+    });
+    (before, after, held)
+}
+
+/// Raises this process's open-file limit to its hard limit: every idle
+/// session holds connections on both ends.
+pub(super) fn raise_open_files() {
+    let output = Command::new("sh")
+        .args(["-c", "ulimit -Hn"])
+        .output()
+        .expect("ulimit");
+    let hard: u64 = String::from_utf8_lossy(&output.stdout)
+        .trim()
+        .parse()
+        .unwrap_or(1024);
+    // `prlimit` on our own pid: no unsafe and no libc binding needed.
+    let _ = Command::new("prlimit")
+        .arg(format!("--pid={}", std::process::id()))
+        .arg(format!("--nofile={hard}:{hard}"))
+        .status();
+}
+
+/// Throughput and idle sessions over streamable HTTP, with the current
+/// binary.
+pub(super) fn http_runs(label: &str, c: &Configs, runtime: &tokio::runtime::Runtime, idle: usize) {
+    let room = idle.max(AGENTS) + 1;
+    let serve_settings = format!(
+        "\n[serve]\nmax_sessions = {room}\nmax_connections = {}\n",
+        4 * room
+    );
+    let dir = c.wasm.parent().unwrap().parent().unwrap();
+    let wasm_http = write_config(
+        dir,
+        "wasm-http",
+        &(std::fs::read_to_string(&c.wasm).unwrap() + &serve_settings),
+    );
+    let native_http = write_config(
+        dir,
+        "native-http",
+        &(std::fs::read_to_string(&c.native).unwrap() + &serve_settings),
+    );
+    let rate = |config: &Path| {
+        let serve = HttpServe::spawn(moat(config, &c.cache, &c.state));
+        let rate = throughput(runtime, &serve);
+        serve.stop();
+        rate
+    };
+    let wasm_rate = rate(&wasm_http);
+    let native_rate = rate(&native_http);
+    println!(
+        "\n{label}: throughput over HTTP, {AGENTS} agent sessions × {CALLS_PER_AGENT} calls at once:\n\
+         serve → wasm          {wasm_rate:>8.0} calls/s {:>5.2}×\n\
+         serve → native child  {native_rate:>8.0} calls/s",
+        wasm_rate / native_rate
+    );
+    let wasm_http_pooled = pooled(&wasm_http, "wasm-http-pooled", room);
+    let pooled_rate = rate(&wasm_http_pooled);
+    println!(
+        "serve → wasm, pooled  {pooled_rate:>8.0} calls/s {:>5.2}×",
+        pooled_rate / native_rate
+    );
+    for (allocator, config) in [("on demand", &wasm_http), ("pooled", &wasm_http_pooled)] {
+        let serve = HttpServe::spawn(moat(config, &c.cache, &c.state));
+        let (before, after, held) = idle_sessions(runtime, &serve, idle);
+        serve.stop();
+        let per = |a: u64, b: u64| a.saturating_sub(b) as f64 / 1e3 / held.max(1) as f64;
+        let max_map_count =
+            std::fs::read_to_string("/proc/sys/vm/max_map_count").unwrap_or_default();
+        println!(
+            "\n{label}: {held} of {idle} idle wasm sessions held over HTTP (each called once), {allocator}:\n\
+         RSS {:.1} MB → {:.1} MB, {:.0} KB a session\n\
+         PSS {:.1} MB → {:.1} MB, {:.0} KB a session\n\
+         mappings {} → {}, {:.1} a session (vm.max_map_count {})",
+            before.rss as f64 / 1e6,
+            after.rss as f64 / 1e6,
+            per(after.rss, before.rss),
+            before.pss as f64 / 1e6,
+            after.pss as f64 / 1e6,
+            per(after.pss, before.pss),
+            before.maps,
+            after.maps,
+            after.maps.saturating_sub(before.maps) as f64 / held.max(1) as f64,
+            max_map_count.trim(),
+        );
+    }
+}

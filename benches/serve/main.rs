@@ -1,0 +1,225 @@
+//! The outside view, as an agent sees it: a driver spawns a command, speaks
+//! MCP over its stdio (`initialize`, `tools/list`, a first `tools/call`,
+//! then 500 sequential calls of `echo`), and reads the peak RSS of the
+//! process tree. One run prints, side by side:
+//!
+//! - `native`: the `everything` guest built natively and spawned directly
+//!   (the floor);
+//! - `serve → wasm`: `moat serve` in front of the same guest compiled to
+//!   wasm32-wasip2, its component already in the cache, without and with a
+//!   lock;
+//! - `serve → native child`: `moat serve` in front of the native guest;
+//! - `serve → native script`: the same, as a `#!` script whose interpreter
+//!   is the native guest: what a script server adds at launch (the sealed
+//!   copy of the script bound over its path in the server's root);
+//! - `serve → typed, per call` and `serve → typed, session`: `moat serve` in
+//!   front of the typed tool component `kinds` (calls of `greet`), a fresh
+//!   instance per call and one per session, with their call p50 against the
+//!   stdio component's;
+//! - `…, pooled`: the stdio and per-call typed rows again with
+//!   `[wasm] allocator = "pooling"`, the pooling allocator beside the
+//!   default on-demand one;
+//! - the compile cache: the first and second start in front of the
+//!   JavaScript typed component, with an empty cache.
+//!
+//! Start is spawn → first call answered, the median of `STARTS` runs; calls
+//! are p50 and p99 of `CALLS`; RSS is the sum of VmHWM over the process and
+//! its children just before stdin closes. Ratios are against `native`.
+//!
+//! Over streamable HTTP (`moat serve --http`, driven by rmcp's HTTP client):
+//!
+//! - throughput: `AGENTS` agent sessions each make `CALLS_PER_AGENT`
+//!   calls, all sessions at once, in front of the wasm guest and in front of
+//!   the native guest (a child per session);
+//! - idle sessions: `IDLE_SESSIONS` sessions (or `$MOAT_BENCH_IDLE_SESSIONS`)
+//!   each call the wasm guest once and stay open; the bench prints
+//!   `moat serve`'s RSS, PSS and memory mappings, and what one more
+//!   session costs in each, on demand and pooled. The run stops at the
+//!   first session that fails (and says why): each wasm instance holds
+//!   several mappings, so the kernel's `vm.max_map_count` bounds the
+//!   sessions a process can hold.
+//!
+//! `MOAT_BENCH_STDIO_ONLY=1` stops after the stdio table and the compile
+//! cache (the start figures, without the HTTP runs).
+//!
+//! `MOAT_BENCH_BASELINE=PATH` measures another `moat` binary (an earlier
+//! commit's, say) in the same run, each of its rows right before this
+//! build's, and prints the two side by side with their ratios.
+//!
+//! `cargo bench --bench serve`; `MOAT_BENCH_MOAT=PATH` runs the same
+//! bench against another `moat` binary (the `dist` profile's, say:
+//! `cargo build --profile dist -p moat`, then
+//! `MOAT_BENCH_MOAT=target/dist/moat cargo bench --bench serve`).
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use moat_test_guests as guests;
+use serde_json::{Value, json};
+
+mod stdio;
+mod rows;
+mod http;
+
+use http::*;
+use rows::*;
+use stdio::*;
+
+const STARTS: usize = 15;
+const CALLS: usize = 500;
+/// Concurrent agent sessions in the throughput run.
+const AGENTS: usize = 100;
+/// Calls each of them makes.
+const CALLS_PER_AGENT: usize = 50;
+/// Sessions held open in the idle-memory run.
+const IDLE_SESSIONS: usize = 10_000;
+
+/// The `moat` being measured now: this build's (or `$MOAT_BENCH_MOAT`), or
+/// `$MOAT_BENCH_BASELINE` while the baseline's rows are measured.
+static BINARY: std::sync::Mutex<Option<std::ffi::OsString>> = std::sync::Mutex::new(None);
+
+/// The `moat` under test: this build's, or `$MOAT_BENCH_MOAT`.
+fn under_test() -> std::ffi::OsString {
+    std::env::var_os("MOAT_BENCH_MOAT").unwrap_or_else(|| env!("CARGO_BIN_EXE_moat").into())
+}
+
+fn moat_binary() -> std::ffi::OsString {
+    BINARY.lock().unwrap().clone().unwrap_or_else(under_test)
+}
+
+/// Runs `f` with `binary` as the `moat` every command spawns.
+fn with_binary<T>(binary: &std::ffi::OsString, f: impl FnOnce() -> T) -> T {
+    *BINARY.lock().unwrap() = Some(binary.clone());
+    let out = f();
+    *BINARY.lock().unwrap() = None;
+    out
+}
+
+fn moat(config: &Path, cache: &Path, state: &Path) -> Command {
+    let mut command = Command::new(moat_binary());
+    command
+        .args(["serve", "--config"])
+        .arg(config)
+        .env("MOAT_CACHE_DIR", cache)
+        .env("MOAT_STATE_DIR", state)
+        .env("RUST_LOG", "error");
+    command
+}
+
+fn write_config(dir: &Path, name: &str, body: &str) -> PathBuf {
+    let sub = dir.join(name);
+    std::fs::create_dir_all(&sub).unwrap();
+    let path = sub.join("moat.toml");
+    std::fs::write(&path, body).unwrap();
+    path
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; a filter argument is ignored here.
+    let current = under_test();
+    let baseline = std::env::var_os("MOAT_BENCH_BASELINE");
+    println!("moat under test: {}", current.to_string_lossy());
+    if let Some(baseline) = &baseline {
+        println!("baseline: {}", baseline.to_string_lossy());
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let configs = with_binary(&current, || prepare(&dir.path().join("current")));
+    let before = baseline
+        .as_ref()
+        .map(|b| (b, with_binary(b, || prepare(&dir.path().join("baseline")))));
+
+    let floor = measure("native", "echo", &|| {
+        Command::new(guests::EVERYTHING_NATIVE)
+    });
+    let mut rows = vec![floor];
+    // With a baseline, each row is measured with it right before this
+    // build.
+    let mut runs: Vec<(&std::ffi::OsString, &Configs)> = Vec::new();
+    if let Some((binary, configs)) = &before {
+        runs.push((binary, configs));
+    }
+    runs.push((&current, &configs));
+    let mut measured = serve_rows(&runs);
+    rows.extend(measured.pop().unwrap());
+    let base_rows = measured.pop();
+    let floor = &rows[0];
+    let ratio = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64();
+    println!(
+        "\n{:<26} {:>22} {:>26} {:>18}",
+        "outside driver", "spawn → first call", "call p50 / p99", "peak RSS"
+    );
+    for row in &rows {
+        println!(
+            "{:<26} {:>12.2} ms {:>6.2}× {:>8.0} / {:>5.0} µs {:>5.2}× {:>8.1} MB {:>5.2}×",
+            row.name,
+            row.start.as_secs_f64() * 1e3,
+            ratio(row.start, floor.start),
+            row.p50.as_secs_f64() * 1e6,
+            row.p99.as_secs_f64() * 1e6,
+            ratio(row.p50, floor.p50),
+            row.rss as f64 / 1e6,
+            row.rss as f64 / floor.rss as f64,
+        );
+    }
+    println!(
+        "(start: median of {STARTS} runs; calls: {CALLS} sequential `echo`, or `greet` for typed; RSS: VmHWM of the process tree)"
+    );
+    let stdio = &rows[1];
+    for typed in [&rows[5], &rows[6], &rows[8]] {
+        println!(
+            "{}: call p50 {:.2}× the stdio component's (target ≤ 2×)",
+            typed.name,
+            ratio(typed.p50, stdio.p50)
+        );
+    }
+    if let Some(base_rows) = &base_rows {
+        println!(
+            "\n{:<26} {:>30} {:>30} {:>24}",
+            "baseline → this build", "spawn → first call", "call p50", "peak RSS"
+        );
+        for (before, after) in base_rows.iter().zip(&rows[1..]) {
+            println!(
+                "{:<26} {:>8.2} → {:>7.2} ms {:>5.2}× {:>8.0} → {:>7.0} µs {:>5.2}× {:>6.1} → {:>5.1} MB {:>5.2}×",
+                after.name,
+                before.start.as_secs_f64() * 1e3,
+                after.start.as_secs_f64() * 1e3,
+                ratio(after.start, before.start),
+                before.p50.as_secs_f64() * 1e6,
+                after.p50.as_secs_f64() * 1e6,
+                ratio(after.p50, before.p50),
+                before.rss as f64 / 1e6,
+                after.rss as f64 / 1e6,
+                after.rss as f64 / before.rss as f64,
+            );
+        }
+        println!("(ratios are this build over the baseline: below 1 is better)");
+    }
+    with_binary(&current, || {
+        compile_cache(&dir.path().join("cold-cache"), &configs.state, &digest)
+    });
+    if std::env::var_os("MOAT_BENCH_STDIO_ONLY").is_some_and(|v| v != "0") {
+        return;
+    }
+
+    // Over streamable HTTP.
+    raise_open_files();
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let idle: usize = std::env::var("MOAT_BENCH_IDLE_SESSIONS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(IDLE_SESSIONS);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut runs = Vec::new();
+    if let Some((binary, configs)) = &before {
+        runs.push(("baseline", *binary, configs));
+    }
+    runs.push(("this build", &current, &configs));
+    for (label, binary, configs) in runs {
+        with_binary(binary, || http_runs(label, configs, &runtime, idle));
+    }
+}
