@@ -19,7 +19,7 @@ if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
     fi
 fi
 
-# The Distribution registry (tests/oci.rs pulls components from it on
+# The Distribution registry (tests/oci/ pulls components from it on
 # loopback), as Debian packages it. Its service is not started: each test
 # starts its own on a free port.
 if ! command -v docker-registry >/dev/null; then
@@ -31,7 +31,7 @@ if ! command -v docker-registry >/dev/null; then
     fi
 fi
 
-# openssl makes the test CA and certificate of tests/oci.rs's https registry.
+# openssl makes the test CA and certificate of tests/oci/'s https registry.
 if ! command -v openssl >/dev/null; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
         apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssl >/dev/null
@@ -68,7 +68,7 @@ PY_MCP=2.3.0
 PY_TIME=2026.10.19
 COMPONENTIZE_PY=0.25.1
 # The Prometheus project's Python client: its OpenMetrics parser reads
-# `moat serve`'s /metrics in tests/observability.rs.
+# `moat serve`'s /metrics in tests/observability/.
 PROMETHEUS_CLIENT=0.26.0
 if ! PYTHONPATH=target/py python3 -c "import importlib.metadata as m, sys; sys.exit(m.version('mcp') != '$PY_MCP' or m.version('mcp-server-time') != '$PY_TIME' or m.version('componentize-py') != '$COMPONENTIZE_PY' or m.version('prometheus-client') != '$PROMETHEUS_CLIENT')" 2>/dev/null; then
     python3 -m pip install --quiet --disable-pip-version-check --target target/py --upgrade \

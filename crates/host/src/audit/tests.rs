@@ -185,7 +185,7 @@ fn a_second_writer_is_refused_while_the_first_holds_the_log() {
     // Another open file description of the same log: its OFD lock
     // conflicts even within one process. (The holder's pid comes from
     // a POSIX lock, which a process never conflicts with: another
-    // process is told it, see tests/serve.rs.)
+    // process is told it, see tests/serve/.)
     let Err(error) = AuditLog::open(&path, key) else {
         panic!("a second writer was let in");
     };
