@@ -59,9 +59,9 @@ use std::time::{Duration, Instant};
 use moat_test_guests as guests;
 use serde_json::{Value, json};
 
-mod stdio;
-mod rows;
 mod http;
+mod rows;
+mod stdio;
 
 use http::*;
 use rows::*;
