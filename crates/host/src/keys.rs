@@ -86,23 +86,43 @@ pub fn read_private(path: &Path) -> std::io::Result<Vec<u8>> {
 /// followed) renamed into place, so a reader sees the old file or the new
 /// one, never half of one.
 pub fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(format!(".tmp{}", std::process::id()));
-    let tmp = std::path::PathBuf::from(tmp);
-    let mut options = std::fs::OpenOptions::new();
-    options.write(true).create(true).truncate(true);
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        options
-            .mode(0o600)
-            .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32);
+    let (tmp, mut file) = create_beside(path)?;
+    let written = file
+        .write_all(bytes)
+        .and_then(|()| std::fs::rename(&tmp, path));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
     }
-    {
-        use std::io::Write;
-        options.open(&tmp)?.write_all(bytes)?;
+    written
+}
+
+/// A new file (mode 0600, made with `O_EXCL`, no link followed) beside
+/// `path`, under a name no other writer in this process or another uses at
+/// the same time: the process id and a counter of this process's own. Two
+/// threads of one process that shared a name would truncate, link or remove
+/// each other's half-written file.
+fn create_beside(path: &Path) -> std::io::Result<(std::path::PathBuf, std::fs::File)> {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    loop {
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut tmp = path.as_os_str().to_owned();
+        tmp.push(format!(".{}.{n}.tmp", std::process::id()));
+        let tmp = std::path::PathBuf::from(tmp);
+        let mut options = std::fs::OpenOptions::new();
+        options.write(true).create_new(true);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::OpenOptionsExt;
+            options
+                .mode(0o600)
+                .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32);
+        }
+        match options.open(&tmp) {
+            // Left by a process of the same id that died mid-write.
+            Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            opened => return opened.map(|file| (tmp, file)),
+        }
     }
-    std::fs::rename(&tmp, path)
 }
 
 /// The key `name` in `dir`: read, or made there (with `dir`, mode 0700)
@@ -122,21 +142,12 @@ pub fn user_key(dir: &Path, name: &str) -> std::io::Result<Key> {
         }
         let mut key = [0u8; KEY_BYTES];
         getrandom::fill(&mut key).map_err(|e| std::io::Error::other(e.to_string()))?;
-        // Written whole under a name of this process's, then linked into
-        // place: a reader never sees half a key, and of two processes
-        // making one at once, the second link fails and reads the first.
-        let tmp = dir.join(format!("{name}.{}.tmp", std::process::id()));
-        let mut options = std::fs::OpenOptions::new();
-        options.write(true).create(true).truncate(true);
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::OpenOptionsExt;
-            options.mode(0o600);
-        }
-        let written = options.open(&tmp).and_then(|mut file| {
-            file.write_all(&key)?;
-            file.sync_all()
-        });
+        // Written whole under a name of this writer's own, then linked
+        // into place: a reader never sees half a key, and of two writers
+        // (processes or threads) making one at once, the second link fails
+        // and reads the first.
+        let (tmp, mut file) = create_beside(&path)?;
+        let written = file.write_all(&key).and_then(|()| file.sync_all());
         let linked = written.and_then(|()| std::fs::hard_link(&tmp, &path));
         let _ = std::fs::remove_file(&tmp);
         match linked {
@@ -161,4 +172,65 @@ fn read_key(path: &Path) -> std::io::Result<Key> {
         .map_err(|_| {
             std::io::Error::other(format!("{} is not a {KEY_BYTES}-byte key", path.display()))
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Threads of one process making the same key at once all get it, and
+    /// all get the same one (the audit log and the cache are opened from
+    /// many tasks; a temp name shared by the threads made one of them fail
+    /// with "No such file or directory").
+    #[test]
+    fn threads_making_one_key_at_once_agree_on_it() {
+        const THREADS: usize = 16;
+        for round in 0..20 {
+            let dir = tempfile::tempdir().unwrap();
+            let dir = dir.path().join(format!("keys{round}"));
+            let start = std::sync::Barrier::new(THREADS);
+            let keys: Vec<Key> = std::thread::scope(|scope| {
+                let handles: Vec<_> = (0..THREADS)
+                    .map(|_| {
+                        scope.spawn(|| {
+                            start.wait();
+                            user_key(&dir, "k")
+                        })
+                    })
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| h.join().unwrap().unwrap())
+                    .collect()
+            });
+            assert!(keys.iter().all(|k| k.0 == keys[0].0), "round {round}");
+            let left: Vec<_> = std::fs::read_dir(&dir)
+                .unwrap()
+                .map(|e| e.unwrap().file_name())
+                .collect();
+            assert_eq!(left, ["k"], "round {round}: only the key is left");
+        }
+    }
+
+    /// Threads writing one private file at once each replace it whole.
+    #[test]
+    fn threads_writing_one_file_at_once_leave_one_whole_copy() {
+        const THREADS: usize = 16;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        let start = std::sync::Barrier::new(THREADS);
+        std::thread::scope(|scope| {
+            for t in 0..THREADS {
+                let (start, path) = (&start, &path);
+                scope.spawn(move || {
+                    start.wait();
+                    write_private(path, &[t as u8; 4096]).unwrap();
+                });
+            }
+        });
+        let bytes = read_private(&path).unwrap();
+        assert_eq!(bytes.len(), 4096);
+        assert!(bytes.iter().all(|b| *b == bytes[0]));
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
 }
