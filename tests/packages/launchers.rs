@@ -194,7 +194,7 @@ fn python_dash_m_of_a_local_module_stays_local_and_installs_nothing() {
     let spec = config.server("local").unwrap();
     assert!(spec.package().is_none(), "{toml}");
     assert_eq!(spec.args, ["-m", MODULE]);
-    assert_eq!(spec.env_passthrough, ["API_TOKEN"]);
+    assert_eq!(spec.env.passthrough, ["API_TOKEN"]);
     let ServerKind::Native {
         command,
         cwd,

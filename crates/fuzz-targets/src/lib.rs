@@ -162,7 +162,7 @@ pub fn wasm_boundary(data: &[u8]) {
     spec.allow_unmeasured = true;
     spec.limits = small_limits();
     let hex: String = data.iter().map(|b| format!("{b:02x}")).collect();
-    spec.env.insert("REPLAY".into(), hex);
+    spec.env.values.insert("REPLAY".into(), hex);
     runtime().block_on(async {
         let transport = host().transport(&spec).expect("a transport");
         let tracker = transport.shared().tracker().clone();

@@ -218,12 +218,7 @@ pub async fn inspect(
                 .map(|d| format!("{} -> {} ({})", d.host.display(), d.guest, d.mode))
                 .collect(),
             net: spec.net.iter().map(ToString::to_string).collect(),
-            env: spec
-                .env
-                .keys()
-                .chain(spec.env_passthrough.iter())
-                .cloned()
-                .collect(),
+            env: spec.env.names().map(str::to_owned).collect(),
             sandbox: spec.sandbox.to_string(),
             launched: None,
             tools: None,

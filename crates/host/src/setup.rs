@@ -115,12 +115,10 @@ pub async fn gateway_for(
 ) -> Result<Gateway, SetupError> {
     let config = Config::load(config_path)?;
     for (name, spec) in &config.servers {
-        for var in &spec.env_passthrough {
-            if std::env::var_os(var).is_none() {
-                tracing::warn!(
-                    "server `{name}`: env_passthrough names {var}, which is not set in Moat's environment: the server starts without it"
-                );
-            }
+        for var in spec.env.unset() {
+            tracing::warn!(
+                "server `{name}`: env_passthrough names {var}, which is not set in Moat's environment: the server starts without it"
+            );
         }
     }
     let mut host = host_for(config_path, locked, warn)?;

@@ -210,18 +210,12 @@ pub fn import(policy: &Path, component: &Path) -> Result<String, PolicyError> {
         "sha256 = {}",
         toml_string(&Digest::of(&bytes).to_string())
     );
-    let list = |items: &[String]| {
-        items
-            .iter()
-            .map(|i| toml_string(i))
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    if !env.is_empty() {
-        let _ = writeln!(out, "env_passthrough = [{}]", list(&env));
-    }
+    out.push_str(&crate::grants::toml::env_lines(&crate::grants::EnvGrant {
+        values: Default::default(),
+        passthrough: env,
+    }));
     if !net.is_empty() {
-        let _ = writeln!(out, "net = [{}]", list(&net));
+        let _ = writeln!(out, "net = {}", crate::grants::toml::net_list(&net));
     }
     for (path, mode) in &dirs {
         let entry = crate::grants::toml::dir_entry(&name, Path::new(path), Some(path), *mode);
@@ -269,7 +263,7 @@ mod tests {
         let config = crate::config::Config::parse(Path::new("/x/moat.toml"), &toml).unwrap();
         let spec = &config.servers["my-tool"];
         assert_eq!(spec.sha256, Some(Digest::of(b"\0asm")));
-        assert_eq!(spec.env_passthrough, ["GITHUB_TOKEN"]);
+        assert_eq!(spec.env.passthrough, ["GITHUB_TOKEN"]);
         assert_eq!(
             spec.http()
                 .iter()

@@ -93,7 +93,7 @@ async fn an_answer_to_a_request_never_sent_faults_the_session(launcher: Launcher
 async fn a_second_answer_to_one_request_faults_the_session(launcher: Launcher) {
     let _shared = MEMORY.read().await;
     let mut twice = spec(launcher, guests::STRAY_IDS);
-    twice.env.insert("STRAY".into(), "duplicate".into());
+    twice.env.values.insert("STRAY".into(), "duplicate".into());
     let session = connect(&twice).await;
     // The first answer is the answer; the second ends the session.
     let first = session.call_tool("attack", None).await.unwrap();
@@ -238,7 +238,7 @@ async fn opening_files_without_end_meets_a_limit(launcher: Launcher) {
         inode: None,
     });
     if launcher == Launcher::Native {
-        opener.env.insert(
+        opener.env.values.insert(
             "OPEN_PATH".into(),
             dir.path().join("file").display().to_string(),
         );

@@ -33,7 +33,9 @@ fn cache() -> PathBuf {
 /// `everything` with the drift switch set to `drift`.
 fn everything(launcher: Launcher, drift: &str) -> ServerSpec {
     let mut spec = spec(launcher, guests::EVERYTHING);
-    spec.env.insert("EVERYTHING_DRIFT".into(), drift.into());
+    spec.env
+        .values
+        .insert("EVERYTHING_DRIFT".into(), drift.into());
     spec
 }
 

@@ -72,7 +72,9 @@ async fn handshake_on_initialize_and_on_server_discover(launcher: Launcher) {
     // and sends initialize; the refusal that comes after is an answer to
     // nothing and is dropped, not taken for initialize's.
     let mut slow = spec(launcher, guests::NON_JSON);
-    slow.env.insert("HOSTILE_LATE_DISCOVER".into(), "1".into());
+    slow.env
+        .values
+        .insert("HOSTILE_LATE_DISCOVER".into(), "1".into());
     let slow = connect(&slow).await;
     assert_eq!(slow.protocol_version().as_deref(), Some("2025-11-25"));
     assert_eq!(slow.list_tools().await.unwrap()[0].name, "attack");
@@ -456,13 +458,32 @@ async fn argv_and_environment_arrive_exactly(launcher: Launcher) {
     .to_vec();
     let mut report = spec(launcher, guests::REPORT);
     report.args = hostile_args.clone();
-    report.env.insert("GREETING".into(), "hello".into());
-    report.env_passthrough = vec!["PATH".into(), "MOAT_SURELY_UNSET".into()];
+    report.env.values.insert("GREETING".into(), "hello".into());
+    report.env.passthrough = vec!["PATH".into(), "MOAT_SURELY_UNSET".into()];
     if let moat_host::ServerKind::Native { cwd, .. } = &mut report.kind {
         *cwd = dir.path().to_owned();
     }
     let session = connect(&report).await;
     let result = session.call_tool("attack", None).await.unwrap();
+    // Both launchers report the grant the same way, by name only: the
+    // config's names, after the native base (which PATH replaces here).
+    let sandbox = session.identity().unwrap().sandbox.lines();
+    let environment: Vec<&String> = sandbox
+        .iter()
+        .filter(|l| l.starts_with("enforced: environment: "))
+        .collect();
+    let config = "the config's GREETING, PATH; nothing else of Moat's environment";
+    let [line] = environment[..] else {
+        panic!("one environment line: {sandbox:?}")
+    };
+    match launcher {
+        Launcher::Wasm => assert_eq!(*line, format!("enforced: environment: {config}")),
+        Launcher::Native => assert!(
+            line.contains(" LANG=C.UTF-8 ") && line.ends_with(&format!(", and {config}")),
+            "{line}"
+        ),
+    }
+    assert!(!line.contains("hello"), "{line}");
     session.close().await.unwrap();
     let seen: serde_json::Value = serde_json::from_str(&text(&result)).unwrap();
     let argv: Vec<String> = serde_json::from_value(seen["argv"].clone()).unwrap();

@@ -167,15 +167,12 @@ pub(super) fn spec(
             let bearer_token_env = match server.bearer_token_env {
                 None => None,
                 Some(var) => {
-                    if !is_variable_name(var.get_ref()) {
-                        return Err(invalid(
+                    crate::grants::env::check_name(var.get_ref()).map_err(|error| {
+                        invalid(
                             Some(var.span()),
-                            format!(
-                                "server `{name}`: bearer_token_env: {:?} is not a variable name",
-                                var.get_ref()
-                            ),
-                        ));
-                    }
+                            format!("server `{name}`: bearer_token_env: {error}"),
+                        )
+                    })?;
                     Some(var.into_inner())
                 }
             };
@@ -214,23 +211,20 @@ pub(super) fn spec(
         })?),
     };
     for var in &server.env_passthrough {
-        if !is_variable_name(var.get_ref()) {
-            return Err(invalid(
+        crate::grants::env::check_name(var.get_ref()).map_err(|error| {
+            invalid(
                 Some(var.span()),
-                format!(
-                    "server `{name}`: env_passthrough: {:?} is not a variable name",
-                    var.get_ref()
-                ),
-            ));
-        }
+                format!("server `{name}`: env_passthrough: {error}"),
+            )
+        })?;
     }
     for key in server.env.keys() {
-        if !is_variable_name(key) {
-            return Err(invalid(
+        crate::grants::env::check_name(key).map_err(|error| {
+            invalid(
                 Some(server_span.clone()),
-                format!("server `{name}`: env: {key:?} is not a variable name"),
-            ));
-        }
+                format!("server `{name}`: env: {error}"),
+            )
+        })?;
     }
     let limits = match server.limits {
         None => Limits::default(),
@@ -291,23 +285,20 @@ pub(super) fn spec(
         sha256,
         allow_unmeasured: server.allow_unmeasured,
         args: server.args,
-        env: server.env,
-        env_passthrough: server
-            .env_passthrough
-            .into_iter()
-            .map(Spanned::into_inner)
-            .collect(),
+        env: crate::grants::EnvGrant {
+            values: server.env,
+            passthrough: server
+                .env_passthrough
+                .into_iter()
+                .map(Spanned::into_inner)
+                .collect(),
+        },
         limits,
         dirs,
         net,
         sandbox: server.sandbox,
         writers: Vec::new(),
     })
-}
-
-/// Whether `name` can name an environment variable.
-fn is_variable_name(name: &str) -> bool {
-    !name.is_empty() && !name.contains(['=', '\0'])
 }
 
 /// Separates the server name from the tool name in the names `moat serve`

@@ -3,7 +3,6 @@
 //! its digest and environment. Checked on the way in by
 //! [`super::server`].
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use serde::Deserialize;
@@ -25,10 +24,8 @@ pub struct ServerSpec {
     pub allow_unmeasured: bool,
     /// Arguments after argv[0] (which is the server name).
     pub args: Vec<String>,
-    /// Environment variables set to these exact values.
-    pub env: BTreeMap<String, String>,
-    /// Names of host environment variables passed through when set.
-    pub env_passthrough: Vec<String>,
+    /// `env` and `env_passthrough`: the exact environment.
+    pub env: crate::grants::EnvGrant,
     /// Bounds on the server.
     pub limits: Limits,
     /// Directories granted to the server.
@@ -158,8 +155,7 @@ impl ServerSpec {
             sha256: None,
             allow_unmeasured: false,
             args: Vec::new(),
-            env: BTreeMap::new(),
-            env_passthrough: Vec::new(),
+            env: Default::default(),
             limits: Limits::default(),
             dirs: Vec::new(),
             net: Vec::new(),
@@ -219,17 +215,5 @@ impl ServerSpec {
             (None, true) => Some(Expectation::Unpinned),
             (None, false) => None,
         }
-    }
-
-    /// The exact environment the server gets: `env` values, plus each
-    /// `env_passthrough` name that is set on the host.
-    pub fn environment(&self) -> Vec<(String, String)> {
-        let mut vars: BTreeMap<String, String> = self.env.clone();
-        for name in &self.env_passthrough {
-            if let Ok(value) = std::env::var(name) {
-                vars.entry(name.clone()).or_insert(value);
-            }
-        }
-        vars.into_iter().collect()
     }
 }

@@ -101,6 +101,29 @@ fn wasm_metering_is_fuel_unless_epoch_is_asked_for() {
 }
 
 #[test]
+fn a_variable_name_that_cannot_be_one_is_refused_naming_the_server_and_key() {
+    let (line, column, message) =
+        invalid_at("[servers.a]\nwasm = \"a.wasm\"\nenv_passthrough = [\"OK\", \"A=B\"]\n");
+    assert_eq!((line, column), (3, 26));
+    assert_eq!(
+        message,
+        "server `a`: env_passthrough: \"A=B\" is not a variable name: it holds `=` or NUL"
+    );
+    let (_, _, message) = invalid_at("[servers.a]\nwasm = \"a.wasm\"\nenv = { \"X=1\" = \"y\" }\n");
+    assert_eq!(
+        message,
+        "server `a`: env: \"X=1\" is not a variable name: it holds `=` or NUL"
+    );
+    let (_, _, message) = invalid_at(
+        "[servers.a]\nurl = \"https://a.example/mcp\"\nsandbox = \"best-effort\"\nbearer_token_env = \"\"\n",
+    );
+    assert_eq!(
+        message,
+        "server `a`: bearer_token_env: an empty name is not a variable name"
+    );
+}
+
+#[test]
 fn a_bad_allocator_setting_is_refused_at_its_place() {
     let (line, column, message) = invalid_at("[wasm]\npool_instances = 0\n");
     assert_eq!((line, column), (2, 18));
@@ -403,9 +426,9 @@ fn missing_digest_needs_consent() {
 #[test]
 fn environment_is_exact() {
     let mut spec = ServerSpec::wasm("a", "a.wasm");
-    spec.env.insert("SET".into(), "1".into());
-    spec.env_passthrough = vec!["PATH".into(), "MOAT_SURELY_UNSET_VAR".into()];
-    let env = spec.environment();
+    spec.env.values.insert("SET".into(), "1".into());
+    spec.env.passthrough = vec!["PATH".into(), "MOAT_SURELY_UNSET_VAR".into()];
+    let env = spec.env.resolve();
     let names: Vec<&str> = env.iter().map(|(k, _)| k.as_str()).collect();
     assert_eq!(names, ["PATH", "SET"]);
 }

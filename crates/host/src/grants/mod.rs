@@ -6,6 +6,9 @@
 //!
 //! - [`fs`]: `dirs` entries: `ro`/`rw`, opened once without following a
 //!   link, the inode pinned by the lock.
+//! - [`env`]: `env` and `env_passthrough`: the exact environment, read
+//!   when a launch is planned, over a launcher's base and under Moat's own
+//!   variables.
 //! - [`net`]: `net` entries: TCP `host:port`, and `http(s)://` origins for
 //!   wasi:http.
 //! - [`protect`]: what no grant may overlap (Moat's own files, what another
@@ -13,6 +16,7 @@
 //! - [`toml`]: a grant written as `moat.toml` lines, for every command that
 //!   proposes one (import, learn, the sandbox's hints, Wassette policies).
 
+pub(crate) mod env;
 pub(crate) mod fs;
 pub(crate) mod net;
 pub(crate) mod protect;
@@ -20,6 +24,7 @@ pub mod toml;
 
 use std::path::PathBuf;
 
+pub use env::EnvGrant;
 pub use fs::{DirGrant, DirMode, Writer};
 #[cfg(unix)]
 pub use fs::{OpenedGrant, open, open_all};

@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use super::DirMode;
+use super::{DirMode, EnvGrant};
 
 /// `value` as a one-line TOML basic string: quotes and backslashes escaped,
 /// and every control character as `\uXXXX` (or `\n`, `\t`), so nothing in
@@ -68,10 +68,32 @@ pub fn dir_entry_inline(server: &str, host: &Path, mode: DirMode) -> String {
     )
 }
 
-/// A `net = [...]` value: each entry a TOML string.
+/// A list of TOML strings (a `net = [...]` or `env_passthrough = [...]`
+/// value).
 pub fn net_list<S: AsRef<str>>(entries: &[S]) -> String {
     let quoted: Vec<String> = entries.iter().map(|e| string(e.as_ref())).collect();
     format!("[{}]", quoted.join(", "))
+}
+
+/// A server's `env = { ... }` and `env_passthrough = [...]` lines, each
+/// ending in a newline; nothing for a key with nothing granted.
+pub fn env_lines(grant: &EnvGrant) -> String {
+    let mut out = String::new();
+    if !grant.values.is_empty() {
+        let pairs: Vec<String> = grant
+            .values
+            .iter()
+            .map(|(name, value)| format!("{} = {}", key(name), string(value)))
+            .collect();
+        out.push_str(&format!("env = {{ {} }}\n", pairs.join(", ")));
+    }
+    if !grant.passthrough.is_empty() {
+        out.push_str(&format!(
+            "env_passthrough = {}\n",
+            net_list(&grant.passthrough)
+        ));
+    }
+    out
 }
 
 #[cfg(test)]
@@ -109,5 +131,25 @@ mod tests {
         let parsed: ::toml::Table =
             ::toml::from_str(&format!("net = {}", net_list(&["a:1", "b\"c:2"]))).unwrap();
         assert_eq!(parsed["net"][1].as_str(), Some("b\"c:2"));
+    }
+
+    #[test]
+    fn env_lines_parse_back_to_the_same_grant() {
+        let grant = EnvGrant {
+            values: [
+                ("LOG_LEVEL".to_owned(), "debug".to_owned()),
+                ("odd name".to_owned(), "a\"b\n[servers.evil]".to_owned()),
+            ]
+            .into(),
+            passthrough: vec!["GITHUB_TOKEN".to_owned()],
+        };
+        let text = env_lines(&grant);
+        assert_eq!(text.lines().count(), 2, "{text}");
+        let parsed: ::toml::Table = ::toml::from_str(&text).unwrap();
+        let values: std::collections::BTreeMap<String, String> =
+            parsed["env"].clone().try_into().unwrap();
+        assert_eq!(values, grant.values);
+        assert_eq!(parsed["env_passthrough"][0].as_str(), Some("GITHUB_TOKEN"));
+        assert_eq!(env_lines(&EnvGrant::default()), "");
     }
 }

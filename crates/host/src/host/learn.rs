@@ -115,7 +115,8 @@ impl Host {
         let mut observed = observed.lock().unwrap_or_else(|e| e.into_inner()).clone();
         observed.settle();
         let package_paths = spec
-            .environment()
+            .env
+            .resolve()
             .iter()
             .filter(|(name, _)| name == "PYTHONPATH" || name == "NODE_PATH")
             .flat_map(|(_, value)| {

@@ -185,16 +185,17 @@ pub(super) fn import_entry(
         None => is_writer(&command, &entry.args),
     };
     infer_env_grants(&mut inferred, &plain, writer, original);
-    if !plain.is_empty() {
-        let pairs: Vec<String> = plain
-            .iter()
-            .map(|(k, v)| format!("{} = {}", toml_string(k), toml_string(v)))
-            .collect();
-        let _ = writeln!(imported.toml, "env = {{ {} }}", pairs.join(", "));
-    }
+    // Values are carried over; a secret's name only.
+    imported
+        .toml
+        .push_str(&crate::grants::toml::env_lines(&crate::grants::EnvGrant {
+            values: plain
+                .iter()
+                .map(|(k, v)| ((*k).clone(), (*v).clone()))
+                .collect(),
+            passthrough: secret.iter().map(|(k, _)| (*k).clone()).collect(),
+        }));
     if !secret.is_empty() {
-        let names: Vec<String> = secret.iter().map(|(k, _)| toml_string(k)).collect();
-        let _ = writeln!(imported.toml, "env_passthrough = [{}]", names.join(", "));
         for (name, _) in &secret {
             imported.skipped.push(format!(
                 "`{original}`: env {name} looks like a secret: its value was not copied; it is passed through from Moat's environment, so set it there"

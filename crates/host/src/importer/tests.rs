@@ -118,8 +118,11 @@ fn grants_are_inferred_and_secrets_pass_through() {
         "{:?}",
         imported.skipped
     );
-    assert_eq!(x.env_passthrough, ["API_KEY", "GITHUB_TOKEN"]);
-    assert_eq!(x.env.get("LOG_LEVEL").map(String::as_str), Some("debug"));
+    assert_eq!(x.env.passthrough, ["API_KEY", "GITHUB_TOKEN"]);
+    assert_eq!(
+        x.env.values.get("LOG_LEVEL").map(String::as_str),
+        Some("debug")
+    );
     let notes = imported.skipped.join("\n");
     assert!(
         notes.contains("`x`: env GITHUB_TOKEN looks like a secret: its value was not copied"),

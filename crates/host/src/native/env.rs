@@ -1,9 +1,10 @@
-//! The environment a native server starts with: a small base that ordinary
-//! runtimes need (a system `PATH` with the executable's and interpreter's
-//! directories in front, a private writable `HOME`, `TMPDIR`, a UTF-8
-//! locale), then the config's `env` and `env_passthrough` over it, then
-//! Moat's own variables (the egress proxy's) over everything. Nothing else
-//! of Moat's environment reaches a server.
+//! The base environment a native server starts with: a small base that
+//! ordinary runtimes need (a system `PATH` with the executable's and
+//! interpreter's directories in front, a private writable `HOME`, `TMPDIR`,
+//! a UTF-8 locale). The config's `env` grant goes over it and Moat's own
+//! variables (the egress proxy's) over everything, as
+//! [`crate::grants::env`] says. Nothing else of Moat's environment reaches
+//! a server.
 //!
 //! The base holds no secret and no path of the user's: `PATH` names only
 //! system directories and the directories of what the server runs (which
@@ -84,41 +85,6 @@ pub fn base(
     vars
 }
 
-/// The whole environment, each name once: `base`, then `configured` (the
-/// config's `env` and set `env_passthrough` names) over it, then `moat`
-/// (Moat's own, which nothing overrides) over both.
-pub fn merge(
-    base: Vec<(String, String)>,
-    configured: &[(String, String)],
-    moat: &[(String, String)],
-) -> Vec<(String, String)> {
-    let mut vars: std::collections::BTreeMap<String, String> = base.into_iter().collect();
-    for (name, value) in configured.iter().chain(moat) {
-        vars.insert(name.clone(), value.clone());
-    }
-    vars.into_iter().collect()
-}
-
-/// One line for the sandbox report (`moat inspect`, the evidence): the
-/// base environment and what the config adds, by name only.
-pub fn describe(base: &[(String, String)], configured: &[(String, String)]) -> String {
-    let base: Vec<String> = base
-        .iter()
-        .filter(|(name, _)| !configured.iter().any(|(c, _)| c == name))
-        .map(|(name, value)| format!("{name}={value}"))
-        .collect();
-    let configured: Vec<&str> = configured.iter().map(|(name, _)| name.as_str()).collect();
-    format!(
-        "environment: {}{}; nothing else of Moat's environment",
-        base.join(" "),
-        if configured.is_empty() {
-            String::new()
-        } else {
-            format!(", and the config's {}", configured.join(", "))
-        }
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -150,27 +116,5 @@ mod tests {
                 .iter()
                 .any(|(name, _)| name == "HOME" || name == "TMPDIR")
         );
-    }
-
-    #[test]
-    fn the_config_overrides_the_base_and_moat_overrides_both() {
-        let merged = merge(
-            base(Path::new("/usr/bin/x"), None, Scratch::PrivateTmp),
-            &[
-                ("LANG".to_owned(), "de_DE.UTF-8".to_owned()),
-                ("HTTP_PROXY".to_owned(), "http://evil".to_owned()),
-            ],
-            &[("HTTP_PROXY".to_owned(), "http://127.0.0.1:1".to_owned())],
-        );
-        let get = |name: &str| {
-            merged
-                .iter()
-                .find(|(n, _)| n == name)
-                .map(|(_, v)| v.as_str())
-        };
-        assert_eq!(get("LANG"), Some("de_DE.UTF-8"));
-        assert_eq!(get("HTTP_PROXY"), Some("http://127.0.0.1:1"));
-        assert_eq!(get("HOME"), Some("/tmp"));
-        assert_eq!(merged.iter().filter(|(n, _)| n == "HTTP_PROXY").count(), 1);
     }
 }

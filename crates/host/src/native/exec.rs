@@ -135,8 +135,8 @@ pub(super) fn env(
             _ => env::Scratch::None,
         },
     );
-    report.enforced(env::describe(&base, &launch.env));
-    let env = env::merge(base, &launch.env, &moat_env)
+    report.enforced(crate::grants::env::describe(&base, &launch.env));
+    let env = crate::grants::env::merge(base, &launch.env, &moat_env)
         .iter()
         .map(|(k, v)| cstring("an environment variable", &format!("{k}={v}")))
         .collect::<Result<Vec<_>, _>>()?;

@@ -105,7 +105,7 @@ pub struct NativeLaunch {
     spec: Arc<ServerSpec>,
     /// The command, resolved.
     pub resolved: Resolved,
-    /// The exact environment ([`ServerSpec::environment`], read when the
+    /// The exact environment (the `env` grant resolved, read when the
     /// launch was planned).
     pub env: Vec<(String, String)>,
     /// What the executable's bytes must hash to.
@@ -147,7 +147,7 @@ impl NativeLaunch {
             spec.name
         );
         Self {
-            env: spec.environment(),
+            env: spec.env.resolve(),
             spec,
             resolved,
             expected,

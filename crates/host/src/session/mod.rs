@@ -82,8 +82,7 @@ pub(crate) fn identity_parts<'a>(
     };
     let mut argv = vec![argv0];
     argv.extend(spec.args.iter().cloned());
-    let mut env_names: Vec<String> = spec.env.keys().cloned().collect();
-    env_names.extend(spec.env_passthrough.iter().cloned());
+    let mut env_names: Vec<String> = spec.env.names().map(str::to_owned).collect();
     if let ServerKind::Remote {
         bearer_token_env: Some(var),
         ..

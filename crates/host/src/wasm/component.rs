@@ -41,7 +41,8 @@ pub(super) fn exports_cli_run(component: &Component, engine: &Engine) -> bool {
 pub struct WasmLaunch {
     /// The server as configured, shared with every instance's setup.
     pub spec: Arc<crate::config::ServerSpec>,
-    /// The exact environment ([`crate::config::ServerSpec::environment`]).
+    /// The exact environment: the `env` grant resolved
+    /// ([`crate::grants::EnvGrant::resolve`]).
     pub env: Vec<(String, String)>,
 }
 
@@ -49,7 +50,7 @@ impl WasmLaunch {
     /// What `spec` grants one instance.
     pub fn from_spec(spec: &crate::config::ServerSpec) -> Self {
         Self {
-            env: spec.environment(),
+            env: spec.env.resolve(),
             spec: Arc::new(spec.clone()),
         }
     }
@@ -297,6 +298,7 @@ impl PreparedComponent {
                 crate::grants::net_line(&spec.net)
             )
         });
+        sandbox.enforced(crate::grants::env::describe(&[], &launch.env));
         sandbox.enforced(if spec.http().is_empty() {
             "HTTP (wasi:http): every request refused".to_owned()
         } else {

@@ -44,7 +44,7 @@ async fn egress_connections_are_bounded_per_server_session_and_gateway() {
         let mut spec = spec(Launcher::Native, guests::PROBE);
         spec.name = name.into();
         // Three processes: the gateway runs identical servers as one.
-        spec.env.insert("PROBE".into(), name.into());
+        spec.env.values.insert("PROBE".into(), name.into());
         spec.net = vec![NetGrant {
             host: "127.0.0.1".into(),
             port,
@@ -275,6 +275,7 @@ async fn native_egress_is_transparent_to_every_client() {
         },
     ];
     spec.env
+        .values
         .insert("PYTHONPATH".into(), py_egress.display().to_string());
     let launched = Arc::new(AtomicBool::new(false));
     let flag = launched.clone();

@@ -115,7 +115,7 @@ fn rounds_servers() -> Vec<moat_host::ServerSpec> {
         .map(|(name, launcher)| {
             let mut server = spec(launcher, guests::ROUNDS);
             server.name = name.into();
-            server.env.insert("ROUNDS_NAME".into(), name.into());
+            server.env.values.insert("ROUNDS_NAME".into(), name.into());
             server
         })
         .collect()
@@ -283,9 +283,12 @@ fn rounds_of_every_revision() -> Vec<moat_host::ServerSpec> {
     .map(|(name, launcher, revision)| {
         let mut server = spec(launcher, guests::ROUNDS);
         server.name = name.into();
-        server.env.insert("ROUNDS_NAME".into(), name.into());
+        server.env.values.insert("ROUNDS_NAME".into(), name.into());
         if let Some(revision) = revision {
-            server.env.insert("ROUNDS_REVISION".into(), revision.into());
+            server
+                .env
+                .values
+                .insert("ROUNDS_REVISION".into(), revision.into());
         }
         server
     })

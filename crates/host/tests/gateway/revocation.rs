@@ -188,7 +188,10 @@ async fn a_digest_revoked_under_load_drains_or_cancels_its_calls_and_stops_its_c
     let marker = format!("revoked-under-load-{launcher:?}-{}", std::process::id());
     let mut doomed = spec(launcher, guests::EVERYTHING);
     doomed.name = "doomed".into();
-    doomed.env.insert("MOAT_TEST_MARKER".into(), marker.clone());
+    doomed
+        .env
+        .values
+        .insert("MOAT_TEST_MARKER".into(), marker.clone());
     let other = other_than(launcher);
     let mut kept = spec(other, guests::EVERYTHING);
     kept.name = "kept".into();

@@ -21,7 +21,7 @@ async fn one_child_serves_names_of_the_same_execution_identity_within_a_session(
         spec
     };
     let mut other_env = named("c");
-    other_env.env.insert("EXTRA".into(), "1".into());
+    other_env.env.values.insert("EXTRA".into(), "1".into());
     let gateway = gateway(&[named("a"), named("b"), other_env]);
     let calls = |session: moat_host::gateway::AgentSession, server: &'static str| async move {
         let result = session
@@ -187,7 +187,9 @@ async fn servers_on_one_binary_with_other_tokens_and_grants_never_share_a_child(
         std::fs::write(data.join("secret"), format!("{name}'s file")).unwrap();
         let mut spec = spec(launcher, guests::PROBE);
         spec.name = name.into();
-        spec.env.insert("TOKEN".into(), format!("{name}-token"));
+        spec.env
+            .values
+            .insert("TOKEN".into(), format!("{name}-token"));
         spec.dirs = vec![DirGrant {
             host: data.clone(),
             guest: data.display().to_string(),

@@ -87,7 +87,7 @@ for line in sys.stdin:
     .unwrap();
     std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let mut spec = pinned("env", &path, digest_of(&path));
-    spec.env.insert("MOAT_GIVEN".into(), "1".into());
+    spec.env.values.insert("MOAT_GIVEN".into(), "1".into());
     let session = host().connect(&spec).await.unwrap();
     let tools = session.list_tools().await.unwrap();
     let report: serde_json::Value =
