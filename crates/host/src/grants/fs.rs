@@ -62,6 +62,17 @@ impl std::fmt::Display for DirMode {
 }
 
 impl DirGrant {
+    /// A native server's read-write grant of `host`, seen where it is (a
+    /// `moat learn` run's writable directories).
+    pub fn native_rw(host: &Path) -> Self {
+        Self {
+            host: host.to_owned(),
+            guest: host.display().to_string(),
+            mode: DirMode::Rw,
+            inode: None,
+        }
+    }
+
     /// One `[[servers.NAME.dirs]]` entry of `server` as written, its
     /// `host` resolved against `base`: a wasm server must say where it
     /// sees the directory (`guest`); a native one sees it where it is.

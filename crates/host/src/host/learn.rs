@@ -67,12 +67,7 @@ impl Host {
         let as_grants: Vec<crate::grants::DirGrant> = run
             .writable
             .iter()
-            .map(|host| crate::grants::DirGrant {
-                host: host.clone(),
-                guest: host.display().to_string(),
-                mode: crate::grants::DirMode::Rw,
-                inode: None,
-            })
+            .map(|host| crate::grants::DirGrant::native_rw(host))
             .collect();
         crate::grants::check_protected(&spec.name, &as_grants, &[], &self.protected)
             .map_err(LaunchError::from)?;

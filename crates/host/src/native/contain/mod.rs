@@ -106,12 +106,7 @@ pub(super) fn plan(
             let writable: Vec<crate::grants::DirGrant> = run
                 .writable
                 .iter()
-                .map(|host| crate::grants::DirGrant {
-                    host: host.clone(),
-                    guest: host.display().to_string(),
-                    mode: crate::grants::DirMode::Rw,
-                    inode: None,
-                })
+                .map(|host| crate::grants::DirGrant::native_rw(host))
                 .collect();
             let writable = crate::grants::open_all(&launch.spec.name, &writable)?;
             crate::sandbox::learn_plan(&crate::sandbox::LearnGrants {
