@@ -68,6 +68,10 @@ enum Command {
     Learn(commands::learn::Args),
     /// Work with audit logs.
     Audit(commands::audit::Args),
+    /// Work with session claims (`moat serve --claims`): verify one.
+    Claim(commands::claim::Args),
+    /// Moat's claim signing key: show its public half, or rotate it.
+    Key(commands::key::Args),
     /// Fuzz one server through its tools' input schemas and the protocol:
     /// every crash, hang, limit hit, panic, protocol error or result outside
     /// its own outputSchema is a finding, shrunk, saved in the corpus and
@@ -252,6 +256,8 @@ async fn run(command: Command) -> Result<ExitCode> {
         Command::Inspect(args) => commands::inspect::run(args).await,
         Command::Learn(args) => commands::learn::run(args).await,
         Command::Audit(args) => commands::audit::run(args),
+        Command::Claim(args) => commands::claim::run(args),
+        Command::Key(args) => commands::key::run(args),
         Command::Fuzz(args) => commands::fuzz::run(args).await,
         Command::Pull(args) => commands::pull::run(args).await,
         Command::Digest(args) => commands::digest::run(args),

@@ -4,10 +4,12 @@
 pub mod add;
 pub mod audit;
 pub mod call;
+pub mod claim;
 pub mod digest;
 pub mod fuzz;
 pub mod import;
 pub mod inspect;
+pub mod key;
 pub mod learn;
 pub mod lock;
 pub mod pull;

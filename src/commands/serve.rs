@@ -26,6 +26,11 @@ pub struct Args {
     /// Append a hash-chained audit record of every event to FILE.
     #[arg(long, value_name = "FILE")]
     audit: Option<PathBuf>,
+    /// Sign a claim of what ran in each agent session when it ends, with
+    /// Moat's claim key (`moat key show`), and write it into DIR (a file
+    /// per session), or `audit` to record it in the --audit log.
+    #[arg(long, value_name = "DIR|audit")]
+    claims: Option<moat_host::claim::Place>,
     /// Serve streamable HTTP at ADDR (path /mcp) instead of stdio.
     #[arg(long, value_name = "ADDR")]
     pub http: Option<SocketAddr>,
@@ -148,6 +153,7 @@ async fn gateway(args: &Args) -> Result<Gateway> {
         &args.config,
         args.locked,
         args.audit.as_deref(),
+        args.claims.clone(),
         super::warn,
     )
     .await?;

@@ -24,6 +24,11 @@ impl std::fmt::Debug for Key {
 }
 
 impl Key {
+    /// The key's bytes (the claim signing key's Ed25519 seed).
+    pub fn secret_bytes(&self) -> &[u8; KEY_BYTES] {
+        &self.0
+    }
+
     /// A fresh HMAC-SHA256 under this key.
     pub fn mac(&self) -> hmac::Hmac<Sha256> {
         <hmac::Hmac<Sha256> as Mac>::new_from_slice(&self.0)

@@ -21,13 +21,14 @@
 //! | 6 | `launch` | which launcher runs a server; planned once, started per instance |
 //! | 7 | `session` | one connected server: calls, tasks, listings, pins, subscriptions |
 //! | 8 | `host` | what may be launched under the lock; measure and learn |
-//! | 9 | `audit`, `metrics`, `trace` | what is recorded of a run |
+//! | 9 | `audit`, `claim`, `metrics`, `trace` | what is recorded of a run, and the signed claim of each session |
 //! | 10 | `gateway` | `moat serve`'s agent sessions |
 //! | 11 | `front`, `fuzz` | the agent-facing fronts (streamable HTTP, stdio); `moat fuzz` |
 //! | 12 | `importer`, `wassette` | bringing configs in: client configs, Wassette policies, `moat add` |
 //! | 13 | `setup`, `report`, `relock`, `update` | what the CLI's commands call, each the procedure of one command: a host and a gateway from a config path, what `moat tools` and `moat inspect` show, `moat lock` and `moat revoke`, `moat update` |
 
 pub mod audit;
+pub mod claim;
 pub(crate) mod command;
 pub mod config;
 pub(crate) mod dirs;

@@ -253,6 +253,7 @@ impl Metrics {
             } => self.exited(server, &outcome.outcome),
             Event::HttpRefused { reason, .. } => self.refused(reason),
             Event::ToolCall { .. }
+            | Event::Claim { .. }
             | Event::ServerStartFailed { .. }
             | Event::EgressRefused { .. }
             | Event::SandboxRefused { .. }

@@ -38,6 +38,14 @@ pub enum SetupError {
     /// Connecting to a server.
     #[error(transparent)]
     Connect(Box<ConnectError>),
+    /// Reading the claim signing key.
+    #[error(transparent)]
+    Claim(#[from] crate::claim::ClaimError),
+    /// `--claims audit` without an audit log.
+    #[error(
+        "--claims audit: claims go into the audit log, and there is none: give --audit FILE, or --claims DIR"
+    )]
+    ClaimsWithoutAudit,
 }
 
 impl From<ConnectError> for SetupError {
@@ -102,8 +110,9 @@ pub async fn connect(
 }
 
 /// The gateway `moat serve` runs, on a host from [`host_for`] that also
-/// refuses grants overlapping the audit log, its anchor and the audit key,
-/// with exposed names checked before serving: from the lock when there is
+/// refuses grants overlapping the audit log, its anchor, the audit and
+/// claim keys and the claims directory, signing a claim of each session
+/// when `claims` says where (see [`claims`]), with exposed names checked before serving: from the lock when there is
 /// one, otherwise by starting each server once. A pass-through variable
 /// that is unset here is not set for the server either: that is logged
 /// once, before a server fails for want of it.
@@ -111,9 +120,13 @@ pub async fn gateway_for(
     config_path: &Path,
     locked: bool,
     audit: Option<&Path>,
+    claims: Option<crate::claim::Place>,
     warn: impl FnMut(&dyn std::error::Error),
 ) -> Result<Gateway, SetupError> {
     let config = Config::load(config_path)?;
+    let claims = claims
+        .map(|place| self::claims(place, audit.is_some()))
+        .transpose()?;
     for (name, spec) in &config.servers {
         for var in spec.env.unset() {
             tracing::warn!(
@@ -127,12 +140,49 @@ pub async fn gateway_for(
             host = host.protect(what, path);
         }
     }
+    if let Some(crate::claim::Claims {
+        place: crate::claim::Place::Dir(dir),
+        ..
+    }) = &claims
+    {
+        host = host.protect(
+            "claims directory",
+            std::path::absolute(dir).unwrap_or(dir.clone()),
+        );
+    }
     let pinned = host.is_locked();
     let gateway = Gateway::new(host, config, open_audit(audit)?);
+    if let Some(claims) = claims {
+        gateway.sign_claims(claims);
+    }
     if !pinned {
         gateway.check_names().await;
     }
     Ok(gateway)
+}
+
+/// What `moat serve --claims PLACE` signs with: the claim signing key
+/// beside the audit key (made when missing), and where claims go (into the
+/// audit log only when there is one, `audited`).
+pub fn claims(
+    place: crate::claim::Place,
+    audited: bool,
+) -> Result<crate::claim::Claims, SetupError> {
+    if matches!(place, crate::claim::Place::AuditLog) && !audited {
+        return Err(SetupError::ClaimsWithoutAudit);
+    }
+    if let crate::claim::Place::Dir(dir) = &place {
+        std::fs::create_dir_all(dir).map_err(|source| crate::claim::ClaimError::Io {
+            path: dir.clone(),
+            operation: "making the claims directory",
+            source,
+        })?;
+    }
+    let key = crate::claim::SigningKey::in_dir(&audit_key_dir()?, true)?;
+    Ok(crate::claim::Claims {
+        key: Arc::new(key),
+        place,
+    })
 }
 
 /// Where the audit key lives (see [`crate::audit::default_key_dir`]).

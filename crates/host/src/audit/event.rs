@@ -93,6 +93,12 @@ pub enum Event {
         #[serde(skip_serializing_if = "Option::is_none")]
         error: Option<String>,
     },
+    /// A session's claim, when claims go into the audit log (see
+    /// [`crate::claim`]): the signed document, after the session's close.
+    Claim {
+        session: String,
+        claim: serde_json::Value,
+    },
     ToolCall {
         session: String,
         server: String,

@@ -48,7 +48,7 @@ use crate::keys::Key;
 
 pub use event::{Event, Outcome};
 pub use verify::verify;
-pub use writer::AuditLog;
+pub use writer::{AuditLog, Head};
 
 /// The `prev` of the first line.
 pub const GENESIS: &str = "0000000000000000000000000000000000000000000000000000000000000000";
@@ -141,6 +141,14 @@ pub fn anchor_path(path: &Path) -> PathBuf {
 /// The default directory of the audit key (see [`crate::dirs::state`]).
 pub fn default_key_dir() -> Option<PathBuf> {
     crate::dirs::state()
+}
+
+/// Milliseconds since the Unix epoch now (0 on a clock before it): the
+/// time every audit line and claim carries.
+pub fn now_unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// The audit key in `dir`, made there when `create` and there is none.

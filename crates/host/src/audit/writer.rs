@@ -23,6 +23,15 @@ pub struct AuditLog {
     failed: OnceLock<Failure>,
 }
 
+/// Where a log stands after a line: how many lines it holds, and the
+/// digest (sha256 of the line without its newline) of the last.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Head {
+    pub lines: usize,
+    pub head: String,
+}
+
 /// Where the log stands: its locked file, the last line's digest, the
 /// number of lines and the bytes of the whole lines.
 struct Writer {
@@ -140,17 +149,25 @@ impl AuditLog {
     /// line is cut back off, the log is poisoned (nothing more is written)
     /// and this and every later record fail with [`AuditError::Unwritable`].
     pub fn record(&self, event: &Event) -> Result<(), AuditError> {
+        self.record_line(event).map(drop)
+    }
+
+    /// [`Self::record`], returning where the log stands after the line:
+    /// its count and the digest of the line just written (the chain head a
+    /// claim names).
+    pub fn record_line(&self, event: &Event) -> Result<Head, AuditError> {
         let mut value = serde_json::to_value(event).unwrap_or_default();
-        let unix_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
+        let unix_ms = super::now_unix_ms();
         let mut guard = self.state.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(failure) = self.failed.get() {
             return Err(self.unwritable(failure));
         }
         let writer = &mut *guard;
         let Some(object) = value.as_object_mut() else {
-            return Ok(());
+            return Ok(Head {
+                lines: writer.lines,
+                head: writer.head.clone(),
+            });
         };
         object.insert("prev".into(), writer.head.clone().into());
         object.insert("unix_ms".into(), unix_ms.into());
@@ -176,7 +193,11 @@ impl AuditLog {
         writer.lines += 1;
         writer.len += line.len() as u64;
         self.write_anchor(writer.lines, &writer.head)
-            .map_err(|source| self.fail(Some(self.anchor.clone()), source))
+            .map_err(|source| self.fail(Some(self.anchor.clone()), source))?;
+        Ok(Head {
+            lines: writer.lines,
+            head: writer.head.clone(),
+        })
     }
 
     fn write_anchor(&self, lines: usize, head: &str) -> std::io::Result<()> {

@@ -61,6 +61,8 @@ pub struct Gateway {
     /// Sessions kept past the stateless request that began them, by the id
     /// of the task they run (see [`Gateway::hold`]).
     held: Arc<std::sync::Mutex<BTreeMap<String, AgentSession>>>,
+    /// When set, each session's claim is signed and placed at its end.
+    claims: Arc<std::sync::OnceLock<crate::claim::Claims>>,
 }
 
 /// Why a reload (SIGHUP, `--watch`) was refused. Nothing changed.
@@ -170,7 +172,20 @@ impl Gateway {
             sessions: Arc::default(),
             live: Arc::default(),
             held: Arc::default(),
+            claims: Arc::default(),
         }
+    }
+
+    /// Signs a claim of every session that opens from now on when it ends,
+    /// with `claims.key`, placed where `claims.place` says (see
+    /// [`crate::claim`]). Set once; a second call changes nothing.
+    pub fn sign_claims(&self, claims: crate::claim::Claims) {
+        let _ = self.claims.set(claims);
+    }
+
+    /// What claims are signed with and where they go, when they are.
+    pub(crate) fn claims(&self) -> Option<&crate::claim::Claims> {
+        self.claims.get()
     }
 
     /// Keeps `session` (and the children it started) alive under `key`, a
@@ -264,10 +279,19 @@ impl Gateway {
     /// (a tool call's answer) checks the result; the others' events are
     /// lost with the log, which stops everything after them.
     pub fn record(&self, event: &Event) -> Result<(), AuditError> {
+        self.record_line(event).map(drop)
+    }
+
+    /// [`Self::record`], returning where the log stands after the event's
+    /// line (`None` without a log).
+    pub(crate) fn record_line(
+        &self,
+        event: &Event,
+    ) -> Result<Option<crate::audit::Head>, AuditError> {
         self.metrics.observe(event);
         match &self.audit {
-            Some(log) => log.record(event),
-            None => Ok(()),
+            Some(log) => log.record_line(event).map(Some),
+            None => Ok(None),
         }
     }
 

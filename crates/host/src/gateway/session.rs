@@ -77,6 +77,8 @@ pub struct SessionState {
     pub(super) agent: AgentLink,
     /// Set by the first close; later ones return at once.
     pub(super) closed: Arc<std::sync::atomic::AtomicBool>,
+    /// What the session's claim will say, when the gateway signs claims.
+    pub(super) ledger: std::sync::Mutex<Option<crate::claim::Ledger>>,
 }
 
 /// Hands memory freed by closed sessions back to the system. glibc's
@@ -113,6 +115,7 @@ impl Gateway {
     /// generation.
     pub fn session(&self) -> AgentSession {
         let id = format!("s{}", self.sessions.fetch_add(1, Ordering::SeqCst) + 1);
+        let ledger = self.claims().map(|_| crate::claim::Ledger::new(&id));
         let generation = self.current();
         #[cfg(unix)]
         let egress = crate::egress::Pool::new(
@@ -133,6 +136,7 @@ impl Gateway {
             admission: Admission::new(),
             agent: AgentLink::default(),
             closed: Arc::default(),
+            ledger: std::sync::Mutex::new(ledger),
         });
         {
             let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
@@ -160,7 +164,55 @@ impl SessionState {
     /// next admission (see [`AgentSession::admit`]) and for the tool call
     /// being recorded (see [`AgentSession::call_rounds`]).
     pub(super) fn audit(&self, event: Event) -> Result<(), AuditError> {
-        self.gateway.record(&event)
+        let written = self.gateway.record_line(&event);
+        if let Some(ledger) = self.ledger().as_mut() {
+            ledger.observe(&event, &written);
+        }
+        written.map(drop)
+    }
+
+    /// The session's ledger (see [`crate::claim::Ledger`]), when claims
+    /// are signed.
+    pub(super) fn ledger(&self) -> std::sync::MutexGuard<'_, Option<crate::claim::Ledger>> {
+        self.ledger.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Signs the session's claim and puts it where the gateway's claims go.
+    /// An incomplete record (`failures`: children that could not be closed;
+    /// an audit write that failed) is written unsigned, with its reasons.
+    fn place_claim(&self, failures: &[(String, SessionError)]) {
+        let (Some(claims), Some(mut ledger)) = (self.gateway.claims(), self.ledger().take()) else {
+            return;
+        };
+        for (server, error) in failures {
+            ledger.incomplete(format!("server `{server}` could not be closed: {error}"));
+        }
+        let signed = ledger.finish().sign(&claims.key);
+        let placed = match &claims.place {
+            crate::claim::Place::Dir(dir) => {
+                signed.write_to(dir).map(|path| path.display().to_string())
+            }
+            crate::claim::Place::AuditLog => self
+                .gateway
+                .record(&Event::Claim {
+                    session: self.id.clone(),
+                    claim: serde_json::to_value(&signed).unwrap_or_default(),
+                })
+                .map(|()| "the audit log".to_owned())
+                .map_err(|error| crate::claim::ClaimError::Io {
+                    path: Default::default(),
+                    operation: "recording the claim in the audit log",
+                    source: std::io::Error::other(error.to_string()),
+                }),
+        };
+        match placed {
+            Ok(place) => {
+                tracing::debug!(session = %self.id, signed = signed.signature.is_some(), %place, "claim written")
+            }
+            Err(error) => {
+                tracing::error!(session = %self.id, %error, "the session's claim could not be written")
+            }
+        }
     }
 
     /// Closes the session: refuses new calls, lets in-flight calls finish
@@ -229,6 +281,7 @@ impl SessionState {
                 format!("{} servers failed to close", failures.len())
             },
         });
+        self.place_claim(&failures);
         return_freed_memory();
         failures
     }

@@ -162,6 +162,13 @@ impl AgentSession {
         let key = process_key(&identity, spec, locked);
         let on_new = || {
             if let Some(measured) = session.identity() {
+                if let Some(ledger) = self.ledger().as_mut() {
+                    let endpoint = match &spec.kind {
+                        crate::config::ServerKind::Remote { url, .. } => Some(url.as_str()),
+                        _ => None,
+                    };
+                    ledger.launched(server, &identity.to_string(), &measured, endpoint);
+                }
                 let _ = self.audit(Event::ServerLaunch {
                     session: self.id.clone(),
                     server: server.to_owned(),

@@ -1,0 +1,196 @@
+//! The claim signing key: an Ed25519 key whose 32-byte seed is a private
+//! key file of its own (`claim.key`, made and read as the audit key is, in
+//! the same directory, which no grant may reach), its public half printed by
+//! `moat key show` and pinned by whoever verifies. Rotating retires the
+//! key: its public half is kept in `claim.retired` (claims signed with it
+//! still verify with it), its seed is removed.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use ring::signature::{ED25519, Ed25519KeyPair, KeyPair, UnparsedPublicKey};
+
+use super::ClaimError;
+
+/// The signing key's file name, beside the audit key.
+pub const KEY_FILE: &str = "claim.key";
+/// The retired public keys' file name: one `HEX unix_ms` line each.
+pub const RETIRED_FILE: &str = "claim.retired";
+/// The algorithm, as a signature names it.
+pub const ALGORITHM: &str = "ed25519";
+
+/// Moat's claim signing key.
+pub struct SigningKey {
+    pair: Ed25519KeyPair,
+    path: PathBuf,
+}
+
+impl std::fmt::Debug for SigningKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SigningKey({}, {})", self.path.display(), self.public())
+    }
+}
+
+/// An Ed25519 public key: 64 hex digits, optionally after `ed25519:`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PublicKey([u8; 32]);
+
+impl std::fmt::Display for PublicKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&hex::encode(self.0))
+    }
+}
+
+impl std::str::FromStr for PublicKey {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        let text = text.trim();
+        let hex_part = text.strip_prefix("ed25519:").unwrap_or(text);
+        let bytes = hex::decode(hex_part)
+            .ok()
+            .and_then(|b| <[u8; 32]>::try_from(b).ok())
+            .ok_or_else(|| {
+                format!("{text:?} is not an Ed25519 public key (64 hex digits, as `moat key show` prints)")
+            })?;
+        Ok(Self(bytes))
+    }
+}
+
+impl PublicKey {
+    /// Whether `signature` is this key's Ed25519 signature of `message`.
+    pub fn verifies(&self, message: &[u8], signature: &[u8]) -> bool {
+        UnparsedPublicKey::new(&ED25519, self.0)
+            .verify(message, signature)
+            .is_ok()
+    }
+}
+
+impl SigningKey {
+    /// The signing key in `dir`, made there when `create` and there is
+    /// none (see [`crate::keys::user_key`]).
+    pub fn in_dir(dir: &Path, create: bool) -> Result<Self, ClaimError> {
+        let path = dir.join(KEY_FILE);
+        let seed = if create {
+            crate::keys::user_key(dir, KEY_FILE)
+        } else {
+            crate::keys::existing_key(dir, KEY_FILE)
+        }
+        .map_err(|source| ClaimError::Key {
+            path: path.clone(),
+            operation: "reading the claim signing key",
+            source,
+        })?;
+        let pair = Ed25519KeyPair::from_seed_unchecked(seed.secret_bytes()).map_err(|e| {
+            ClaimError::Key {
+                path: path.clone(),
+                operation: "making the Ed25519 key from its seed",
+                source: std::io::Error::other(e.to_string()),
+            }
+        })?;
+        Ok(Self { pair, path })
+    }
+
+    /// Its public half.
+    pub fn public(&self) -> PublicKey {
+        let mut bytes = [0u8; 32];
+        bytes.copy_from_slice(self.pair.public_key().as_ref());
+        PublicKey(bytes)
+    }
+
+    /// Its file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The Ed25519 signature of `message`.
+    pub fn sign(&self, message: &[u8]) -> Vec<u8> {
+        self.pair.sign(message).as_ref().to_vec()
+    }
+}
+
+/// A retired public key and when it was retired.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Retired {
+    pub key: PublicKey,
+    pub unix_ms: u64,
+}
+
+/// Retires the signing key in `dir` (its public half kept in
+/// [`RETIRED_FILE`], its seed removed) and makes a new one. A running
+/// `moat serve` keeps signing with the key it read until it restarts.
+pub fn rotate(dir: &Path) -> Result<(Option<PublicKey>, SigningKey), ClaimError> {
+    let old = match SigningKey::in_dir(dir, false) {
+        Ok(old) => Some(old),
+        Err(ClaimError::Key { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+            None
+        }
+        Err(error) => return Err(error),
+    };
+    if let Some(old) = &old {
+        let retired = dir.join(RETIRED_FILE);
+        let io = |operation| {
+            let path = retired.clone();
+            move |source| ClaimError::Key {
+                path,
+                operation,
+                source,
+            }
+        };
+        let mut options = std::fs::OpenOptions::new();
+        options.append(true).create(true);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::OpenOptionsExt;
+            options
+                .mode(0o600)
+                .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32);
+        }
+        let mut file = options.open(&retired).map_err(io("opening"))?;
+        writeln!(file, "{} {}", old.public(), crate::audit::now_unix_ms())
+            .and_then(|()| file.sync_all())
+            .map_err(io("recording the retired key in"))?;
+        std::fs::remove_file(old.path()).map_err(|source| ClaimError::Key {
+            path: old.path().to_owned(),
+            operation: "removing the retired key",
+            source,
+        })?;
+    }
+    let new = SigningKey::in_dir(dir, true)?;
+    Ok((old.map(|k| k.public()), new))
+}
+
+/// The retired public keys in `dir`, oldest first (none when nothing was
+/// ever retired).
+pub fn retired(dir: &Path) -> Result<Vec<Retired>, ClaimError> {
+    let path = dir.join(RETIRED_FILE);
+    let bytes = match crate::keys::read_private(&path) {
+        Ok(bytes) => bytes,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(source) => {
+            return Err(ClaimError::Key {
+                path,
+                operation: "reading the retired keys",
+                source,
+            });
+        }
+    };
+    String::from_utf8_lossy(&bytes)
+        .lines()
+        .enumerate()
+        .filter(|(_, line)| !line.trim().is_empty())
+        .map(|(n, line)| {
+            let mut parts = line.split_whitespace();
+            let key = parts.next().and_then(|k| k.parse().ok());
+            let unix_ms = parts.next().and_then(|t| t.parse().ok());
+            match (key, unix_ms) {
+                (Some(key), Some(unix_ms)) => Ok(Retired { key, unix_ms }),
+                _ => Err(ClaimError::Key {
+                    path: path.clone(),
+                    operation: "reading the retired keys",
+                    source: std::io::Error::other(format!("line {} is not `HEX unix_ms`", n + 1)),
+                }),
+            }
+        })
+        .collect()
+}

@@ -1,0 +1,155 @@
+//! What one session's audited events add up to, kept as they are recorded
+//! and turned into its [`Claim`] when it ends. The ledger sees exactly the
+//! events the session writes to the audit log (and learns of a write that
+//! failed), so a claim can be checked against the log line by line.
+
+use std::collections::BTreeMap;
+
+use super::{AuditPoint, Claim, FORMAT, MAX_REFUSALS, Refusal, ServerRan};
+use crate::audit::{AuditError, Event, Head};
+
+/// One session's record, as its events come.
+#[derive(Debug)]
+pub struct Ledger {
+    session: String,
+    started_unix_ms: u64,
+    servers: Vec<ServerRan>,
+    calls: BTreeMap<String, u64>,
+    refusals: Vec<Refusal>,
+    refusals_omitted: u64,
+    opened: Option<String>,
+    last: Option<Head>,
+    incomplete: Vec<String>,
+}
+
+impl Ledger {
+    /// The ledger of session `session`, begun now.
+    pub fn new(session: &str) -> Self {
+        Self {
+            session: session.to_owned(),
+            started_unix_ms: crate::audit::now_unix_ms(),
+            servers: Vec::new(),
+            calls: BTreeMap::new(),
+            refusals: Vec::new(),
+            refusals_omitted: 0,
+            opened: None,
+            last: None,
+            incomplete: Vec::new(),
+        }
+    }
+
+    /// Server `server` was launched with execution identity `identity`,
+    /// measured as `measured`, reached at `endpoint` when remote.
+    pub fn launched(
+        &mut self,
+        server: &str,
+        identity: &str,
+        measured: &crate::instance::Identity,
+        endpoint: Option<&str>,
+    ) {
+        if let Some(ran) = self
+            .servers
+            .iter_mut()
+            .find(|s| s.name == server && s.identity == identity)
+        {
+            ran.launches += 1;
+            return;
+        }
+        self.servers.push(ServerRan {
+            name: server.to_owned(),
+            identity: identity.to_owned(),
+            sha256: measured.digest.map(|d| d.to_string()),
+            evidence: measured.evidence.to_string(),
+            endpoint: endpoint.map(str::to_owned),
+            sandbox: measured.sandbox.lines(),
+            launches: 1,
+        });
+    }
+
+    /// The record is incomplete for `reason` (a child that could not be
+    /// closed, say): the claim will say so and not be signed.
+    pub fn incomplete(&mut self, reason: String) {
+        if !self.incomplete.contains(&reason) {
+            self.incomplete.push(reason);
+        }
+    }
+
+    /// `event` was recorded for the session: `written` is where the log
+    /// stood after it (`None` without a log), or why it could not be.
+    pub fn observe(&mut self, event: &Event, written: &Result<Option<Head>, AuditError>) {
+        match written {
+            Ok(Some(head)) => {
+                if matches!(event, Event::SessionOpen { .. }) {
+                    self.opened = Some(head.head.clone());
+                }
+                self.last = Some(head.clone());
+            }
+            Ok(None) => {}
+            Err(error) => self.incomplete(format!("an audit write failed: {error}")),
+        }
+        match event {
+            Event::ToolCall {
+                server,
+                tool,
+                outcome,
+                ..
+            } => {
+                let class = crate::metrics::outcome_class(&outcome.outcome);
+                *self.calls.entry(class.to_owned()).or_default() += 1;
+                if matches!(class, "refused" | "revoked" | "stale") {
+                    self.refused(server, format!("tools/call {tool}"), &outcome.outcome);
+                }
+            }
+            Event::ServerStartFailed {
+                server, outcome, ..
+            } => self.refused(server, "start".to_owned(), &outcome.outcome),
+            Event::SandboxRefused {
+                server,
+                during,
+                kind,
+                subject,
+                ..
+            } => self.refused(
+                server,
+                during.clone(),
+                &format!("the sandbox refused {kind}: {subject}"),
+            ),
+            _ => {}
+        }
+    }
+
+    fn refused(&mut self, server: &str, during: String, reason: &str) {
+        if self.refusals.len() < MAX_REFUSALS {
+            self.refusals.push(Refusal {
+                server: server.to_owned(),
+                during,
+                reason: reason.to_owned(),
+            });
+        } else {
+            self.refusals_omitted += 1;
+        }
+    }
+
+    /// The claim of the session, ended now (after its `session_close` was
+    /// recorded: the log's head is that line).
+    pub fn finish(self) -> Claim {
+        Claim {
+            format: FORMAT.to_owned(),
+            session: self.session,
+            successor: None,
+            started_unix_ms: self.started_unix_ms,
+            ended_unix_ms: crate::audit::now_unix_ms(),
+            moat: env!("CARGO_PKG_VERSION").to_owned(),
+            servers: self.servers,
+            calls: self.calls,
+            refusals: self.refusals,
+            refusals_omitted: self.refusals_omitted,
+            audit: self.last.map(|last| AuditPoint {
+                opened: self.opened,
+                head: last.head,
+                lines: last.lines,
+            }),
+            incomplete: self.incomplete,
+        }
+    }
+}
