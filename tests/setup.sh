@@ -70,10 +70,13 @@ COMPONENTIZE_PY=0.25.1
 # The Prometheus project's Python client: its OpenMetrics parser reads
 # `moat serve`'s /metrics in tests/observability/.
 PROMETHEUS_CLIENT=0.26.0
-if ! PYTHONPATH=target/py python3 -c "import importlib.metadata as m, sys; sys.exit(m.version('mcp') != '$PY_MCP' or m.version('mcp-server-time') != '$PY_TIME' or m.version('componentize-py') != '$COMPONENTIZE_PY' or m.version('prometheus-client') != '$PROMETHEUS_CLIENT')" 2>/dev/null; then
+# The Python Cryptographic Authority's package: its Ed25519 checks a claim in
+# tests/clients/verify_claim.py, the short verifier independent of Moat.
+CRYPTOGRAPHY=50.0.2
+if ! PYTHONPATH=target/py python3 -c "import importlib.metadata as m, sys; sys.exit(m.version('mcp') != '$PY_MCP' or m.version('mcp-server-time') != '$PY_TIME' or m.version('componentize-py') != '$COMPONENTIZE_PY' or m.version('prometheus-client') != '$PROMETHEUS_CLIENT' or m.version('cryptography') != '$CRYPTOGRAPHY')" 2>/dev/null; then
     python3 -m pip install --quiet --disable-pip-version-check --target target/py --upgrade \
         "mcp==$PY_MCP" "mcp-server-time==$PY_TIME" "componentize-py==$COMPONENTIZE_PY" \
-        "prometheus-client==$PROMETHEUS_CLIENT"
+        "prometheus-client==$PROMETHEUS_CLIENT" "cryptography==$CRYPTOGRAPHY"
 fi
 
 # The egress clients of crates/host/tests/capabilities/egress.rs

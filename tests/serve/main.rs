@@ -12,6 +12,7 @@ use moat_test_guests as guests;
 use rmcp::model::CallToolRequestParams;
 use rmcp::{ClientHandler, ServiceExt};
 
+mod claims;
 mod egress;
 mod lifecycle;
 mod routing;

@@ -194,3 +194,58 @@ pub fn retired(dir: &Path) -> Result<Vec<Retired>, ClaimError> {
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::claim::{Ledger, verify};
+
+    /// A rotated key is retired, not lost: claims it signed still verify
+    /// with its public half, and not with the new key's.
+    #[test]
+    fn claims_signed_before_a_rotation_verify_with_the_retired_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let keys = dir.path().join("keys");
+        let old = SigningKey::in_dir(&keys, true).unwrap();
+        let signed = Ledger::new("s1").finish().sign(&old);
+        let path = signed.write_to(&dir.path().join("claims")).unwrap();
+        assert_eq!(verify(&path, &old.public()).unwrap().session, "s1");
+
+        let (retired, new) = rotate(&keys).unwrap();
+        assert_eq!(retired, Some(old.public()));
+        assert_ne!(new.public(), old.public());
+        assert_eq!(
+            super::retired(&keys)
+                .unwrap()
+                .iter()
+                .map(|r| r.key)
+                .collect::<Vec<_>>(),
+            [old.public()]
+        );
+        // The new key is the one read from now on.
+        assert_eq!(
+            SigningKey::in_dir(&keys, false).unwrap().public(),
+            new.public()
+        );
+        assert_eq!(verify(&path, &old.public()).unwrap().session, "s1");
+        assert!(matches!(
+            verify(&path, &new.public()),
+            Err(crate::claim::ClaimError::OtherKey { .. })
+        ));
+    }
+
+    #[test]
+    fn a_public_key_reads_as_moat_key_show_prints_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = SigningKey::in_dir(dir.path(), true).unwrap().public();
+        assert_eq!(key.to_string().parse::<PublicKey>(), Ok(key));
+        assert_eq!(format!("ed25519:{key}\n").parse::<PublicKey>(), Ok(key));
+        assert_eq!(
+            "abc".parse::<PublicKey>(),
+            Err(
+                "\"abc\" is not an Ed25519 public key (64 hex digits, as `moat key show` prints)"
+                    .to_owned()
+            )
+        );
+    }
+}

@@ -153,3 +153,48 @@ impl Ledger {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::audit::Outcome;
+
+    fn call(outcome: &str) -> Event {
+        Event::ToolCall {
+            session: "s1".into(),
+            server: "a".into(),
+            tool: "t".into(),
+            arguments_sha256: String::new(),
+            arguments_bytes: 0,
+            result_sha256: None,
+            result_bytes: 0,
+            duration_ms: 0,
+            fuel: 0,
+            outcome: Outcome::plain(outcome),
+        }
+    }
+
+    /// A flood of refused calls is counted in full, listed only up to
+    /// [`MAX_REFUSALS`].
+    #[test]
+    fn refusals_past_the_bound_are_counted_not_listed() {
+        let mut ledger = Ledger::new("s1");
+        for _ in 0..MAX_REFUSALS + 44 {
+            ledger.observe(&call("server `a` is revoked: refusing"), &Ok(None));
+        }
+        ledger.observe(&call("ok"), &Ok(None));
+        let claim = ledger.finish();
+        assert_eq!(claim.refusals.len(), MAX_REFUSALS);
+        assert_eq!(claim.refusals_omitted, 44);
+        assert_eq!(
+            claim.calls,
+            [
+                ("ok".to_owned(), 1),
+                ("refused".to_owned(), MAX_REFUSALS as u64 + 44)
+            ]
+            .into()
+        );
+        assert_eq!(claim.refusals[0].during, "tools/call t");
+        assert!(claim.audit.is_none(), "no log, no point in one");
+    }
+}

@@ -21,6 +21,7 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 mod audit;
+mod claims;
 mod lifecycle;
 mod matrix;
 mod reload;
