@@ -124,3 +124,61 @@ async fn a_served_sessions_claim_verifies_with_moat_and_with_an_independent_veri
         "bad signature"
     );
 }
+
+/// No server may reach the claim signing key (it would sign for Moat) or
+/// the claims directory (it could remove a claim): a grant of either is
+/// refused at launch, naming what it overlaps, and the rest is served.
+#[tokio::test]
+async fn no_grant_reaches_the_claim_key_or_the_claims() {
+    let dir = tempfile::tempdir().unwrap();
+    let claims = dir.path().join("claims");
+    let state = common::state_dir();
+    std::fs::create_dir_all(&state).unwrap();
+    let config = dir.path().join("moat.toml");
+    let server = |name: &str, granted: &Path| {
+        format!(
+            "[servers.{name}]\ncommand = {:?}\nallow_unmeasured = true\n[[servers.{name}.dirs]]\nhost = {:?}\nmode = \"ro\"\n",
+            guests::EVERYTHING_NATIVE,
+            granted
+        )
+    };
+    std::fs::write(
+        &config,
+        format!(
+            "{}{}[servers.plain]\ncommand = {:?}\nallow_unmeasured = true\n",
+            server("claims", &claims),
+            server("key", &state),
+            guests::EVERYTHING_NATIVE
+        ),
+    )
+    .unwrap();
+    let mut child = serve_stdio(&config, &["--claims".as_ref(), claims.as_ref()]);
+    let client = Agent
+        .serve((child.stdout.take().unwrap(), child.stdin.take().unwrap()))
+        .await
+        .expect("handshake with moat serve");
+    let call = |tool: &str| {
+        let mut params = CallToolRequestParams::new(tool.to_owned());
+        params.arguments = serde_json::json!({"a": 2, "b": 3}).as_object().cloned();
+        client.peer().call_tool(params)
+    };
+    let refused = call("claims__add").await.unwrap_err().to_string();
+    assert!(
+        refused.contains(&format!(
+            "grant {} overlaps Moat's claims directory",
+            claims.display()
+        )),
+        "{refused}"
+    );
+    let refused = call("key__add").await.unwrap_err().to_string();
+    assert!(
+        refused.contains(&format!(
+            "grant {} overlaps Moat's claim signing key",
+            state.display()
+        )),
+        "{refused}"
+    );
+    call("plain__add").await.unwrap();
+    client.cancel().await.unwrap();
+    assert!(child.wait().await.unwrap().success());
+}

@@ -112,10 +112,11 @@ pub async fn connect(
 /// The gateway `moat serve` runs, on a host from [`host_for`] that also
 /// refuses grants overlapping the audit log, its anchor, the audit and
 /// claim keys and the claims directory, signing a claim of each session
-/// when `claims` says where (see [`claims`]), with exposed names checked before serving: from the lock when there is
-/// one, otherwise by starting each server once. A pass-through variable
-/// that is unset here is not set for the server either: that is logged
-/// once, before a server fails for want of it.
+/// when `claims` says where (see [`claims`]), with exposed names checked
+/// before serving: from the lock when there is one, otherwise by starting
+/// each server once. A pass-through variable that is unset here is not set
+/// for the server either: that is logged once, before a server fails for
+/// want of it.
 pub async fn gateway_for(
     config_path: &Path,
     locked: bool,
@@ -140,15 +141,18 @@ pub async fn gateway_for(
             host = host.protect(what, path);
         }
     }
-    if let Some(crate::claim::Claims {
-        place: crate::claim::Place::Dir(dir),
-        ..
-    }) = &claims
-    {
-        host = host.protect(
-            "claims directory",
-            std::path::absolute(dir).unwrap_or(dir.clone()),
-        );
+    if let Some(claims) = &claims {
+        // The key signs for Moat: no server may read it. Claims in a
+        // directory: no server may remove or replace one.
+        if let Some(dir) = claims.key.path().parent() {
+            host = host.protect(crate::grants::CLAIM_KEY, dir.to_owned());
+        }
+        if let crate::claim::Place::Dir(dir) = &claims.place {
+            host = host.protect(
+                crate::grants::CLAIMS,
+                std::path::absolute(dir).unwrap_or(dir.clone()),
+            );
+        }
     }
     let pinned = host.is_locked();
     let gateway = Gateway::new(host, config, open_audit(audit)?);

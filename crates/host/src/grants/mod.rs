@@ -30,8 +30,8 @@ pub use fs::{DirGrant, DirMode, Writer};
 pub use fs::{OpenedGrant, open, open_all};
 pub use net::{HttpGrant, NetGrant, net_line};
 pub use protect::{
-    AUDIT_KEY, CACHE, CONFIG_DIR, DATA_DIR, Kept, Protected, Runs, STATE_DIR, check_protected,
-    check_runs,
+    AUDIT_KEY, CACHE, CLAIM_KEY, CLAIMS, CONFIG_DIR, DATA_DIR, Kept, Protected, Runs, STATE_DIR,
+    check_protected, check_runs,
 };
 
 /// Errors opening or checking a grant, naming the server and the path.

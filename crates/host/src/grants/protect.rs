@@ -26,6 +26,11 @@ pub struct Protected {
 pub const CACHE: &str = "compiled-component cache";
 /// The name under which the audit key's directory is protected.
 pub const AUDIT_KEY: &str = "audit key";
+/// The name under which the claim signing key's directory is protected
+/// (the audit key's, by default).
+pub const CLAIM_KEY: &str = "claim signing key";
+/// The name under which the directory claims are written to is protected.
+pub const CLAIMS: &str = "claims directory";
 /// Moat's state directory (where the audit key is made by default).
 pub const STATE_DIR: &str = "state directory (the audit key)";
 /// Moat's data directory (the package and component store).
@@ -36,7 +41,10 @@ pub const CONFIG_DIR: &str = "configuration directory";
 impl Protected {
     /// Whether it holds one of Moat's keys (the cache's or the audit log's).
     fn holds_a_key(&self) -> bool {
-        self.what == CACHE || self.what == AUDIT_KEY || self.what == STATE_DIR
+        self.what == CACHE
+            || self.what == AUDIT_KEY
+            || self.what == CLAIM_KEY
+            || self.what == STATE_DIR
     }
 
     /// Whether it is one of Moat's own directories.

@@ -178,3 +178,43 @@ async fn a_claim_after_a_failed_audit_write_is_unsigned_and_refused() {
         )
     );
 }
+
+/// `--claims audit`: the signed claim is the line after the session's
+/// close in the audit log itself, and names that close as its head.
+#[tokio::test]
+async fn a_claim_can_go_into_the_audit_log_after_the_close_it_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let audit = dir.path().join("audit.jsonl");
+    let gateway = gateway_audited(
+        &[spec(Launcher::Wasm, guests::EVERYTHING)],
+        30_000,
+        Some(&audit),
+    );
+    let key = Arc::new(SigningKey::in_dir(&dir.path().join("keys"), true).unwrap());
+    gateway.sign_claims(Claims {
+        key: key.clone(),
+        place: Place::AuditLog,
+    });
+    let session = gateway.session();
+    session
+        .call("everything__add", args(json!({"a": 1, "b": 2})))
+        .await
+        .unwrap();
+    assert!(session.close().await.is_empty());
+
+    moat_host::audit::verify(&audit, &audit_key()).unwrap();
+    let log = std::fs::read_to_string(&audit).unwrap();
+    let lines: Vec<&str> = log.lines().collect();
+    let last: serde_json::Value = serde_json::from_str(lines[lines.len() - 1]).unwrap();
+    assert_eq!(last["event"], "claim");
+    let close: serde_json::Value = serde_json::from_str(lines[lines.len() - 2]).unwrap();
+    assert_eq!(close["event"], "session_close");
+    assert_eq!(
+        last["claim"]["claim"]["audit"]["head"],
+        moat_host::Digest::of(lines[lines.len() - 2].as_bytes()).to_string()
+    );
+    let path = dir.path().join("extracted.json");
+    std::fs::write(&path, last["claim"].to_string()).unwrap();
+    let claim = moat_host::claim::verify(&path, &key.public()).unwrap();
+    moat_host::claim::check_against_log(&path, &claim, &audit).unwrap();
+}
