@@ -132,7 +132,7 @@ async fn a_remote_server_is_served_beside_a_local_one_and_its_token_is_never_log
         .filter(|e| e["event"] == "server_launch")
         .collect();
     let up = launches.iter().find(|e| e["server"] == "up").unwrap();
-    assert_eq!(up["evidence"], "remote", "{up}");
+    assert_eq!(up["evidence"], "remote-unmeasured", "{up}");
     let log_text = std::fs::read_to_string(&log).unwrap();
     assert!(
         log_text.contains("TRACE"),
@@ -155,7 +155,7 @@ async fn a_remote_server_is_served_beside_a_local_one_and_its_token_is_never_log
     let lock = std::fs::read_to_string(dir.path().join("moat.lock")).unwrap();
     let lock: toml::Value = toml::from_str(&lock).unwrap();
     let up = &lock["servers"]["up"];
-    assert_eq!(up["evidence"].as_str(), Some("remote"));
+    assert_eq!(up["evidence"].as_str(), Some("remote-unmeasured"));
     assert!(up.get("sha256").is_none(), "{up}");
     assert!(!lock.to_string().contains(TOKEN));
     assert!(!String::from_utf8_lossy(&locked.stderr).contains(TOKEN));
@@ -173,7 +173,7 @@ async fn a_remote_server_is_served_beside_a_local_one_and_its_token_is_never_log
     );
     let report: serde_json::Value = serde_json::from_slice(&tools.stdout)
         .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&tools.stderr)));
-    assert_eq!(report["evidence"], "remote", "{report}");
+    assert_eq!(report["evidence"], "remote-unmeasured", "{report}");
 }
 
 #[test]

@@ -76,7 +76,8 @@ pub enum Evidence {
     NativeMeasured,
     /// A native executable run without a measurement (explicit consent).
     NativeUnmeasured,
-    /// A remote server: nothing here runs it.
+    /// A remote server: nothing here runs it, and nothing measured what
+    /// answers at its endpoint.
     Remote,
 }
 
@@ -87,7 +88,7 @@ impl Evidence {
             Self::WasmMeasured => "wasm-measured",
             Self::NativeMeasured => "native-measured",
             Self::NativeUnmeasured => "native-unmeasured",
-            Self::Remote => "remote",
+            Self::Remote => "remote-unmeasured",
         }
     }
 }

@@ -5,7 +5,7 @@
 //! A claim names the session, when it began and ended, every server that
 //! ran in it with its execution identity, digest, evidence class (kept
 //! apart: `wasm-measured`, `native-measured`, `native-unmeasured`,
-//! `remote`) and sandbox report, the calls by outcome class, Moat's
+//! `remote-unmeasured`) and sandbox report, the calls by outcome class, Moat's
 //! refusals, and the audit chain's head at the end (the digest of the
 //! session's `session_close` line) with the digest of its `session_open`
 //! line, so the log can be checked to hold exactly what the claim counts.
