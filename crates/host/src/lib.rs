@@ -23,7 +23,7 @@
 //! | 8 | `host` | what may be launched under the lock; measure and learn |
 //! | 9 | `audit`, `claim`, `metrics`, `trace` | what is recorded of a run, and the signed claim of each session |
 //! | 10 | `gateway` | `moat serve`'s agent sessions |
-//! | 11 | `front`, `fuzz` | the agent-facing fronts (streamable HTTP, stdio); `moat fuzz` |
+//! | 11 | `front`, `fuzz`, `node` | the agent-facing fronts (streamable HTTP, stdio); `moat fuzz`; `moat node`'s launch by profile |
 //! | 12 | `importer`, `wassette` | bringing configs in: client configs, Wassette policies, `moat add` |
 //! | 13 | `setup`, `report`, `relock`, `update` | what the CLI's commands call, each the procedure of one command: a host and a gateway from a config path, what `moat tools` and `moat inspect` show, `moat lock` and `moat revoke`, `moat update` |
 
@@ -51,6 +51,7 @@ pub mod lock;
 pub(crate) mod metrics;
 #[cfg(unix)]
 pub mod native;
+pub mod node;
 pub mod oci;
 pub(crate) mod packages;
 pub(crate) mod policy;

@@ -191,6 +191,46 @@ pub fn canonical(claim: &serde_json::Value) -> String {
     crate::lock::canonical_json(claim)
 }
 
+impl Signature {
+    /// `key`'s signature of `value`'s canonical encoding.
+    pub fn of(value: &impl Serialize, key: &SigningKey) -> Self {
+        let value = serde_json::to_value(value).unwrap_or_default();
+        Self {
+            algorithm: key::ALGORITHM.to_owned(),
+            public_key: key.public().to_string(),
+            value: hex::encode(key.sign(canonical(&value).as_bytes())),
+        }
+    }
+
+    /// Checks that `key` made this signature of `value` (as it stands, in
+    /// its canonical encoding).
+    pub fn check(&self, value: &serde_json::Value, key: &PublicKey) -> Result<(), SignatureError> {
+        if self.algorithm != key::ALGORITHM {
+            return Err(SignatureError::Algorithm(self.algorithm.clone()));
+        }
+        if self.public_key.parse::<PublicKey>().ok() != Some(*key) {
+            return Err(SignatureError::OtherKey(self.public_key.clone()));
+        }
+        let signature = hex::decode(&self.value).map_err(|_| SignatureError::Bad)?;
+        if key.verifies(canonical(value).as_bytes(), &signature) {
+            Ok(())
+        } else {
+            Err(SignatureError::Bad)
+        }
+    }
+}
+
+/// Why a signature does not hold.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SignatureError {
+    #[error("signature algorithm {0:?}: only \"ed25519\" is known")]
+    Algorithm(String),
+    #[error("signed by the key {0}, not by the key given")]
+    OtherKey(String),
+    #[error("the signature does not verify")]
+    Bad,
+}
+
 impl Claim {
     /// The claim signed with `key`; left unsigned when it is incomplete.
     pub fn sign(self, key: &SigningKey) -> SignedClaim {
@@ -200,15 +240,10 @@ impl Claim {
                 signature: None,
             };
         }
-        let value = serde_json::to_value(&self).unwrap_or_default();
-        let signature = key.sign(canonical(&value).as_bytes());
+        let signature = Signature::of(&self, key);
         SignedClaim {
             claim: self,
-            signature: Some(Signature {
-                algorithm: key::ALGORITHM.to_owned(),
-                public_key: key.public().to_string(),
-                value: hex::encode(signature),
-            }),
+            signature: Some(signature),
         }
     }
 }

@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-use super::{Claim, ClaimError, FORMAT, PublicKey, Signature, SignedClaim, canonical, key};
+use super::{Claim, ClaimError, FORMAT, PublicKey, SignatureError, SignedClaim, key};
 use crate::identity::Digest;
 
 /// The largest claim read (a claim holds at most [`super::MAX_REFUSALS`]
@@ -63,34 +63,29 @@ pub fn verify(path: &Path, key: &PublicKey) -> Result<Claim, ClaimError> {
             reasons,
         });
     };
-    let Signature {
-        algorithm,
-        public_key,
-        value,
-    } = signature;
-    if algorithm != key::ALGORITHM {
-        return Err(shape(format!(
-            "signature algorithm {algorithm:?}: only {:?} is known",
-            key::ALGORITHM
-        )));
-    }
-    if public_key.parse::<PublicKey>().ok() != Some(*key) {
-        return Err(ClaimError::OtherKey {
-            path: path.to_owned(),
-            signed_by: public_key.clone(),
-            given: *key,
-        });
-    }
-    let bad = || ClaimError::BadSignature {
-        path: path.to_owned(),
-        key: *key,
-    };
-    let signature = hex::decode(value).map_err(|_| bad())?;
     // The bytes signed are the claim as it stands in the file, encoded
     // canonically: nothing in it can change without breaking this.
-    let message = canonical(&document["claim"]);
-    if !key.verifies(message.as_bytes(), &signature) {
-        return Err(bad());
+    match signature.check(&document["claim"], key) {
+        Ok(()) => {}
+        Err(SignatureError::Algorithm(algorithm)) => {
+            return Err(shape(format!(
+                "signature algorithm {algorithm:?}: only {:?} is known",
+                key::ALGORITHM
+            )));
+        }
+        Err(SignatureError::OtherKey(signed_by)) => {
+            return Err(ClaimError::OtherKey {
+                path: path.to_owned(),
+                signed_by,
+                given: *key,
+            });
+        }
+        Err(SignatureError::Bad) => {
+            return Err(ClaimError::BadSignature {
+                path: path.to_owned(),
+                key: *key,
+            });
+        }
     }
     let claim = signed.claim;
     if claim.format != FORMAT {
