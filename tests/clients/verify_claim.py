@@ -17,6 +17,10 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 def main(path, public_hex):
     with open(path, encoding="utf-8") as f:
         document = json.load(f)
+    claim = document["claim"]
+    if claim.get("format") != "moat-claim/1":
+        print("not a claim: format %r" % claim.get("format"))
+        return 1
     signature = document["signature"]
     if signature is None:
         print("unsigned: " + "; ".join(document["claim"]["incomplete"]))
@@ -24,9 +28,13 @@ def main(path, public_hex):
     if signature["algorithm"] != "ed25519" or signature["public_key"] != public_hex:
         print("signed by another key: " + signature["public_key"])
         return 1
-    # The canonical encoding: keys sorted at every level, no spaces.
-    message = json.dumps(
-        document["claim"], sort_keys=True, separators=(",", ":"), ensure_ascii=False
+    if claim["incomplete"]:
+        print("a signed claim that names its record incomplete")
+        return 1
+    # The format, a newline, then the canonical encoding: keys sorted at
+    # every level, no spaces.
+    message = b"moat-claim/1\n" + json.dumps(
+        claim, sort_keys=True, separators=(",", ":"), ensure_ascii=False
     ).encode("utf-8")
     key = Ed25519PublicKey.from_public_bytes(bytes.fromhex(public_hex))
     try:
@@ -34,7 +42,7 @@ def main(path, public_hex):
     except InvalidSignature:
         print("bad signature")
         return 1
-    print("ok " + document["claim"]["session"])
+    print("ok " + claim["session"])
     return 0
 
 

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{AuditPoint, Claim, FORMAT, MAX_REFUSALS, Refusal, ServerRan};
+use super::{AuditPoint, Claim, FORMAT, MAX_REFUSALS, MAX_TEXT_BYTES, Refusal, ServerRan};
 use crate::audit::{AuditError, Event, Head};
 
 /// One session's record, as its events come.
@@ -20,6 +20,9 @@ pub struct Ledger {
     opened: Option<String>,
     last: Option<Head>,
     incomplete: Vec<String>,
+    /// Set by the session's `session_close`: what comes after it is not in
+    /// the record the claim's head closes.
+    closed: bool,
 }
 
 impl Ledger {
@@ -35,6 +38,7 @@ impl Ledger {
             opened: None,
             last: None,
             incomplete: Vec::new(),
+            closed: false,
         }
     }
 
@@ -47,6 +51,12 @@ impl Ledger {
         measured: &crate::instance::Identity,
         endpoint: Option<&str>,
     ) {
+        if self.closed {
+            self.incomplete(format!(
+                "server `{server}` was launched after the session's close"
+            ));
+            return;
+        }
         if let Some(ran) = self
             .servers
             .iter_mut()
@@ -77,6 +87,19 @@ impl Ledger {
     /// `event` was recorded for the session: `written` is where the log
     /// stood after it (`None` without a log), or why it could not be.
     pub fn observe(&mut self, event: &Event, written: &Result<Option<Head>, AuditError>) {
+        if self.closed {
+            let kind = serde_json::to_value(event)
+                .ok()
+                .and_then(|v| v["event"].as_str().map(str::to_owned))
+                .unwrap_or_default();
+            self.incomplete(format!(
+                "a `{kind}` event was recorded after the session's close"
+            ));
+            return;
+        }
+        if matches!(event, Event::SessionClose { .. }) {
+            self.closed = true;
+        }
         match written {
             Ok(Some(head)) => {
                 if matches!(event, Event::SessionOpen { .. }) {
@@ -122,8 +145,8 @@ impl Ledger {
         if self.refusals.len() < MAX_REFUSALS {
             self.refusals.push(Refusal {
                 server: server.to_owned(),
-                during,
-                reason: reason.to_owned(),
+                during: bounded(&during),
+                reason: bounded(reason),
             });
         } else {
             self.refusals_omitted += 1;
@@ -152,6 +175,20 @@ impl Ledger {
             incomplete: self.incomplete,
         }
     }
+}
+
+/// `text` cut to [`MAX_TEXT_BYTES`] (at a character boundary), saying how
+/// long it was: part of a refusal can be text a server chose (the paths its
+/// error named), and no server may make a claim grow without bound.
+fn bounded(text: &str) -> String {
+    if text.len() <= MAX_TEXT_BYTES {
+        return text.to_owned();
+    }
+    let mut end = MAX_TEXT_BYTES;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}... (cut: {} bytes in all)", &text[..end], text.len())
 }
 
 #[cfg(test)]
@@ -196,5 +233,50 @@ mod tests {
         );
         assert_eq!(claim.refusals[0].during, "tools/call t");
         assert!(claim.audit.is_none(), "no log, no point in one");
+    }
+
+    /// A server's words in a refusal (the paths its error named) are cut,
+    /// so a claim stays small whatever the server writes.
+    #[test]
+    fn a_refusals_text_is_bounded() {
+        let mut ledger = Ledger::new("s1");
+        let subject = format!("/{}", "\u{e9}".repeat(100_000));
+        ledger.observe(
+            &Event::SandboxRefused {
+                session: "s1".into(),
+                server: "a".into(),
+                during: "tools/call t".into(),
+                kind: "filesystem".into(),
+                subject: subject.clone(),
+            },
+            &Ok(None),
+        );
+        let claim = ledger.finish();
+        let reason = &claim.refusals[0].reason;
+        assert!(reason.len() < MAX_TEXT_BYTES + 64, "{}", reason.len());
+        assert!(
+            reason.ends_with(&format!("... (cut: {} bytes in all)", subject.len() + 32)),
+            "{}",
+            &reason[reason.len() - 60..]
+        );
+    }
+
+    /// What is recorded after the session's close is not in the record its
+    /// head closes: the claim says so, and is not signed.
+    #[test]
+    fn events_after_the_close_make_the_claim_incomplete() {
+        let mut ledger = Ledger::new("s1");
+        let close = Event::SessionClose {
+            session: "s1".into(),
+            outcome: "closed".into(),
+        };
+        ledger.observe(&close, &Ok(None));
+        ledger.observe(&call("ok"), &Ok(None));
+        let claim = ledger.finish();
+        assert_eq!(
+            claim.incomplete,
+            ["a `tool_call` event was recorded after the session's close"]
+        );
+        assert!(claim.calls.is_empty());
     }
 }

@@ -11,11 +11,13 @@
 //! line, so the log can be checked to hold exactly what the claim counts.
 //!
 //! The format: a JSON document `{"claim": {...}, "signature": {"algorithm":
-//! "ed25519", "public_key": HEX, "value": HEX}}`. The signature is over the
-//! claim's canonical encoding: object keys sorted at every level, no
-//! insignificant space, strings as JSON escapes them, integers only (what
-//! Python's `json.dumps(claim, sort_keys=True, separators=(",", ":"),
-//! ensure_ascii=False)` writes).
+//! "ed25519", "public_key": HEX, "value": HEX}}`. The signature is over
+//! `moat-claim/1`, a newline, and the claim's canonical encoding: object
+//! keys sorted at every level, no insignificant space, strings as JSON
+//! escapes them, integers only (what Python's `json.dumps(claim,
+//! sort_keys=True, separators=(",", ":"), ensure_ascii=False)` writes). The
+//! format in front keeps a claim's signature from passing for any other
+//! document Moat's key signs (a node's launch statement).
 //!
 //! Never signed over an incomplete record: when an audit write of the
 //! session failed, or a child could not be closed, the claim lists why in
@@ -45,6 +47,9 @@ pub const FORMAT: &str = "moat-claim/1";
 /// (`refusals_omitted`): a flood of refused calls cannot make a claim grow
 /// without bound.
 pub const MAX_REFUSALS: usize = 256;
+/// Bytes of a refusal's text kept in a claim; the rest is cut, with its
+/// length said.
+pub const MAX_TEXT_BYTES: usize = 512;
 
 /// Errors signing, writing, reading or checking a claim.
 #[derive(Debug, thiserror::Error)]
@@ -191,20 +196,36 @@ pub fn canonical(claim: &serde_json::Value) -> String {
     crate::lock::canonical_json(claim)
 }
 
+/// The bytes a signature covers: the document's `format` (its domain: a
+/// claim's signature can never pass for a launch statement's, nor the
+/// reverse), a newline, then `value`'s canonical encoding.
+pub fn signed_bytes(domain: &str, value: &serde_json::Value) -> Vec<u8> {
+    let mut bytes = Vec::with_capacity(domain.len() + 1);
+    bytes.extend_from_slice(domain.as_bytes());
+    bytes.push(b'\n');
+    bytes.extend_from_slice(canonical(value).as_bytes());
+    bytes
+}
+
 impl Signature {
-    /// `key`'s signature of `value`'s canonical encoding.
-    pub fn of(value: &impl Serialize, key: &SigningKey) -> Self {
+    /// `key`'s signature of `value` in `domain` (see [`signed_bytes`]).
+    pub fn of(domain: &str, value: &impl Serialize, key: &SigningKey) -> Self {
         let value = serde_json::to_value(value).unwrap_or_default();
         Self {
             algorithm: key::ALGORITHM.to_owned(),
             public_key: key.public().to_string(),
-            value: hex::encode(key.sign(canonical(&value).as_bytes())),
+            value: hex::encode(key.sign(&signed_bytes(domain, &value))),
         }
     }
 
-    /// Checks that `key` made this signature of `value` (as it stands, in
-    /// its canonical encoding).
-    pub fn check(&self, value: &serde_json::Value, key: &PublicKey) -> Result<(), SignatureError> {
+    /// Checks that `key` made this signature of `value` as it stands, in
+    /// `domain` (see [`signed_bytes`]).
+    pub fn check(
+        &self,
+        domain: &str,
+        value: &serde_json::Value,
+        key: &PublicKey,
+    ) -> Result<(), SignatureError> {
         if self.algorithm != key::ALGORITHM {
             return Err(SignatureError::Algorithm(self.algorithm.clone()));
         }
@@ -212,7 +233,7 @@ impl Signature {
             return Err(SignatureError::OtherKey(self.public_key.clone()));
         }
         let signature = hex::decode(&self.value).map_err(|_| SignatureError::Bad)?;
-        if key.verifies(canonical(value).as_bytes(), &signature) {
+        if key.verifies(&signed_bytes(domain, value), &signature) {
             Ok(())
         } else {
             Err(SignatureError::Bad)
@@ -240,7 +261,7 @@ impl Claim {
                 signature: None,
             };
         }
-        let signature = Signature::of(&self, key);
+        let signature = Signature::of(FORMAT, &self, key);
         SignedClaim {
             claim: self,
             signature: Some(signature),
@@ -282,8 +303,11 @@ impl SignedClaim {
         serde_json::to_string_pretty(self).unwrap_or_default() + "\n"
     }
 
-    /// Writes the claim into `dir` as `claim-ENDED-SESSION.json` (a file
-    /// made whole beside it, then renamed; never over another claim).
+    /// Writes the claim into `dir` as `claim-ENDED-SESSION-RANDOM.json` (a
+    /// file made whole beside it, then renamed; never over another claim:
+    /// two gateways sharing the directory, whose sessions are both `s1` and
+    /// end in the same millisecond, still write two, and nobody can make the
+    /// name first).
     pub fn write_to(&self, dir: &Path) -> Result<PathBuf, ClaimError> {
         let io = |operation: &'static str, path: &Path| {
             let path = path.to_owned();
@@ -294,9 +318,15 @@ impl SignedClaim {
             }
         };
         std::fs::create_dir_all(dir).map_err(io("making the claims directory", dir))?;
+        let mut random = [0u8; 8];
+        getrandom::fill(&mut random)
+            .map_err(|e| std::io::Error::other(e.to_string()))
+            .map_err(io("naming a claim in", dir))?;
         let path = dir.join(format!(
-            "claim-{}-{}.json",
-            self.claim.ended_unix_ms, self.claim.session
+            "claim-{}-{}-{}.json",
+            self.claim.ended_unix_ms,
+            self.claim.session,
+            hex::encode(random)
         ));
         let mut file =
             tempfile::NamedTempFile::new_in(dir).map_err(io("writing a claim in", dir))?;

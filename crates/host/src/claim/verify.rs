@@ -54,7 +54,12 @@ pub fn verify(path: &Path, key: &PublicKey) -> Result<Claim, ClaimError> {
     let signed: SignedClaim =
         serde_json::from_value(document.clone()).map_err(|e| shape(e.to_string()))?;
     let Some(signature) = &signed.signature else {
-        let mut reasons = signed.claim.incomplete.clone();
+        let mut reasons: Vec<String> = signed
+            .claim
+            .incomplete
+            .iter()
+            .map(|r| crate::text::printable(r))
+            .collect();
         if reasons.is_empty() {
             reasons.push("it carries no signature".to_owned());
         }
@@ -65,7 +70,7 @@ pub fn verify(path: &Path, key: &PublicKey) -> Result<Claim, ClaimError> {
     };
     // The bytes signed are the claim as it stands in the file, encoded
     // canonically: nothing in it can change without breaking this.
-    match signature.check(&document["claim"], key) {
+    match signature.check(FORMAT, &document["claim"], key) {
         Ok(()) => {}
         Err(SignatureError::Algorithm(algorithm)) => {
             return Err(shape(format!(
@@ -76,7 +81,7 @@ pub fn verify(path: &Path, key: &PublicKey) -> Result<Claim, ClaimError> {
         Err(SignatureError::OtherKey(signed_by)) => {
             return Err(ClaimError::OtherKey {
                 path: path.to_owned(),
-                signed_by,
+                signed_by: crate::text::printable(&signed_by),
                 given: *key,
             });
         }

@@ -223,9 +223,13 @@ impl<'s> CallRecord<'s> {
             .metrics
             .call(server, tool, &outcome.outcome, elapsed, fuel, limit);
         crate::trace::record_end(span, &outcome.outcome, elapsed, fuel, limit);
-        let Some(arguments_json) = arguments_json else {
+        // Without a log, the session's claim (when claims are signed) still
+        // counts the call: its ledger is fed the same events, with no
+        // digests worth computing.
+        if arguments_json.is_none() && session.ledger().is_none() {
             return result.map_err(to_error);
-        };
+        }
+        let arguments_json = arguments_json.unwrap_or_default();
         let result_json = result.as_ref().ok().and_then(|r| match r {
             CallToolResponse::Complete(r) => serde_json::to_vec(r).ok(),
             CallToolResponse::InputRequired(r) => serde_json::to_vec(r).ok(),

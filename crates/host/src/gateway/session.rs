@@ -164,8 +164,11 @@ impl SessionState {
     /// next admission (see [`AgentSession::admit`]) and for the tool call
     /// being recorded (see [`AgentSession::call_rounds`]).
     pub(super) fn audit(&self, event: Event) -> Result<(), AuditError> {
+        // The ledger is held across the write, so it sees the session's
+        // events in the log's order (its head is the last it saw).
+        let mut ledger = self.ledger();
         let written = self.gateway.record_line(&event);
-        if let Some(ledger) = self.ledger().as_mut() {
+        if let Some(ledger) = ledger.as_mut() {
             ledger.observe(&event, &written);
         }
         written.map(drop)

@@ -150,6 +150,17 @@ impl AgentSession {
                 }
             }
         };
+        // A start that ends after the session closed (a retry, say) is not
+        // adopted: its children were already taken and its claim drawn up.
+        if self.closed.load(std::sync::atomic::Ordering::SeqCst) {
+            let _ = Arc::try_unwrap(session).map(|s| tokio::spawn(s.close()));
+            return Err(SessionError::Protocol {
+                server: server.to_owned(),
+                operation: "start".into(),
+                detail: "the agent session closed while the server was starting".into(),
+            }
+            .into());
+        }
         self.generation.failures.started(server);
         self.children.started(server);
         let identity = session
@@ -163,11 +174,24 @@ impl AgentSession {
         let on_new = || {
             if let Some(measured) = session.identity() {
                 if let Some(ledger) = self.ledger().as_mut() {
+                    // The endpoint without its query or fragment, which
+                    // may carry a credential: a claim is for third parties.
                     let endpoint = match &spec.kind {
-                        crate::config::ServerKind::Remote { url, .. } => Some(url.as_str()),
+                        crate::config::ServerKind::Remote { url, .. } => {
+                            url::Url::parse(url).ok().map(|mut url| {
+                                url.set_query(None);
+                                url.set_fragment(None);
+                                url.to_string()
+                            })
+                        }
                         _ => None,
                     };
-                    ledger.launched(server, &identity.to_string(), &measured, endpoint);
+                    ledger.launched(
+                        server,
+                        &identity.to_string(),
+                        &measured,
+                        endpoint.as_deref(),
+                    );
                 }
                 let _ = self.audit(Event::ServerLaunch {
                     session: self.id.clone(),

@@ -3,8 +3,9 @@
 //! document holding everything the node would run the profile with: its
 //! lock entry (kind, digests, execution identity, measured files, grant
 //! inodes, tool, prompt and resource pins, package, registry artifact) and
-//! its config's grants (`dirs` with modes, `net`, `http`, the environment's
-//! names), limits and sandbox. A front that expects one revision never gets
+//! its config's grants (`dirs` with modes, `net`, `http`, the environment:
+//! `env` names and values, `env_passthrough` names), limits, sandbox and,
+//! for a typed component, its instances. A front that expects one revision never gets
 //! another: any change to what runs, or how, is a new revision.
 
 use super::NodeError;
@@ -18,12 +19,18 @@ pub const FORMAT: &str = "moat-profile/1";
 
 /// The revision of `spec` as `locked` pins it.
 pub fn revision(spec: &ServerSpec, locked: &LockedServer) -> Digest {
+    // A path as its exact bytes: two paths that print alike (not UTF-8)
+    // are still two revisions.
+    let path = |p: &std::path::Path| match p.to_str() {
+        Some(text) => text.to_owned(),
+        None => format!("bytes:{}", hex::encode(p.as_os_str().as_encoded_bytes())),
+    };
     let dirs: Vec<serde_json::Value> = spec
         .dirs
         .iter()
         .map(|d| {
             serde_json::json!({
-                "host": d.host.display().to_string(),
+                "host": path(&d.host),
                 "guest": d.guest,
                 "mode": d.mode.to_string(),
             })
@@ -36,7 +43,12 @@ pub fn revision(spec: &ServerSpec, locked: &LockedServer) -> Digest {
         "dirs": dirs,
         "net": spec.net.iter().map(ToString::to_string).collect::<Vec<_>>(),
         "http": spec.http().iter().map(ToString::to_string).collect::<Vec<_>>(),
-        "env": spec.env.names().collect::<Vec<_>>(),
+        "env": spec.env.values,
+        "env_passthrough": spec.env.passthrough,
+        "instances": match &spec.kind {
+            crate::config::ServerKind::Wasm { instances, .. } => format!("{instances:?}"),
+            _ => String::new(),
+        },
         "limits": spec.limits,
         "sandbox": spec.sandbox.to_string(),
     });
@@ -132,6 +144,7 @@ mod tests {
             "[[servers.time.dirs]]\nhost = \"/srv\"\nmode = \"ro\"\n",
             "net = [\"example.com:443\"]\n",
             "env_passthrough = [\"TZ\"]\n",
+            "env = { NODE_OPTIONS = \"--require /tmp/x.js\" }\n",
             "sandbox = \"best-effort\"\n",
             "[servers.time.limits]\nrequest_timeout_ms = 1000\n",
         ] {

@@ -48,7 +48,7 @@ impl Statement {
     /// Signed with the node's `key`.
     pub fn sign(self, key: &SigningKey) -> SignedStatement {
         SignedStatement {
-            signature: Signature::of(&self, key),
+            signature: Signature::of(FORMAT, &self, key),
             statement: self,
         }
     }
@@ -72,7 +72,7 @@ pub fn check(
         .map_err(|e| refused(format!("not a launch statement: {e}")))?;
     signed
         .signature
-        .check(&answer["statement"], key)
+        .check(FORMAT, &answer["statement"], key)
         .map_err(|e| refused(format!("{e} (the key pinned for the node is {key})")))?;
     let statement = signed.statement;
     if statement.format != FORMAT {

@@ -218,3 +218,28 @@ async fn a_claim_can_go_into_the_audit_log_after_the_close_it_names() {
     let claim = moat_host::claim::verify(&path, &key.public()).unwrap();
     moat_host::claim::check_against_log(&path, &claim, &audit).unwrap();
 }
+
+/// Without an audit log a claim still counts every call (its ledger is fed
+/// the same events), and says it names no point in a log.
+#[tokio::test]
+async fn a_claim_without_an_audit_log_still_counts_the_calls() {
+    let dir = tempfile::tempdir().unwrap();
+    let gateway = gateway(&[spec(Launcher::Wasm, guests::EVERYTHING)]);
+    let key = Arc::new(SigningKey::in_dir(&dir.path().join("keys"), true).unwrap());
+    gateway.sign_claims(Claims {
+        key: key.clone(),
+        place: Place::Dir(dir.path().join("claims")),
+    });
+    let session = gateway.session();
+    for _ in 0..3 {
+        session
+            .call("everything__add", args(json!({"a": 1, "b": 2})))
+            .await
+            .unwrap();
+    }
+    assert!(session.close().await.is_empty());
+    let claim = moat_host::claim::verify(&the_claim(dir.path()), &key.public()).unwrap();
+    assert_eq!(claim.calls, [("ok".to_owned(), 3)].into());
+    assert_eq!(claim.servers.len(), 1);
+    assert!(claim.audit.is_none());
+}
