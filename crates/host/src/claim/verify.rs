@@ -4,7 +4,7 @@
 //! `prev` links and the line digests are enough to place the claim; the
 //! line MACs are `moat audit verify`'s).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use super::{Claim, ClaimError, FORMAT, PublicKey, SignatureError, SignedClaim, key};
@@ -13,6 +13,10 @@ use crate::identity::Digest;
 /// The largest claim read (a claim holds at most [`super::MAX_REFUSALS`]
 /// refusals, and a sandbox report per server).
 const MAX_CLAIM_BYTES: u64 = 16 << 20;
+
+/// A launch as both sides name it: server, execution identity, digest and
+/// evidence class.
+type Launch = (String, String, Option<String>, String);
 
 /// What the audit log was found to hold for a claim.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -111,7 +115,8 @@ pub fn verify(path: &Path, key: &PublicKey) -> Result<Claim, ClaimError> {
 /// the chain is unbroken up to the claim's head, the head is the session's
 /// `session_close` at the line count the claim names, and between the
 /// session's open and close the log holds exactly the calls (by outcome
-/// class) and the launches (by server and identity) the claim counts.
+/// class) and the launches (by server, identity, digest and evidence, and
+/// how many of each) the claim counts.
 pub fn check_against_log(
     claim_path: &Path,
     claim: &Claim,
@@ -136,7 +141,9 @@ pub fn check_against_log(
     let mut opened_line = None;
     let mut head_line = None;
     let mut calls: BTreeMap<String, u64> = BTreeMap::new();
-    let mut launched: BTreeSet<(String, String)> = BTreeSet::new();
+    // Each launch as the log has it: (server, identity, sha256, evidence)
+    // and how many times.
+    let mut launched: BTreeMap<Launch, u64> = BTreeMap::new();
     for (index, line) in text.lines().enumerate() {
         let number = index + 1;
         let event: serde_json::Value = serde_json::from_str(line)
@@ -168,10 +175,15 @@ pub fn check_against_log(
                     *calls.entry(class.to_owned()).or_default() += 1;
                 }
                 "server_launch" => {
-                    launched.insert((
-                        event["server"].as_str().unwrap_or_default().to_owned(),
-                        event["identity"].as_str().unwrap_or_default().to_owned(),
-                    ));
+                    let text = |key: &str| event[key].as_str().map(str::to_owned);
+                    *launched
+                        .entry((
+                            text("server").unwrap_or_default(),
+                            text("identity").unwrap_or_default(),
+                            text("sha256"),
+                            text("evidence").unwrap_or_default(),
+                        ))
+                        .or_default() += 1;
                 }
                 _ => {}
             }
@@ -211,10 +223,20 @@ pub fn check_against_log(
             claim.session, claim.calls
         )));
     }
-    let claimed: BTreeSet<(String, String)> = claim
+    let claimed: BTreeMap<Launch, u64> = claim
         .servers
         .iter()
-        .map(|s| (s.name.clone(), s.identity.clone()))
+        .map(|s| {
+            (
+                (
+                    s.name.clone(),
+                    s.identity.clone(),
+                    s.sha256.clone(),
+                    s.evidence.clone(),
+                ),
+                s.launches,
+            )
+        })
         .collect();
     if launched != claimed {
         return Err(fail(format!(

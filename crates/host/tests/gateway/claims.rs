@@ -91,6 +91,36 @@ async fn a_sessions_claim_is_signed_and_matches_its_audit_log(launcher: Launcher
     let checked = moat_host::claim::check_against_log(&path, &claim, &audit).unwrap();
     assert_eq!(checked.calls, claim.calls);
 
+    // A claim signed right but not matching the log (one launch more, a
+    // call fewer) is refused against it.
+    for (what, change) in [
+        (
+            "launches",
+            Box::new(|c: &mut moat_host::claim::Claim| c.servers[0].launches += 1)
+                as Box<dyn Fn(&mut moat_host::claim::Claim)>,
+        ),
+        (
+            "calls",
+            Box::new(|c: &mut moat_host::claim::Claim| {
+                c.calls.remove("ok");
+            }),
+        ),
+    ] {
+        let mut wrong = claim.clone();
+        change(&mut wrong);
+        let wrong_path = dir.path().join(format!("wrong-{what}.json"));
+        std::fs::write(&wrong_path, wrong.sign(&key).to_text()).unwrap();
+        let wrong = moat_host::claim::verify(&wrong_path, &key.public()).unwrap();
+        let error = moat_host::claim::check_against_log(&wrong_path, &wrong, &audit)
+            .unwrap_err()
+            .to_string();
+        let expected = match what {
+            "launches" => "the log's launches in session",
+            _ => "the log holds these calls of session",
+        };
+        assert!(error.contains(expected), "{what}: {error}");
+    }
+
     // One byte changed: the signature no longer holds.
     let text = std::fs::read_to_string(&path).unwrap();
     let altered = dir.path().join("altered.json");
