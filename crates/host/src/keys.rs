@@ -169,9 +169,27 @@ pub fn existing_key(dir: &Path, name: &str) -> std::io::Result<Key> {
     read_key(&dir.join(name))
 }
 
-/// The key in the file at `path` (see [`read_private`]).
+/// The key in the file at `path` (see [`open_private`]), which no other
+/// user may read or write: a key another could read signs or MACs for
+/// whoever read it.
 fn read_key(path: &Path) -> std::io::Result<Key> {
-    let bytes = read_private(path)?;
+    let mut file = open_private(path)?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = file.metadata()?.permissions().mode() & 0o777;
+        if mode & 0o077 != 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::PermissionDenied,
+                format!(
+                    "{} has mode {mode:04o}: a key must be readable by its owner only (chmod 600 it, or remove it to make a new one)",
+                    path.display()
+                ),
+            ));
+        }
+    }
+    let mut bytes = Vec::new();
+    file.read_to_end(&mut bytes)?;
     <[u8; KEY_BYTES]>::try_from(bytes.as_slice())
         .map(Key)
         .map_err(|_| {
@@ -215,6 +233,28 @@ mod tests {
                 .collect();
             assert_eq!(left, ["k"], "round {round}: only the key is left");
         }
+    }
+
+    /// A key file other users could read is refused, not used.
+    #[cfg(unix)]
+    #[test]
+    fn a_key_others_can_read_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        user_key(dir.path(), "k").unwrap();
+        let path = dir.path().join("k");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let error = user_key(dir.path(), "k").unwrap_err();
+        assert_eq!(error.kind(), std::io::ErrorKind::PermissionDenied);
+        assert_eq!(
+            error.to_string(),
+            format!(
+                "{} has mode 0644: a key must be readable by its owner only (chmod 600 it, or remove it to make a new one)",
+                path.display()
+            )
+        );
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        user_key(dir.path(), "k").unwrap();
     }
 
     /// Threads writing one private file at once each replace it whole.
