@@ -1,7 +1,8 @@
-//! Moat's per-user secret keys: the compiled-component cache's MAC key and
-//! the audit log's. Each is 32 random bytes in a file of its own, made once
-//! with `O_EXCL` and mode 0600 in a directory of mode 0700, read only if it
-//! is a regular file owned by this user (no link followed). Servers cannot
+//! Moat's per-user secret keys: the compiled-component cache's MAC key, the
+//! audit log's, and the claim signing key's seed. Each is 32 random bytes in
+//! a file of its own, made once with `O_EXCL` and mode 0600 in a directory
+//! of mode 0700, read only if it is a regular file owned by this user that
+//! no other user can read or write (no link followed). Servers cannot
 //! reach them: a grant that overlaps the directory holding one is refused.
 
 use std::io::{Read, Write};
