@@ -12,8 +12,10 @@
 //!
 //! What a launch request may say: [`request`]. What a profile's revision
 //! covers, and how a request is resolved against the node's files:
-//! [`profile`]. The signed statement: [`statement`].
+//! [`profile`]. The signed statement: [`statement`]. A launch decided and
+//! made: [`launch`].
 
+pub mod launch;
 pub mod profile;
 pub mod request;
 pub mod statement;
@@ -42,6 +44,12 @@ pub enum NodeError {
         profile: String,
         expected: Digest,
         held: Digest,
+    },
+    #[error("profile `{profile}`: the launch failed: {source}")]
+    Launch {
+        profile: String,
+        #[source]
+        source: Box<crate::host::ConnectError>,
     },
     #[error("node `{node}`: its launch statement: {detail}")]
     Statement { node: String, detail: String },
