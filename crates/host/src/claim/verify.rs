@@ -132,11 +132,14 @@ pub fn check_against_log(
             "the claim names no point in an audit log (Moat kept none for the session)".into(),
         ));
     };
-    let text = std::fs::read_to_string(log).map_err(|source| ClaimError::Io {
+    let io = |source| ClaimError::Io {
         path: log.to_owned(),
         operation: "reading the audit log",
         source,
-    })?;
+    };
+    // Line by line, up to the claim's head: a long log is never held whole.
+    use std::io::BufRead;
+    let lines = std::io::BufReader::new(std::fs::File::open(log).map_err(io)?).lines();
     let mut prev = crate::audit::GENESIS.to_owned();
     let mut opened_line = None;
     let mut head_line = None;
@@ -144,9 +147,10 @@ pub fn check_against_log(
     // Each launch as the log has it: (server, identity, sha256, evidence)
     // and how many times.
     let mut launched: BTreeMap<Launch, u64> = BTreeMap::new();
-    for (index, line) in text.lines().enumerate() {
+    for (index, line) in lines.enumerate() {
+        let line = line.map_err(io)?;
         let number = index + 1;
-        let event: serde_json::Value = serde_json::from_str(line)
+        let event: serde_json::Value = serde_json::from_str(&line)
             .map_err(|e| fail(format!("line {number} is not JSON: {e}")))?;
         if event["prev"].as_str() != Some(prev.as_str()) {
             return Err(fail(format!(
