@@ -182,3 +182,31 @@ async fn no_grant_reaches_the_claim_key_or_the_claims() {
     client.cancel().await.unwrap();
     assert!(child.wait().await.unwrap().success());
 }
+
+/// `--claims audit` with no audit log is refused before anything is served,
+/// saying what to give instead.
+#[test]
+fn claims_into_an_audit_log_that_is_not_kept_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("moat.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[servers.everything]\nwasm = {:?}\nallow_unmeasured = true\n",
+            guests::EVERYTHING_WASM
+        ),
+    )
+    .unwrap();
+    let output = moat(&[
+        "serve".as_ref(),
+        "--config".as_ref(),
+        config.as_ref(),
+        "--claims".as_ref(),
+        "audit".as_ref(),
+    ]);
+    assert!(!output.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&output.stderr).trim(),
+        "moat: error: --claims audit: claims go into the audit log, and there is none: give --audit FILE, or --claims DIR"
+    );
+}
