@@ -25,10 +25,9 @@ fn python_verifier(claim: &Path, key: &str) -> std::process::Output {
         .expect("python3")
 }
 
-#[tokio::test]
-async fn a_served_sessions_claim_verifies_with_moat_and_with_an_independent_verifier() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("moat.toml");
+/// A config in `dir` serving the `everything` wasm guest.
+fn everything_config(dir: &Path) -> std::path::PathBuf {
+    let config = dir.join("moat.toml");
     std::fs::write(
         &config,
         format!(
@@ -37,6 +36,13 @@ async fn a_served_sessions_claim_verifies_with_moat_and_with_an_independent_veri
         ),
     )
     .unwrap();
+    config
+}
+
+#[tokio::test]
+async fn a_served_sessions_claim_verifies_with_moat_and_with_an_independent_verifier() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = everything_config(dir.path());
     let audit = dir.path().join("audit.jsonl");
     let claims = dir.path().join("claims");
     let mut child = serve_stdio(
@@ -188,15 +194,7 @@ async fn no_grant_reaches_the_claim_key_or_the_claims() {
 #[test]
 fn claims_into_an_audit_log_that_is_not_kept_are_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("moat.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[servers.everything]\nwasm = {:?}\nallow_unmeasured = true\n",
-            guests::EVERYTHING_WASM
-        ),
-    )
-    .unwrap();
+    let config = everything_config(dir.path());
     let output = moat(&[
         "serve".as_ref(),
         "--config".as_ref(),

@@ -68,6 +68,8 @@ pub enum ClaimError {
         #[source]
         source: std::io::Error,
     },
+    #[error("recording the claim in the audit log: {0}")]
+    Audit(#[from] crate::audit::AuditError),
     #[error("claim {}: not a claim: {detail}", path.display())]
     Shape { path: PathBuf, detail: String },
     #[error(

@@ -226,7 +226,7 @@ impl<'s> CallRecord<'s> {
         // Without a log, the session's claim (when claims are signed) still
         // counts the call: its ledger is fed the same events, with no
         // digests worth computing.
-        if arguments_json.is_none() && session.ledger().is_none() {
+        if arguments_json.is_none() && session.gateway.claims().is_none() {
             return result.map_err(to_error);
         }
         let arguments_json = arguments_json.unwrap_or_default();
