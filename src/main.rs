@@ -72,6 +72,10 @@ enum Command {
     Claim(commands::claim::Args),
     /// Moat's claim signing key: show its public half, or rotate it.
     Key(commands::key::Args),
+    /// A launch host: serve this config's servers, launched by profile and
+    /// revision, to fronts whose config names this node (over TLS, with a
+    /// token); or print each profile's revision.
+    Node(commands::node::Args),
     /// Fuzz one server through its tools' input schemas and the protocol:
     /// every crash, hang, limit hit, panic, protocol error or result outside
     /// its own outputSchema is a finding, shrunk, saved in the corpus and
@@ -258,6 +262,7 @@ async fn run(command: Command) -> Result<ExitCode> {
         Command::Audit(args) => commands::audit::run(args),
         Command::Claim(args) => commands::claim::run(args),
         Command::Key(args) => commands::key::run(args),
+        Command::Node(args) => commands::node::run(args).await,
         Command::Fuzz(args) => commands::fuzz::run(args).await,
         Command::Pull(args) => commands::pull::run(args).await,
         Command::Digest(args) => commands::digest::run(args),

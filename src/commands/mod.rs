@@ -12,6 +12,7 @@ pub mod inspect;
 pub mod key;
 pub mod learn;
 pub mod lock;
+pub mod node;
 pub mod pull;
 pub mod revoke;
 pub mod serve;

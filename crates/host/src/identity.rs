@@ -79,6 +79,10 @@ pub enum Evidence {
     /// A remote server: nothing here runs it, and nothing measured what
     /// answers at its endpoint.
     Remote,
+    /// A server a node launched for this front: the node's signed statement
+    /// (verified with its pinned public key) says what runs and how it is
+    /// contained; nothing here measured it.
+    RemoteMeasured,
 }
 
 impl Evidence {
@@ -89,6 +93,7 @@ impl Evidence {
             Self::NativeMeasured => "native-measured",
             Self::NativeUnmeasured => "native-unmeasured",
             Self::Remote => "remote-unmeasured",
+            Self::RemoteMeasured => "remote-measured",
         }
     }
 }

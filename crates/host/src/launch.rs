@@ -100,6 +100,9 @@ pub enum Planned {
     /// An endpoint: connected at start. Nothing of it runs here, so there
     /// are no bytes to measure.
     Remote(crate::remote::RemoteLaunch),
+    /// A profile on a node: the node launches it at start and says, signed,
+    /// what it launched.
+    Node(crate::remote::node::NodeLaunch),
 }
 
 /// Plans `spec` on the launcher its kind names; its bytes must meet
@@ -147,6 +150,17 @@ pub fn plan(
             name: spec.name.clone(),
             url: url.clone(),
             bearer_token_env: bearer_token_env.clone(),
+            limits: spec.limits.clone(),
+        })),
+        ServerKind::Node {
+            node,
+            profile,
+            revision,
+        } => Ok(Planned::Node(crate::remote::node::NodeLaunch {
+            name: spec.name.clone(),
+            node: node.clone(),
+            profile: profile.clone(),
+            revision: *revision,
             limits: spec.limits.clone(),
         })),
     }
@@ -207,6 +221,7 @@ impl Planned {
                 Ok(crate::native::start_opened(launch, executable, tracker).await?)
             }
             Self::Remote(launch) => Ok(crate::remote::launch(launch, tracker).await?),
+            Self::Node(launch) => Ok(launch.start(tracker).await?),
         }
     }
 

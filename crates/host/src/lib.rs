@@ -14,7 +14,7 @@
 //! | layer | modules | what they are |
 //! | --- | --- | --- |
 //! | 1 | `text`, `dirs`, `identity`, `limits`, `keys`, `seal`, `command`, `script`, `tasks_2025`, `watch` | vocabulary: printable text, Moat's directories, digests and evidence, limits, keys, command and `#!` resolution, 2025-11-25's task wire, file watching |
-//! | 2 | `grants`, `config`, `revoke`, `lock`, `policy`, `oci`, `packages` | data: one module per capability, `moat.toml`, the kill switch, `moat.lock` and its pins, OCI references, package launchers |
+//! | 2 | `grants`, `config`, `revoke`, `lock`, `signature`, `policy`, `oci`, `packages` | data: one module per capability, `moat.toml`, the kill switch, `moat.lock` and its pins, signed documents and their public keys, OCI references, package launchers |
 //! | 3 | `instance` | the launch contract: what a launcher hands up (the instance, its identity with a typed sandbox report, exit, metrics, tracker) |
 //! | 4 | `wasm`, `native`, `sandbox`, `egress`, `remote` | the launchers, each with its own error type |
 //! | 5 | `transport` | the one client transport over any launched instance |
@@ -56,7 +56,7 @@ pub mod oci;
 pub(crate) mod packages;
 pub(crate) mod policy;
 pub mod relock;
-pub(crate) mod remote;
+pub mod remote;
 pub mod report;
 pub mod revoke;
 #[cfg(target_os = "linux")]
@@ -66,6 +66,7 @@ pub(crate) mod script;
 pub mod seal;
 pub(crate) mod session;
 pub mod setup;
+pub mod signature;
 pub(crate) mod tasks_2025;
 pub(crate) mod text;
 pub(crate) mod trace;

@@ -210,6 +210,14 @@ pub async fn inspect(
                 ServerKind::Wasm { source, .. } => format!("wasm {source}"),
                 ServerKind::Native { command, .. } => format!("native {command}"),
                 ServerKind::Remote { url, .. } => format!("remote {url}"),
+                ServerKind::Node {
+                    node,
+                    profile,
+                    revision,
+                } => format!(
+                    "profile `{profile}` at {revision} on node `{}` ({})",
+                    node.name, node.url
+                ),
             },
             limits: spec.limits.clone(),
             dirs: spec

@@ -165,6 +165,30 @@ pub async fn gateway_for(
     Ok(gateway)
 }
 
+/// The launch host `moat node` runs for the config at `config_path`: its
+/// lock is required (a node launches only what it has pinned), its
+/// statements are signed with Moat's claim key (made when missing), which
+/// no server it launches may reach.
+pub fn node_for(
+    config_path: &Path,
+    warn: impl FnMut(&dyn std::error::Error),
+) -> Result<crate::node::launch::Node, SetupError> {
+    let config = Config::load(config_path)?;
+    let lock_path = Lock::path_for(config_path);
+    let lock = Lock::load(&lock_path)?.ok_or(SetupError::NotLocked {
+        path: lock_path.clone(),
+    })?;
+    let key_dir = audit_key_dir()?;
+    let key = crate::claim::SigningKey::in_dir(&key_dir, true)?;
+    let host = host_for(config_path, true, warn)?.protect(crate::grants::CLAIM_KEY, key_dir);
+    Ok(crate::node::launch::Node::new(
+        config,
+        lock,
+        host,
+        Arc::new(key),
+    ))
+}
+
 /// What `moat serve --claims PLACE` signs with: the claim signing key
 /// beside the audit key (made when missing), and where claims go (into the
 /// audit log only when there is one, `audited`).

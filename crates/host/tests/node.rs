@@ -13,9 +13,9 @@ use std::sync::Arc;
 use common::{Launcher, args, spec, text};
 use moat_host::claim::SigningKey;
 use moat_host::lock::{LOCK_VERSION, Lock};
+use moat_host::node::LaunchRequest;
 use moat_host::node::launch::Node;
 use moat_host::node::profile::revision;
-use moat_host::node::request::LaunchRequest;
 use moat_host::{Config, Host};
 use moat_test_guests as guests;
 use serde_json::json;
@@ -45,6 +45,7 @@ async fn a_node_launches_only_the_profile_and_revision_it_holds(launcher: Launch
         servers: [(profile.name.clone(), profile.clone())].into(),
         serve: Default::default(),
         wasm: Default::default(),
+        nodes: Default::default(),
     };
     let host = Host::new(Some(cache()))
         .unwrap()
@@ -79,14 +80,18 @@ async fn a_node_launches_only_the_profile_and_revision_it_holds(launcher: Launch
         ),
     ];
     for (body, expected) in refusals {
-        let error = node.launch(&body).await.err().expect("refused");
+        let error = node
+            .launch(&body, "nonce-of-the-front")
+            .await
+            .err()
+            .expect("refused");
         assert_eq!(error.to_string(), expected);
     }
     assert_eq!(host.launches(), 0, "nothing was launched for a refusal");
 
     // The revision it holds: launched, signed, and served.
     let launched = node
-        .launch(&body("everything", held.to_string()))
+        .launch(&body("everything", held.to_string()), "nonce-of-the-front")
         .await
         .unwrap();
     assert_eq!(host.launches(), 1);
@@ -94,11 +99,12 @@ async fn a_node_launches_only_the_profile_and_revision_it_holds(launcher: Launch
         profile: "everything".into(),
         revision: held,
     };
-    let statement = moat_host::node::statement::check(
+    let statement = moat_host::node::check(
         "node",
         &serde_json::to_value(&launched.statement).unwrap(),
         &key.public(),
         &asked,
+        "nonce-of-the-front",
     )
     .unwrap();
     assert_eq!(statement.session, launched.id);

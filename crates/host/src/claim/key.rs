@@ -8,7 +8,9 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use ring::signature::{ED25519, Ed25519KeyPair, KeyPair, UnparsedPublicKey};
+use ring::signature::{Ed25519KeyPair, KeyPair};
+
+pub use crate::signature::{ALGORITHM, PublicKey, Signature};
 
 use super::ClaimError;
 
@@ -16,8 +18,6 @@ use super::ClaimError;
 pub const KEY_FILE: &str = "claim.key";
 /// The retired public keys' file name: one `HEX unix_ms` line each.
 pub const RETIRED_FILE: &str = "claim.retired";
-/// The algorithm, as a signature names it.
-pub const ALGORITHM: &str = "ed25519";
 
 /// Moat's claim signing key.
 pub struct SigningKey {
@@ -28,41 +28,6 @@ pub struct SigningKey {
 impl std::fmt::Debug for SigningKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "SigningKey({}, {})", self.path.display(), self.public())
-    }
-}
-
-/// An Ed25519 public key: 64 hex digits, optionally after `ed25519:`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PublicKey([u8; 32]);
-
-impl std::fmt::Display for PublicKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&hex::encode(self.0))
-    }
-}
-
-impl std::str::FromStr for PublicKey {
-    type Err = String;
-
-    fn from_str(text: &str) -> Result<Self, String> {
-        let text = text.trim();
-        let hex_part = text.strip_prefix("ed25519:").unwrap_or(text);
-        let bytes = hex::decode(hex_part)
-            .ok()
-            .and_then(|b| <[u8; 32]>::try_from(b).ok())
-            .ok_or_else(|| {
-                format!("{text:?} is not an Ed25519 public key (64 hex digits, as `moat key show` prints)")
-            })?;
-        Ok(Self(bytes))
-    }
-}
-
-impl PublicKey {
-    /// Whether `signature` is this key's Ed25519 signature of `message`.
-    pub fn verifies(&self, message: &[u8], signature: &[u8]) -> bool {
-        UnparsedPublicKey::new(&ED25519, self.0)
-            .verify(message, signature)
-            .is_ok()
     }
 }
 
@@ -95,7 +60,7 @@ impl SigningKey {
     pub fn public(&self) -> PublicKey {
         let mut bytes = [0u8; 32];
         bytes.copy_from_slice(self.pair.public_key().as_ref());
-        PublicKey(bytes)
+        PublicKey::from_bytes(bytes)
     }
 
     /// Its file.
@@ -106,6 +71,17 @@ impl SigningKey {
     /// The Ed25519 signature of `message`.
     pub fn sign(&self, message: &[u8]) -> Vec<u8> {
         self.pair.sign(message).as_ref().to_vec()
+    }
+
+    /// This key's signature of `value` in `domain` (see
+    /// [`crate::signature::signed_bytes`]).
+    pub fn signature(&self, domain: &str, value: &impl serde::Serialize) -> Signature {
+        let value = serde_json::to_value(value).unwrap_or_default();
+        Signature {
+            algorithm: ALGORITHM.to_owned(),
+            public_key: self.public().to_string(),
+            value: hex::encode(self.sign(&crate::signature::signed_bytes(domain, &value))),
+        }
     }
 }
 

@@ -37,6 +37,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::signature::{Signature, SignatureError, canonical, signed_bytes};
 pub use key::{PublicKey, SigningKey};
 pub use ledger::Ledger;
 pub use verify::{Checked, check_against_log, verify};
@@ -181,79 +182,6 @@ pub struct SignedClaim {
     pub signature: Option<Signature>,
 }
 
-/// An Ed25519 signature of a claim's canonical encoding.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Signature {
-    /// [`key::ALGORITHM`].
-    pub algorithm: String,
-    /// The signer's public key (hex).
-    pub public_key: String,
-    /// The signature (hex).
-    pub value: String,
-}
-
-/// A claim's canonical encoding: the bytes its signature covers.
-pub fn canonical(claim: &serde_json::Value) -> String {
-    crate::lock::canonical_json(claim)
-}
-
-/// The bytes a signature covers: the document's `format` (its domain: a
-/// claim's signature can never pass for a launch statement's, nor the
-/// reverse), a newline, then `value`'s canonical encoding.
-pub fn signed_bytes(domain: &str, value: &serde_json::Value) -> Vec<u8> {
-    let mut bytes = Vec::with_capacity(domain.len() + 1);
-    bytes.extend_from_slice(domain.as_bytes());
-    bytes.push(b'\n');
-    bytes.extend_from_slice(canonical(value).as_bytes());
-    bytes
-}
-
-impl Signature {
-    /// `key`'s signature of `value` in `domain` (see [`signed_bytes`]).
-    pub fn of(domain: &str, value: &impl Serialize, key: &SigningKey) -> Self {
-        let value = serde_json::to_value(value).unwrap_or_default();
-        Self {
-            algorithm: key::ALGORITHM.to_owned(),
-            public_key: key.public().to_string(),
-            value: hex::encode(key.sign(&signed_bytes(domain, &value))),
-        }
-    }
-
-    /// Checks that `key` made this signature of `value` as it stands, in
-    /// `domain` (see [`signed_bytes`]).
-    pub fn check(
-        &self,
-        domain: &str,
-        value: &serde_json::Value,
-        key: &PublicKey,
-    ) -> Result<(), SignatureError> {
-        if self.algorithm != key::ALGORITHM {
-            return Err(SignatureError::Algorithm(self.algorithm.clone()));
-        }
-        if self.public_key.parse::<PublicKey>().ok() != Some(*key) {
-            return Err(SignatureError::OtherKey(self.public_key.clone()));
-        }
-        let signature = hex::decode(&self.value).map_err(|_| SignatureError::Bad)?;
-        if key.verifies(&signed_bytes(domain, value), &signature) {
-            Ok(())
-        } else {
-            Err(SignatureError::Bad)
-        }
-    }
-}
-
-/// Why a signature does not hold.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum SignatureError {
-    #[error("signature algorithm {0:?}: only \"ed25519\" is known")]
-    Algorithm(String),
-    #[error("signed by the key {0}, not by the key given")]
-    OtherKey(String),
-    #[error("the signature does not verify")]
-    Bad,
-}
-
 impl Claim {
     /// The claim signed with `key`; left unsigned when it is incomplete.
     pub fn sign(self, key: &SigningKey) -> SignedClaim {
@@ -263,7 +191,7 @@ impl Claim {
                 signature: None,
             };
         }
-        let signature = Signature::of(FORMAT, &self, key);
+        let signature = key.signature(FORMAT, &self);
         SignedClaim {
             claim: self,
             signature: Some(signature),

@@ -11,6 +11,7 @@
 //! live in [`crate::grants`].
 
 mod endpoint;
+mod node;
 mod package;
 mod parse;
 mod server;
@@ -22,6 +23,7 @@ use std::path::{Path, PathBuf};
 
 pub use crate::grants::{DirGrant, DirMode, HttpGrant, NetGrant, Writer, net_line};
 pub use endpoint::parse_endpoint;
+pub use node::NodeTarget;
 pub use package::{Ecosystem, PackageRecord};
 pub use server::SEPARATOR;
 pub(crate) use server::valid_server_name;
@@ -39,6 +41,8 @@ pub struct Config {
     pub serve: ServeSettings,
     /// How the wasm engine runs every wasm server.
     pub wasm: WasmSettings,
+    /// Launch hosts (`[nodes.NAME]`) that servers here may run on.
+    pub nodes: BTreeMap<String, NodeTarget>,
 }
 
 /// Why a config could not be loaded.

@@ -24,6 +24,8 @@ struct RawConfig {
     serve: ServeSettings,
     #[serde(default)]
     wasm: WasmSettings,
+    #[serde(default)]
+    nodes: BTreeMap<Spanned<String>, super::node::RawNode>,
 }
 
 /// The directory relative paths in the config at `path` are resolved
@@ -61,6 +63,7 @@ impl Config {
             .map_err(|error| invalid(error.span(), error.message().to_owned()))?;
         let base = canonical_base(path);
         let base = base.as_path();
+        let nodes = super::node::nodes(raw.nodes, &invalid)?;
         let mut servers = BTreeMap::new();
         for (name, server) in raw.servers {
             let name_span = name.span();
@@ -73,7 +76,10 @@ impl Config {
                     ),
                 ));
             }
-            servers.insert(name.clone(), server::spec(name, server, base, &invalid)?);
+            servers.insert(
+                name.clone(),
+                server::spec(name, server, base, &nodes, &invalid)?,
+            );
         }
         let writers: Vec<Writer> = servers
             .values()
@@ -102,6 +108,7 @@ impl Config {
             servers,
             serve: raw.serve,
             wasm: raw.wasm,
+            nodes,
         })
     }
 }

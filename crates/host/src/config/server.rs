@@ -11,8 +11,8 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use super::{
-    ConfigError, DirGrant, DirMode, HttpGrant, Instances, NetGrant, PackageRecord, Sandbox,
-    ServerKind, ServerSpec, WasmSource, parse_endpoint,
+    ConfigError, DirGrant, DirMode, HttpGrant, Instances, NetGrant, NodeTarget, PackageRecord,
+    Sandbox, ServerKind, ServerSpec, WasmSource, parse_endpoint,
 };
 use crate::identity::Digest;
 use crate::limits::Limits;
@@ -24,6 +24,10 @@ pub(super) struct RawServer {
     instance: Option<Spanned<Instances>>,
     command: Option<Spanned<String>>,
     url: Option<Spanned<String>>,
+    /// A server launched on a node (`[nodes.NAME]`) by profile and revision.
+    node: Option<Spanned<String>>,
+    profile: Option<Spanned<String>>,
+    revision: Option<Spanned<String>>,
     bearer_token_env: Option<Spanned<String>>,
     cwd: Option<String>,
     #[serde(default)]
@@ -56,16 +60,47 @@ struct RawDir {
     mode: DirMode,
 }
 
+/// The first key `server` sets that only a server Moat runs here can have.
+fn local_only(server: &RawServer) -> Option<&'static str> {
+    [
+        ("cwd", server.cwd.is_some()),
+        ("measure", !server.measure.is_empty()),
+        ("sha256", server.sha256.is_some()),
+        ("allow_unmeasured", server.allow_unmeasured),
+        ("args", !server.args.is_empty()),
+        ("env", !server.env.is_empty()),
+        ("env_passthrough", !server.env_passthrough.is_empty()),
+        ("dirs", !server.dirs.is_empty()),
+        ("net", !server.net.is_empty()),
+        ("instance", server.instance.is_some()),
+        ("package", server.package.is_some()),
+    ]
+    .into_iter()
+    .find_map(|(key, set)| set.then_some(key))
+}
+
 /// The spec of server `name` from its entry `server`, or the error at the
 /// place in the file (`invalid`) where the entry is wrong.
 pub(super) fn spec(
     name: String,
     server: Spanned<RawServer>,
     base: &Path,
+    nodes: &BTreeMap<String, NodeTarget>,
     invalid: &impl Fn(Option<Range<usize>>, String) -> ConfigError,
 ) -> Result<ServerSpec, ConfigError> {
     let server_span = server.span();
-    let server = server.into_inner();
+    let mut server = server.into_inner();
+    let on_node = server.node.take();
+    if on_node.is_none()
+        && let Some(stray) = server.profile.as_ref().or(server.revision.as_ref())
+    {
+        return Err(invalid(
+            Some(stray.span()),
+            format!(
+                "server `{name}`: `profile` and `revision` apply to a server on a node (`node = \"NAME\"`)"
+            ),
+        ));
+    }
     if let Some(instance) = &server.instance
         && server.wasm.is_none()
     {
@@ -82,7 +117,26 @@ pub(super) fn spec(
             format!("server `{name}`: `bearer_token_env` applies to remote `url` servers only"),
         ));
     }
+    let local = local_only(&server);
     let mut kind = match (server.wasm, server.command, server.url) {
+        (None, None, None) if let Some(node) = on_node => {
+            if let Some(key) = local {
+                return Err(invalid(
+                    Some(node.span()),
+                    format!(
+                        "server `{name}`: `{key}` is the node's to set: a server on a node runs with the grants, limits and command of the node's own config"
+                    ),
+                ));
+            }
+            super::node::server_kind(
+                &name,
+                node,
+                server.profile.take(),
+                server.revision.take(),
+                nodes,
+                invalid,
+            )?
+        }
         (Some(wasm), None, None) => {
             if server.cwd.is_some() || !server.measure.is_empty() {
                 return Err(invalid(
@@ -145,18 +199,7 @@ pub(super) fn spec(
                     ),
                 ));
             }
-            let local_only = [
-                ("cwd", server.cwd.is_some()),
-                ("measure", !server.measure.is_empty()),
-                ("sha256", server.sha256.is_some()),
-                ("allow_unmeasured", server.allow_unmeasured),
-                ("args", !server.args.is_empty()),
-                ("env", !server.env.is_empty()),
-                ("env_passthrough", !server.env_passthrough.is_empty()),
-                ("dirs", !server.dirs.is_empty()),
-                ("net", !server.net.is_empty()),
-            ];
-            if let Some((key, _)) = local_only.iter().find(|(_, set)| *set) {
+            if let Some(key) = local {
                 return Err(invalid(
                     Some(span),
                     format!(
@@ -185,19 +228,21 @@ pub(super) fn spec(
             return Err(invalid(
                 Some(server_span),
                 format!(
-                    "server `{name}`: one of `wasm = \"path\"`, `command = \"program\"` or `url = \"https://...\"` is required"
+                    "server `{name}`: one of `wasm = \"path\"`, `command = \"program\"`, `url = \"https://...\"` or `node = \"NAME\"` is required"
                 ),
             ));
         }
         (wasm, command, url) => {
-            let span = [wasm, command, url]
+            let span = [wasm, command, url, on_node]
                 .into_iter()
                 .flatten()
                 .map(|v| v.span())
                 .min_by_key(|span| span.start);
             return Err(invalid(
                 span,
-                format!("server `{name}`: set one of `wasm`, `command` or `url`, not several"),
+                format!(
+                    "server `{name}`: set one of `wasm`, `command`, `url` or `node`, not several"
+                ),
             ));
         }
     };

@@ -105,6 +105,15 @@ pub enum ServerKind {
         /// to that endpoint, if any. The token itself is never stored here.
         bearer_token_env: Option<String>,
     },
+    /// A server launched on a node by profile and revision: the node runs
+    /// it under its own config, lock and sandbox.
+    Node {
+        node: super::NodeTarget,
+        /// The server's name in the node's config.
+        profile: String,
+        /// The digest of that profile the front expects the node to hold.
+        revision: Digest,
+    },
 }
 
 /// Where a component's bytes come from.

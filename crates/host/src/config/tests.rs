@@ -265,7 +265,7 @@ fn a_remote_server_must_not_claim_containment() {
     assert!(message.contains("plain http is allowed to loopback addresses only"));
     let (_, _, message) =
         invalid_at("[servers.gh]\nwasm = \"a.wasm\"\nurl = \"https://mcp.example.com/mcp\"\n");
-    assert!(message.contains("set one of `wasm`, `command` or `url`, not several"));
+    assert!(message.contains("set one of `wasm`, `command`, `url` or `node`, not several"));
     let (_, _, message) = invalid_at("[servers.gh]\nwasm = \"a.wasm\"\nbearer_token_env = \"T\"\n");
     assert!(message.contains("`bearer_token_env` applies to remote `url` servers only"));
 }
@@ -298,12 +298,12 @@ fn zero_limit_and_missing_wasm_and_bad_name_are_rejected() {
     assert_eq!(settings.request_timeout_ms.get(), 500);
     let (_, _, message) = invalid_at("[servers.a]\nargs = []\n");
     assert!(message.contains(
-        "one of `wasm = \"path\"`, `command = \"program\"` or `url = \"https://...\"` is required"
+        "one of `wasm = \"path\"`, `command = \"program\"`, `url = \"https://...\"` or `node = \"NAME\"` is required"
     ));
     let (line, _, message) = invalid_at("[servers.a]\nwasm = \"a.wasm\"\ncommand = \"node\"\n");
     assert_eq!(line, 2);
     assert!(
-        message.contains("set one of `wasm`, `command` or `url`, not several"),
+        message.contains("set one of `wasm`, `command`, `url` or `node`, not several"),
         "{message}"
     );
     let (_, _, message) = invalid_at("[servers.a]\nwasm = \"a.wasm\"\nmeasure = [\"x\"]\n");

@@ -274,6 +274,7 @@ pub fn launcher_word(spec: &ServerSpec) -> &'static str {
         crate::config::ServerKind::Wasm { .. } => "wasm",
         crate::config::ServerKind::Native { .. } => "native",
         crate::config::ServerKind::Remote { .. } => "remote",
+        crate::config::ServerKind::Node { .. } => "node",
     }
 }
 

@@ -184,6 +184,7 @@ impl AgentSession {
                                 url.to_string()
                             })
                         }
+                        crate::config::ServerKind::Node { node, .. } => Some(node.url.clone()),
                         _ => None,
                     };
                     ledger.launched(

@@ -61,7 +61,13 @@ impl Host {
         let digest = match identity.digest {
             Some(digest) => digest.to_string(),
             // A remote server has no bytes here; its identity is its endpoint.
-            None if identity.evidence == crate::identity::Evidence::Remote => String::new(),
+            None if matches!(
+                identity.evidence,
+                crate::identity::Evidence::Remote | crate::identity::Evidence::RemoteMeasured
+            ) =>
+            {
+                String::new()
+            }
             None => {
                 return Err(ConnectError::from(SessionError::Protocol {
                     server: spec.name.clone(),

@@ -215,9 +215,13 @@ impl Host {
     /// A transport for `spec`, not yet connected. Refuses a server that has
     /// no pinned digest unless `allow_unmeasured` is set.
     pub fn transport(&self, spec: &ServerSpec) -> Result<ServerTransport, LaunchError> {
-        if matches!(spec.kind, ServerKind::Remote { .. }) {
+        if matches!(
+            spec.kind,
+            ServerKind::Remote { .. } | ServerKind::Node { .. }
+        ) {
             // Nothing here runs a remote server, so there are no bytes to
-            // measure; its config requires sandbox = "best-effort".
+            // measure; its config requires sandbox = "best-effort". A
+            // server on a node is measured there: its revision pins it.
             return self.transport_expecting(spec, Expectation::Unpinned);
         }
         let expected = spec.expectation().ok_or_else(|| LaunchError::Unmeasured {
@@ -323,9 +327,13 @@ impl Host {
                 revocation,
             });
         }
-        let pinned = if matches!(spec.kind, ServerKind::Remote { .. }) {
-            // No bytes to pin: the locked identity (the endpoint) and the
-            // tool pins are checked below.
+        let pinned = if matches!(
+            spec.kind,
+            ServerKind::Remote { .. } | ServerKind::Node { .. }
+        ) {
+            // No bytes to pin here: the locked identity (the endpoint; for
+            // a node, its address, the profile, the revision and the digest
+            // the node says runs) and the tool pins are checked below.
             None
         } else {
             let digest: Digest = locked.sha256.parse().map_err(|e| ConnectError::BadLock {

@@ -5,12 +5,9 @@
 //! node's front; this is the whole decision.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::NodeError;
 use super::profile::resolve;
-use super::request::LaunchRequest;
-use super::statement::{FORMAT, SignedStatement, Statement};
+use super::{FORMAT, LaunchRequest, NodeError, SignedStatement, Statement};
 use crate::claim::SigningKey;
 use crate::config::Config;
 use crate::host::Host;
@@ -24,7 +21,6 @@ pub struct Node {
     lock: Lock,
     host: Host,
     key: Arc<SigningKey>,
-    launches: AtomicU64,
 }
 
 /// One launch: the node's id for it, the connected server, and the signed
@@ -44,15 +40,37 @@ impl Node {
             lock,
             host,
             key,
-            launches: AtomicU64::new(0),
         }
     }
 
-    /// Launches what the request `body` asks for, or says why not: a body
-    /// that is not exactly a profile and a revision, a profile the node
-    /// does not have, a revision it does not hold, or a launch its lock or
-    /// sandbox refuses.
-    pub async fn launch(&self, body: &[u8]) -> Result<Launched, NodeError> {
+    /// The node's config.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The node's public key.
+    pub fn public_key(&self) -> crate::claim::PublicKey {
+        self.key.public()
+    }
+
+    /// Every profile the node can launch, with its revision (what a front
+    /// writes as `revision`); a server with no lock entry is left out.
+    pub fn revisions(&self) -> Vec<(String, crate::identity::Digest)> {
+        self.config
+            .servers
+            .iter()
+            .filter_map(|(name, spec)| {
+                let locked = self.lock.servers.get(name)?;
+                Some((name.clone(), super::profile::revision(spec, locked)))
+            })
+            .collect()
+    }
+
+    /// Launches what the request `body` asks for, its statement bound to
+    /// the front's `nonce`, or says why not: a body that is not exactly a
+    /// profile and a revision, a profile the node does not have, a
+    /// revision it does not hold, or a launch its lock or sandbox refuses.
+    pub async fn launch(&self, body: &[u8], nonce: &str) -> Result<Launched, NodeError> {
         let request = LaunchRequest::parse(body)?;
         let (spec, revision) = resolve(&self.config, &self.lock, &request)?;
         let session = self
@@ -66,17 +84,22 @@ impl Node {
         let (Some(identity), Some(execution)) = (session.identity(), session.launched_identity())
         else {
             let _ = session.close().await;
-            return Err(NodeError::BadRequest {
-                detail: format!(
-                    "profile `{}` reported no identity once launched",
-                    request.profile
-                ),
+            return Err(NodeError::NoIdentity {
+                profile: request.profile,
             });
         };
-        let id = format!("n{}", self.launches.fetch_add(1, Ordering::SeqCst) + 1);
+        // Unguessable: a launch's endpoint is the front's alone, whoever
+        // else holds a token for this node.
+        let mut id = [0u8; 16];
+        if let Err(error) = getrandom::fill(&mut id) {
+            let _ = session.close().await;
+            return Err(NodeError::Random(error.to_string()));
+        }
+        let id = hex::encode(id);
         let statement = Statement {
             format: FORMAT.to_owned(),
             session: id.clone(),
+            nonce: nonce.to_owned(),
             profile: request.profile,
             revision: revision.to_string(),
             identity: execution.to_string(),
@@ -84,8 +107,11 @@ impl Node {
             evidence: identity.evidence.to_string(),
             sandbox: identity.sandbox.lines(),
             launched_unix_ms: crate::audit::now_unix_ms(),
-        }
-        .sign(&self.key);
+        };
+        let statement = SignedStatement {
+            signature: self.key.signature(FORMAT, &statement),
+            statement,
+        };
         Ok(Launched {
             id,
             session,

@@ -10,27 +10,32 @@
 //! with its claim key, which the front checks against the node's public key
 //! pinned in its config.
 //!
-//! What a launch request may say: [`request`]. What a profile's revision
-//! covers, and how a request is resolved against the node's files:
-//! [`profile`]. The signed statement: [`statement`]. A launch decided and
-//! made: [`launch`].
+//! What a launch request may say, and the signed statement, are the wire
+//! the front shares ([`crate::remote::request`],
+//! [`crate::remote::statement`]). What a profile's revision covers, and how
+//! a request is resolved against the node's files: [`profile`]. A launch
+//! decided and made: [`launch`]. One launch served to its front:
+//! `served`. The HTTPS listener, its token and its routes: [`serve`].
 
 pub mod launch;
 pub mod profile;
-pub mod request;
-pub mod statement;
+pub mod serve;
+mod served;
+
+pub use crate::remote::request::{LaunchRequest, RequestError};
+pub use crate::remote::statement::{FORMAT, SignedStatement, Statement, StatementError, check};
 
 use crate::identity::Digest;
 
 /// Why a node refuses a launch, or a front refuses a node's answer.
 #[derive(Debug, thiserror::Error)]
 pub enum NodeError {
-    #[error("launch request: {detail}")]
-    BadRequest { detail: String },
+    #[error(transparent)]
+    Request(#[from] RequestError),
     #[error(
-        "launch request: field `{field}` is not accepted: a front names a profile and its revision only; grants, limits, commands and policy are the node's own"
+        "launch request: the `moat-nonce` header must be 16 to 128 characters of A-Z, a-z, 0-9, `-` or `_`"
     )]
-    FieldRefused { field: String },
+    Nonce,
     #[error("profile `{profile}`: this node has no such profile (its config names: {known})")]
     UnknownProfile { profile: String, known: String },
     #[error(
@@ -51,6 +56,29 @@ pub enum NodeError {
         #[source]
         source: Box<crate::host::ConnectError>,
     },
-    #[error("node `{node}`: its launch statement: {detail}")]
-    Statement { node: String, detail: String },
+    #[error("profile `{profile}` reported no identity once launched")]
+    NoIdentity { profile: String },
+    #[error("moat node: {operation} {path}: {detail}", path = path.display())]
+    Tls {
+        operation: &'static str,
+        path: std::path::PathBuf,
+        detail: String,
+    },
+    #[error("moat node: drawing a launch id from the system's random source: {0}")]
+    Random(String),
+    #[error("moat node: reading the listener's local address: {0}")]
+    LocalAddr(#[source] std::io::Error),
+}
+
+impl NodeError {
+    /// The HTTP status a front gets for this refusal.
+    pub fn status(&self) -> u16 {
+        match self {
+            Self::Request(_) | Self::Nonce => 400,
+            Self::UnknownProfile { .. } => 404,
+            Self::NotLocked { .. } | Self::Stale { .. } => 409,
+            Self::Launch { .. } | Self::NoIdentity { .. } => 502,
+            Self::Tls { .. } | Self::LocalAddr(_) | Self::Random(_) => 500,
+        }
+    }
 }

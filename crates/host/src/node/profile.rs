@@ -8,8 +8,8 @@
 //! for a typed component, its instances. A front that expects one revision never gets
 //! another: any change to what runs, or how, is a new revision.
 
+use super::LaunchRequest;
 use super::NodeError;
-use super::request::LaunchRequest;
 use crate::config::{Config, ServerSpec};
 use crate::identity::Digest;
 use crate::lock::{Lock, LockedServer, canonical_json};

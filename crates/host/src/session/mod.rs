@@ -79,8 +79,21 @@ pub(crate) fn identity_parts<'a>(
             ("native", command.clone(), Some(cwd.display().to_string()))
         }
         ServerKind::Remote { url, .. } => ("remote", url.clone(), None),
+        ServerKind::Node { node, .. } => ("node", node.url.clone(), None),
     };
     let mut argv = vec![argv0];
+    if let ServerKind::Node {
+        node,
+        profile,
+        revision,
+    } = &spec.kind
+    {
+        argv.extend([
+            format!("node={}", node.name),
+            format!("profile={profile}"),
+            format!("revision={revision}"),
+        ]);
+    }
     argv.extend(spec.args.iter().cloned());
     let mut env_names: Vec<String> = spec.env.names().map(str::to_owned).collect();
     if let ServerKind::Remote {
@@ -89,6 +102,9 @@ pub(crate) fn identity_parts<'a>(
     } = &spec.kind
     {
         env_names.push(var.clone()); // the name, never the token
+    }
+    if let ServerKind::Node { node, .. } = &spec.kind {
+        env_names.push(node.token_env.clone());
     }
     IdentityParts {
         kind,

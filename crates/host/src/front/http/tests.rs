@@ -111,6 +111,7 @@ fn gateway() -> Gateway {
         servers: Default::default(),
         serve: Default::default(),
         wasm: Default::default(),
+        nodes: Default::default(),
     };
     Gateway::new(crate::host::Host::new(None).unwrap(), config, None)
 }

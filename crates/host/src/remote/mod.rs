@@ -8,6 +8,18 @@
 //! session as a [`Launched`] with in-memory stdin/stdout, so the one
 //! transport above it (framing bounds, deadlines, pins, progress routing)
 //! is the same code as for wasm and native servers.
+//!
+//! A server on a node (`node = "NAME"`) is reached the same way once the
+//! node has launched it: [`node`] asks for the launch (profile, revision
+//! and a nonce, nothing else), checks the node's certificate against the
+//! pin and its signed statement against the pinned public key, then hands
+//! the launched session's endpoint to the same bridge. The launch request
+//! and the statement, which the node's side (`crate::node`) shares, are
+//! [`request`] and [`statement`].
+
+pub mod node;
+pub mod request;
+pub mod statement;
 
 use std::fmt;
 use std::sync::Arc;
@@ -49,6 +61,26 @@ pub enum RemoteError {
         server: String,
         url: String,
         detail: String,
+    },
+    #[error("server `{server}`: node `{node}` at {url}: {detail}")]
+    NodeUnreachable {
+        server: String,
+        node: String,
+        url: String,
+        detail: String,
+    },
+    #[error("server `{server}`: node `{node}` refused the launch ({status}): {detail}")]
+    NodeRefused {
+        server: String,
+        node: String,
+        status: u16,
+        detail: String,
+    },
+    #[error("server `{server}`: {source}")]
+    NodeStatement {
+        server: String,
+        #[source]
+        source: statement::StatementError,
     },
 }
 
@@ -147,63 +179,104 @@ pub(crate) async fn launch(
 ) -> Result<Launched, RemoteError> {
     let token = launch.token()?;
     let client = launch.client()?;
-    let max = usize::try_from(launch.limits.max_line_bytes).unwrap_or(usize::MAX);
-    let mut config = StreamableHttpClientTransportConfig::with_uri(launch.url.clone())
+    let mut sandbox = SandboxReport::default();
+    sandbox.not_enforced(
+        "remote server: no child process exists to sandbox; Moat bounds its messages and deadlines only",
+    );
+    let identity = Identity {
+        digest: None,
+        measured: Vec::new(),
+        sandbox,
+        evidence: Evidence::Remote,
+        component: None,
+        oci: None,
+    };
+    Ok(connect(
+        Endpoint {
+            name: launch.name.clone(),
+            label: format!("remote `{}`", launch.name),
+            url: launch.url.clone(),
+            client,
+            token,
+            limits: launch.limits,
+            on_end: None,
+        },
+        identity,
+        &tracker,
+    ))
+}
+
+/// Where a bridge connects: the server's name, how its faults name it, the
+/// endpoint, the HTTP client and token for it, and the message bounds.
+pub(crate) struct Endpoint {
+    pub name: String,
+    pub label: String,
+    pub url: String,
+    pub client: reqwest::Client,
+    pub token: Option<Secret>,
+    pub limits: Limits,
+    /// Run once the bridge has ended, whatever ended it (a node's launch
+    /// is released here).
+    pub on_end: Option<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>>,
+}
+
+/// The bridge to `endpoint`, presented as an in-process instance of
+/// `identity`.
+pub(crate) fn connect(endpoint: Endpoint, identity: Identity, tracker: &Arc<Tracker>) -> Launched {
+    let max = usize::try_from(endpoint.limits.max_line_bytes).unwrap_or(usize::MAX);
+    let mut config = StreamableHttpClientTransportConfig::with_uri(endpoint.url.clone())
         .max_sse_event_size(max)
         .max_json_response_size(max);
-    if let Some(Secret(token)) = token {
+    if let Some(Secret(token)) = endpoint.token {
         config = config.auth_header(token);
     }
-    let remote = StreamableHttpClientTransport::with_client(client, config);
+    let remote = StreamableHttpClientTransport::with_client(endpoint.client, config);
 
     let (stdin_host, stdin_bridge) = tokio::io::duplex(PIPE_BYTES);
     let (stdout_bridge, stdout_host) = tokio::io::duplex(PIPE_BYTES);
     let (stderr_bridge, stderr_host) = tokio::io::duplex(PIPE_BYTES);
     let closing = CancellationToken::new();
-    let name = launch.name.clone();
+    let label = endpoint.label;
+    let on_end = endpoint.on_end;
+    let label_faults = on_end.is_some();
     let bridge_closing = closing.clone();
     let started = InProcess {
         stdin: Box::new(stdin_host),
         stdout: Box::new(stdout_host),
         stderr: Box::new(stderr_host),
-        identity: Identity {
-            digest: None,
-            measured: Vec::new(),
-            sandbox: {
-                let mut report = SandboxReport::default();
-                report.not_enforced("remote server: no child process exists to sandbox; Moat bounds its messages and deadlines only");
-                report
-            },
-            evidence: Evidence::Remote,
-            component: None,
-            oci: None,
-        },
+        identity,
         metrics: Arc::new(Metrics::default()),
         // No CPU budget to refresh.
         on_request: None,
         terminate: Some(Box::new(move || closing.cancel())),
         answers_deadlines: false,
     };
-    Ok(
-        started.spawn(&launch.name, "remote session", &tracker, async move {
-            bridge(
-                &name,
-                remote,
-                stdin_bridge,
-                stdout_bridge,
-                stderr_bridge,
-                bridge_closing,
-            )
-            .await
-        }),
-    )
+    started.spawn(&endpoint.name, "remote session", tracker, async move {
+        let exit = bridge(
+            &label,
+            label_faults,
+            remote,
+            stdin_bridge,
+            stdout_bridge,
+            stderr_bridge,
+            bridge_closing,
+        )
+        .await;
+        if let Some(on_end) = on_end {
+            on_end.await;
+        }
+        exit
+    })
 }
 
 /// Moves JSON lines from the host to the remote session and the remote's
 /// messages back as lines, until the host closes stdin (a clean close that
 /// ends the HTTP session), `closing` fires, or the remote session ends.
+/// Refusals name the server as `label`; so does the end of the session
+/// when `label_faults` (the server's name alone does not say where it ran).
 async fn bridge(
-    name: &str,
+    label: &str,
+    label_faults: bool,
     mut remote: StreamableHttpClientTransport<reqwest::Client>,
     stdin: tokio::io::DuplexStream,
     mut stdout: tokio::io::DuplexStream,
@@ -238,7 +311,7 @@ async fn bridge(
                 }
             },
             Some(sent) = sends.join_next() => {
-                if let Some(detail) = refused(name, sent, &mut stdout, &mut stderr).await {
+                if let Some(detail) = refused(label, sent, &mut stdout, &mut stderr).await {
                     last_refusal = Some(detail);
                 }
             }
@@ -252,13 +325,18 @@ async fn bridge(
                     // Answer what is still in flight first: the reason the
                     // remote ended is usually one of those refusals.
                     while let Some(sent) = sends.join_next().await {
-                        if let Some(detail) = refused(name, sent, &mut stdout, &mut stderr).await {
+                        if let Some(detail) = refused(label, sent, &mut stdout, &mut stderr).await {
                             last_refusal = Some(detail);
                         }
                     }
+                    let ended = if label_faults {
+                        format!("{label}: the remote endpoint ended the session")
+                    } else {
+                        "the remote endpoint ended the session".to_owned()
+                    };
                     let reason = match last_refusal {
-                        Some(detail) => format!("the remote endpoint ended the session: {detail}"),
-                        None => "the remote endpoint ended the session".to_owned(),
+                        Some(detail) => format!("{ended}: {detail}"),
+                        None => ended,
                     };
                     return Exit::Crashed(reason);
                 }
@@ -279,7 +357,7 @@ type Sent = (
 /// Handles one finished send: a refused request is answered with an error
 /// naming the reason (the remote will never answer it). Returns the reason.
 async fn refused(
-    name: &str,
+    label: &str,
     sent: Result<Sent, tokio::task::JoinError>,
     stdout: &mut (impl AsyncWrite + Unpin),
     stderr: &mut (impl AsyncWrite + Unpin),
@@ -288,11 +366,11 @@ async fn refused(
         return None;
     };
     let detail = crate::text::error_chain(&error);
-    tracing::warn!(server = %name, error = %detail, "remote endpoint refused a message");
+    tracing::warn!(server = %label, error = %detail, "remote endpoint refused a message");
     note(stderr, &detail).await;
     if let Some(id) = id {
         let answer = ServerJsonRpcMessage::error(
-            ErrorData::internal_error(format!("remote `{name}`: {detail}"), None),
+            ErrorData::internal_error(format!("{label}: {detail}"), None),
             Some(id),
         );
         let _ = write_line(stdout, &answer).await;

@@ -2,8 +2,18 @@
 //! Every other field is refused by name, so a front can never hand the node
 //! a command, a grant, a limit or a policy of its own.
 
-use super::NodeError;
 use crate::identity::Digest;
+
+/// Why a launch request is refused before anything is resolved.
+#[derive(Debug, thiserror::Error)]
+pub enum RequestError {
+    #[error("launch request: {detail}")]
+    Bad { detail: String },
+    #[error(
+        "launch request: field `{field}` is not accepted: a front names a profile and its revision only; grants, limits, commands and policy are the node's own"
+    )]
+    FieldRefused { field: String },
+}
 
 /// The fields a launch request has.
 pub const FIELDS: [&str; 2] = ["profile", "revision"];
@@ -14,7 +24,7 @@ pub struct LaunchRequest {
     /// A server name in the node's config.
     pub profile: String,
     /// The digest of that profile the front expects
-    /// ([`super::profile::revision`]).
+    /// (`moat_host::node::profile::revision`).
     pub revision: Digest,
 }
 
@@ -25,15 +35,15 @@ impl LaunchRequest {
     }
 
     /// Parses a request body: a JSON object with exactly [`FIELDS`].
-    pub fn parse(body: &[u8]) -> Result<Self, NodeError> {
-        let bad = |detail: String| NodeError::BadRequest { detail };
+    pub fn parse(body: &[u8]) -> Result<Self, RequestError> {
+        let bad = |detail: String| RequestError::Bad { detail };
         let value: serde_json::Value =
             serde_json::from_slice(body).map_err(|e| bad(format!("not JSON: {e}")))?;
         let Some(object) = value.as_object() else {
             return Err(bad("not a JSON object".into()));
         };
         if let Some(field) = object.keys().find(|k| !FIELDS.contains(&k.as_str())) {
-            return Err(NodeError::FieldRefused {
+            return Err(RequestError::FieldRefused {
                 field: crate::text::printable(field),
             });
         }

@@ -8,9 +8,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::NodeError;
 use super::request::LaunchRequest;
-use crate::claim::{PublicKey, Signature, SigningKey};
+use crate::signature::{PublicKey, Signature};
 
 /// The `format` of statements this version writes and reads.
 pub const FORMAT: &str = "moat-launch/1";
@@ -23,6 +22,9 @@ pub struct Statement {
     pub format: String,
     /// The node's id of the launched session (the one the front talks to).
     pub session: String,
+    /// The front's nonce for this launch (its `Moat-Nonce` header): a
+    /// statement answers one request only and cannot be replayed.
+    pub nonce: String,
     pub profile: String,
     pub revision: String,
     /// The execution identity of what runs.
@@ -44,14 +46,12 @@ pub struct SignedStatement {
     pub signature: Signature,
 }
 
-impl Statement {
-    /// Signed with the node's `key`.
-    pub fn sign(self, key: &SigningKey) -> SignedStatement {
-        SignedStatement {
-            signature: Signature::of(FORMAT, &self, key),
-            statement: self,
-        }
-    }
+/// Why a front refuses a node's answer.
+#[derive(Debug, thiserror::Error)]
+#[error("node `{node}`: its launch statement: {detail}")]
+pub struct StatementError {
+    pub node: String,
+    pub detail: String,
 }
 
 /// The front's check of node `node`'s answer `answer` to `asked`: signed by
@@ -63,8 +63,9 @@ pub fn check(
     answer: &serde_json::Value,
     key: &PublicKey,
     asked: &LaunchRequest,
-) -> Result<Statement, NodeError> {
-    let refused = |detail: String| NodeError::Statement {
+    nonce: &str,
+) -> Result<Statement, StatementError> {
+    let refused = |detail: String| StatementError {
         node: node.to_owned(),
         detail,
     };
@@ -87,18 +88,33 @@ pub fn check(
             statement.profile, statement.revision, asked.profile, asked.revision
         )));
     }
+    if statement.nonce != nonce {
+        return Err(refused(format!(
+            "it answers the launch request with nonce {:?}, not this one ({nonce:?}): a statement is good for the one launch it was made for",
+            crate::text::printable(&statement.nonce)
+        )));
+    }
     Ok(statement)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::claim::SigningKey;
     use crate::identity::Digest;
+
+    fn signed(statement: Statement, key: &SigningKey) -> SignedStatement {
+        SignedStatement {
+            signature: key.signature(FORMAT, &statement),
+            statement,
+        }
+    }
 
     fn statement(revision: Digest) -> Statement {
         Statement {
             format: FORMAT.into(),
             session: "n1".into(),
+            nonce: "nonce-1".into(),
             profile: "time".into(),
             revision: revision.to_string(),
             identity: Digest::of(b"identity").to_string(),
@@ -119,13 +135,20 @@ mod tests {
             profile: "time".into(),
             revision,
         };
-        let answer = serde_json::to_value(statement(revision).sign(&node)).unwrap();
+        let answer = serde_json::to_value(signed(statement(revision), &node)).unwrap();
         assert_eq!(
-            check("gpu", &answer, &node.public(), &asked).unwrap(),
+            check("gpu", &answer, &node.public(), &asked, "nonce-1").unwrap(),
             statement(revision)
         );
 
-        let error = check("gpu", &answer, &other.public(), &asked).unwrap_err();
+        // The same statement, offered again for another launch.
+        let error = check("gpu", &answer, &node.public(), &asked, "nonce-2").unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "node `gpu`: its launch statement: it answers the launch request with nonce \"nonce-1\", not this one (\"nonce-2\"): a statement is good for the one launch it was made for"
+        );
+
+        let error = check("gpu", &answer, &other.public(), &asked, "nonce-1").unwrap_err();
         assert_eq!(
             error.to_string(),
             format!(
@@ -137,14 +160,15 @@ mod tests {
 
         let mut altered = answer.clone();
         altered["statement"]["sandbox"][0] = "enforced: everything".into();
-        let error = check("gpu", &altered, &node.public(), &asked).unwrap_err();
+        let error = check("gpu", &altered, &node.public(), &asked, "nonce-1").unwrap_err();
         assert!(
             error.to_string().contains("the signature does not verify"),
             "{error}"
         );
 
-        let elsewhere = serde_json::to_value(statement(Digest::of(b"older")).sign(&node)).unwrap();
-        let error = check("gpu", &elsewhere, &node.public(), &asked).unwrap_err();
+        let elsewhere =
+            serde_json::to_value(signed(statement(Digest::of(b"older")), &node)).unwrap();
+        let error = check("gpu", &elsewhere, &node.public(), &asked, "nonce-1").unwrap_err();
         assert_eq!(
             error.to_string(),
             format!(
