@@ -5,6 +5,9 @@ order. Prints one JSON report on stdout:
 {tools: [names, sorted], results: [{isError, text}]}; a call the SDK itself
 rejects is reported as {isError: true, text: its message}.
 
+Variables named in PASS_ENV (comma-separated) reach `moat serve` too (a
+node's token, say).
+
 usage: python3 py_calls.py MOAT CONFIG CALLS
 """
 import asyncio
@@ -29,6 +32,11 @@ async def main(moat, config, calls):
             "HOME": os.environ.get("HOME", ""),
             "MOAT_CACHE_DIR": os.environ.get("MOAT_CACHE_DIR", ""),
             "MOAT_STATE_DIR": os.environ.get("MOAT_STATE_DIR", ""),
+            **{
+                name: os.environ[name]
+                for name in os.environ.get("PASS_ENV", "").split(",")
+                if name in os.environ
+            },
         },
     )
     report = {"results": []}

@@ -3,6 +3,8 @@
 // {name, arguments}) in order. Prints one JSON report on stdout:
 // {tools: [names, sorted], results: [{isError, text}]}; a call the SDK
 // itself rejects is reported as {isError: true, text: its message}.
+// Variables named in PASS_ENV (comma-separated) reach `moat serve` too (a
+// node's token, say).
 //
 // usage: node ts_calls.mjs SDK_DIR MOAT CONFIG CALLS
 import { pathToFileURL } from "node:url";
@@ -21,6 +23,12 @@ const transport = new StdioClientTransport({
     HOME: process.env.HOME ?? "",
     MOAT_CACHE_DIR: process.env.MOAT_CACHE_DIR ?? "",
     MOAT_STATE_DIR: process.env.MOAT_STATE_DIR ?? "",
+    ...Object.fromEntries(
+      (process.env.PASS_ENV ?? "")
+        .split(",")
+        .filter((name) => name && process.env[name] !== undefined)
+        .map((name) => [name, process.env[name]]),
+    ),
   },
   stderr: "inherit",
 });

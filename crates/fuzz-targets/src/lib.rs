@@ -139,6 +139,7 @@ pub fn routing(data: &[u8]) {
         servers: [("a".to_owned(), spec)].into(),
         serve: Default::default(),
         wasm: Default::default(),
+        nodes: Default::default(),
     };
     let gateway = moat_host::gateway::Gateway::new(host().clone(), config, None);
     runtime().block_on(async {

@@ -206,6 +206,7 @@ impl ServerHandler for Served {
     ) -> Result<CallToolResponse, ErrorData> {
         let _busy = self.held.busy();
         let session = self.held.session()?;
+        tracing::debug!(launch = %self.held.id, tool = %request.name, "a front's call");
         let progress = context.meta.get_progress_token().map(|token| {
             let (sender, mut receiver) =
                 tokio::sync::mpsc::unbounded_channel::<ProgressNotificationParam>();

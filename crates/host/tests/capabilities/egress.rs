@@ -61,6 +61,7 @@ async fn egress_connections_are_bounded_per_server_session_and_gateway() {
             ..Default::default()
         },
         wasm: Default::default(),
+        nodes: Default::default(),
     };
     let gateway = Gateway::new(Host::new(Some(cache())).unwrap(), config, None);
     gateway.check_names().await;

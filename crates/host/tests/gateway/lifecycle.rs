@@ -24,6 +24,7 @@ async fn the_name_checks_instance_serves_the_first_session(launcher: Launcher) {
         servers: [("everything".to_owned(), spec(launcher, guests::EVERYTHING))].into(),
         serve: Default::default(),
         wasm: Default::default(),
+        nodes: Default::default(),
     };
     let gateway = Gateway::new(host.clone(), config, None);
     gateway.check_names().await;
@@ -61,6 +62,7 @@ async fn a_slow_start_never_holds_the_sessions_calls_to_other_servers(launcher: 
             ..Default::default()
         },
         wasm: Default::default(),
+        nodes: Default::default(),
     };
     let gateway = Gateway::new(host.clone(), config, None);
     let session = gateway.session();

@@ -52,6 +52,7 @@ fn gateway_audited(
             ..Default::default()
         },
         wasm: Default::default(),
+        nodes: Default::default(),
     };
     let audit = audit.map(|path| {
         std::sync::Arc::new(moat_host::audit::AuditLog::open(path, audit_key()).unwrap())

@@ -33,6 +33,7 @@ async fn a_tool_revoked_in_the_lock_is_hidden_and_refused_while_its_neighbours_a
         servers: [("x".to_owned(), x)].into(),
         serve: Default::default(),
         wasm: Default::default(),
+        nodes: Default::default(),
     };
     let dir = tempfile::tempdir().unwrap();
     let audit = dir.path().join("audit.jsonl");
@@ -152,6 +153,7 @@ async fn a_server_revoked_in_the_lock_at_start_launches_once_lifted(launcher: La
         servers: [("x".to_owned(), x)].into(),
         serve: Default::default(),
         wasm: Default::default(),
+        nodes: Default::default(),
     };
     let host = host().with_lock(lock, "moat.lock".into());
     let gateway = Gateway::new(host.clone(), config, None);

@@ -80,6 +80,7 @@ async fn tool_list_changes_reach_the_agent_after_the_pin_check(launcher: Launche
         servers: [("x".to_owned(), x)].into(),
         serve: Default::default(),
         wasm: Default::default(),
+        nodes: Default::default(),
     };
     let gateway = Gateway::new(host().with_lock(lock, "moat.lock".into()), config, None);
     let session = gateway.session();

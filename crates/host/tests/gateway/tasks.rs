@@ -156,6 +156,7 @@ async fn a_call_still_running_after_task_after_ms_becomes_a_task_of_moats_at_any
             ..Default::default()
         },
         wasm: Default::default(),
+        nodes: Default::default(),
     };
     let gateway = Gateway::new(host(), config, None);
     let session = gateway.session();
