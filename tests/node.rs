@@ -625,11 +625,16 @@ async fn a_node_killed_mid_call_fails_the_call_at_once_naming_the_node_and_the_r
     node.wait_for("a front's call");
     node.child.kill().unwrap();
     node.child.wait().unwrap();
+    let killed = std::time::Instant::now();
     let answer = tokio::time::timeout(HANG, call)
         .await
         .expect("the call fails rather than hangs")
         .unwrap();
     let error = answer.expect_err("the node is gone").to_string();
+    eprintln!(
+        "the call failed {:?} after the kill: {error}",
+        killed.elapsed()
+    );
     assert!(error.contains("node `build`"), "{error}");
 
     // The front's other servers are untouched.
@@ -642,6 +647,7 @@ async fn a_node_killed_mid_call_fails_the_call_at_once_naming_the_node_and_the_r
         .expect("refused rather than hung")
         .expect_err("the node is gone")
         .to_string();
+    eprintln!("the next call: {again}");
     assert!(again.contains("node `build`"), "{again}");
     agent.cancel().await.unwrap();
 }
