@@ -751,3 +751,73 @@ fn the_sdk_clients_drive_a_front_whose_server_runs_on_a_node() {
         assert_eq!(report["results"][1]["isError"], true, "{sdk}: {report}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_profile_revoked_on_the_node_is_refused_there_without_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let node_toml = node_config(dir.path());
+    let node = start_node(dir.path(), &node_toml, "node");
+    let config = front_config(
+        dir.path(),
+        &node,
+        &node.cert_sha256,
+        "everything",
+        node.revision("everything"),
+    );
+    let mut front = spawn_front(dir.path(), &config, &[]);
+    let agent = Agent
+        .serve((front.stdout.take().unwrap(), front.stdin.take().unwrap()))
+        .await
+        .expect("handshake with moat serve");
+    let result = agent.call_tool(add("remote__add")).await.unwrap();
+    assert_eq!(text_of(&result), "42");
+
+    ok(
+        &moat(
+            &[
+                "revoke",
+                "--config",
+                node_toml.to_str().unwrap(),
+                "--reason",
+                "compromised build",
+                "everything",
+            ],
+            &node_toml.parent().unwrap().join("state"),
+            &[],
+        ),
+        "moat revoke on the node",
+    );
+    // The launch that is running: its next call is refused, and it ends.
+    let error = tokio::time::timeout(HANG, agent.call_tool(add("remote__add")))
+        .await
+        .expect("refused rather than hung")
+        .expect_err("revoked")
+        .to_string();
+    assert!(
+        error.contains("profile `everything`: revoked on this node: `everything` was revoked by "),
+        "{error}"
+    );
+    assert!(error.contains("compromised build"), "{error}");
+    let ended = node.wait_for("launch ended");
+    assert!(ended.contains("its profile was revoked"), "{ended}");
+    agent.cancel().await.unwrap();
+
+    // A new launch of it is refused before anything starts.
+    let output = front_call(dir.path(), &config, "remote", "add", r#"{"a":1,"b":2}"#);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains(
+            "server `remote`: node `build` refused the launch (403): profile `everything`: revoked on this node: `everything` was revoked by "
+        ),
+        "{stderr}"
+    );
+    // The node's other profiles are untouched.
+    let output = front_call(
+        dir.path(),
+        &config,
+        "remote_native",
+        "add",
+        r#"{"a":1,"b":2}"#,
+    );
+    assert!(ok(&output, "the native profile").contains('3'));
+}

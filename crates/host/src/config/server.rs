@@ -118,6 +118,21 @@ pub(super) fn spec(
         ));
     }
     let local = local_only(&server);
+    if let Some(node) = &on_node
+        && let Some(other) = [&server.wasm, &server.command, &server.url]
+            .into_iter()
+            .flatten()
+            .next()
+    {
+        return Err(invalid(
+            Some(if other.span().start < node.span().start {
+                other.span()
+            } else {
+                node.span()
+            }),
+            format!("server `{name}`: set one of `wasm`, `command`, `url` or `node`, not several"),
+        ));
+    }
     let mut kind = match (server.wasm, server.command, server.url) {
         (None, None, None) if let Some(node) = on_node => {
             if let Some(key) = local {

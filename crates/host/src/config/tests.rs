@@ -432,3 +432,114 @@ fn environment_is_exact() {
     let names: Vec<&str> = env.iter().map(|(k, _)| k.as_str()).collect();
     assert_eq!(names, ["PATH", "SET"]);
 }
+
+#[test]
+fn a_server_on_a_node_is_named_by_profile_and_revision_and_sets_nothing_of_its_own() {
+    let key = "ab".repeat(32);
+    let pin = "cd".repeat(32);
+    let revision = "ef".repeat(32);
+    let node = format!(
+        "[nodes.build]\nurl = \"https://build.internal:7443\"\ncert_sha256 = \"{pin}\"\npublic_key = \"ed25519:{key}\"\ntoken_env = \"BUILD_TOKEN\"\n"
+    );
+    // The default sandbox, "required", stays: the node enforces it.
+    let config = parse(&format!(
+        "{node}\n[servers.time]\nnode = \"build\"\nrevision = \"{revision}\"\n"
+    ))
+    .unwrap();
+    let ServerKind::Node {
+        node: target,
+        profile,
+        revision: expected,
+    } = &config.servers["time"].kind
+    else {
+        panic!("{:?}", config.servers["time"].kind);
+    };
+    assert_eq!(profile, "time", "the profile defaults to the server's name");
+    assert_eq!(expected.to_string(), revision);
+    assert_eq!(target.url, "https://build.internal:7443");
+    assert_eq!(target.public_key, key);
+    assert_eq!(target.cert_sha256.to_string(), pin);
+    assert_eq!(config.servers["time"].sandbox, Sandbox::Required);
+
+    let server = |extra: &str| {
+        format!("{node}\n[servers.time]\nnode = \"build\"\nrevision = \"{revision}\"\n{extra}")
+    };
+    // What the node's own config decides is refused here, by name.
+    for (key, value) in [
+        ("args", "[\"x\"]"),
+        ("env", "{ A = \"b\" }"),
+        ("env_passthrough", "[\"HOME\"]"),
+        ("net", "[\"example.com:443\"]"),
+        ("cwd", "\"/tmp\""),
+        ("sha256", &format!("\"{}\"", "0".repeat(64))),
+        ("allow_unmeasured", "true"),
+    ] {
+        let (_, _, message) = invalid_at(&server(&format!("{key} = {value}\n")));
+        assert_eq!(
+            message,
+            format!(
+                "server `time`: `{key}` is the node's to set: a server on a node runs with the grants, limits and command of the node's own config"
+            ),
+            "{key}"
+        );
+    }
+    let (_, _, message) = invalid_at(&server("command = \"/bin/sh\"\n"));
+    assert!(message.contains("not several"), "{message}");
+
+    // The node, its address, its pins and the revision, each checked.
+    let (line, _, message) = invalid_at(&format!(
+        "{node}\n[servers.time]\nnode = \"gpu\"\nrevision = \"{revision}\"\n"
+    ));
+    assert_eq!(line, 8, "{message}");
+    assert_eq!(
+        message,
+        "server `time`: node `gpu` is not under [nodes] (named there: build)"
+    );
+    let (_, _, message) = invalid_at(&format!("{node}\n[servers.time]\nnode = \"build\"\n"));
+    assert!(
+        message.starts_with("server `time`: a server on a node needs `revision`"),
+        "{message}"
+    );
+    let (_, _, message) = invalid_at("[servers.time]\nprofile = \"time\"\nwasm = \"a.wasm\"\n");
+    assert_eq!(
+        message,
+        "server `time`: `profile` and `revision` apply to a server on a node (`node = \"NAME\"`)"
+    );
+    for (field, bad, expected) in [
+        (
+            "url",
+            "http://127.0.0.1:7443",
+            "a node is reached over https only",
+        ),
+        (
+            "url",
+            "https://build.internal:7443/mcp",
+            "give the node's address only",
+        ),
+        (
+            "url",
+            "https://user:pw@build.internal",
+            "carries credentials",
+        ),
+        ("public_key", "abc", "is not an Ed25519 public key"),
+        ("cert_sha256", "abc", "cert_sha256: "),
+        ("token_env", "A=B", "token_env: "),
+    ] {
+        let text = node
+            .lines()
+            .map(|line| {
+                if line.starts_with(&format!("{field} =")) {
+                    format!("{field} = \"{bad}\"")
+                } else {
+                    line.to_owned()
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        let (_, _, message) = invalid_at(&text);
+        assert!(
+            message.starts_with("node `build`: ") && message.contains(expected),
+            "{field} = {bad}: {message}"
+        );
+    }
+}

@@ -21,6 +21,9 @@ pub struct Node {
     lock: Lock,
     host: Host,
     key: Arc<SigningKey>,
+    /// The lock file's modification time and size when its revocations
+    /// were last read.
+    seen: std::sync::Mutex<Option<(std::time::SystemTime, u64)>>,
 }
 
 /// One launch: the node's id for it, the connected server, and the signed
@@ -40,7 +43,50 @@ impl Node {
             lock,
             host,
             key,
+            seen: std::sync::Mutex::new(None),
         }
+    }
+
+    /// Puts in force the revocations the node's lock holds now: a
+    /// revocation written with `moat revoke` on the node applies without a
+    /// restart. The file is read again only when its modification time or
+    /// size changed; one that cannot be read keeps what is in force.
+    fn refresh_revocations(&self) {
+        let path = crate::lock::Lock::path_for(&self.config.path);
+        let Ok(meta) = std::fs::metadata(&path) else {
+            return;
+        };
+        let stamp = (meta.modified().unwrap_or(std::time::UNIX_EPOCH), meta.len());
+        let mut seen = self
+            .seen
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if *seen == Some(stamp) {
+            return;
+        }
+        match crate::lock::Lock::load(&path) {
+            Ok(Some(lock)) => {
+                let (revoked, _) = lock.revocations().with(&self.lock.revocations());
+                self.host.set_revoked(revoked);
+                *seen = Some(stamp);
+            }
+            Ok(None) => {}
+            Err(error) => {
+                tracing::warn!(%error, "moat node: re-reading the lock's revocations; keeping those in force");
+            }
+        }
+    }
+
+    /// Why `profile` must not run, if it was revoked (by name, or by a
+    /// digest its lock entry holds).
+    pub fn revocation_of(&self, profile: &str) -> Option<String> {
+        self.refresh_revocations();
+        let locked = self.lock.servers.get(profile)?;
+        let revoked = self.host.revoked();
+        revoked
+            .of_name(profile, None)
+            .or_else(|| revoked.of_digests(&locked.digests()))
+            .map(crate::revoke::describe)
     }
 
     /// The node's config.
@@ -73,6 +119,12 @@ impl Node {
     pub async fn launch(&self, body: &[u8], nonce: &str) -> Result<Launched, NodeError> {
         let request = LaunchRequest::parse(body)?;
         let (spec, revision) = resolve(&self.config, &self.lock, &request)?;
+        if let Some(revocation) = self.revocation_of(&request.profile) {
+            return Err(NodeError::Revoked {
+                profile: request.profile,
+                revocation,
+            });
+        }
         let session = self
             .host
             .connect(spec)

@@ -50,6 +50,8 @@ pub enum NodeError {
         expected: Digest,
         held: Digest,
     },
+    #[error("profile `{profile}`: revoked on this node: {revocation}")]
+    Revoked { profile: String, revocation: String },
     #[error("profile `{profile}`: the launch failed: {source}")]
     Launch {
         profile: String,
@@ -76,6 +78,7 @@ impl NodeError {
         match self {
             Self::Request(_) | Self::Nonce => 400,
             Self::UnknownProfile { .. } => 404,
+            Self::Revoked { .. } => 403,
             Self::NotLocked { .. } | Self::Stale { .. } => 409,
             Self::Launch { .. } | Self::NoIdentity { .. } => 502,
             Self::Tls { .. } | Self::LocalAddr(_) | Self::Random(_) => 500,

@@ -327,10 +327,12 @@ impl State {
         let mut sessions = LocalSessionManager::default();
         sessions.session_config.keep_alive = Some(self.idle);
         let for_service = held.clone();
+        let node = self.node.clone();
         let mcp = StreamableHttpService::new(
             move || {
                 Ok(Served {
                     held: for_service.clone(),
+                    node: node.clone(),
                 })
             },
             Arc::new(sessions),

@@ -154,6 +154,25 @@ impl Held {
 /// 2026-07-28, one per MCP session before it).
 pub(super) struct Served {
     pub(super) held: Arc<Held>,
+    pub(super) node: Arc<super::launch::Node>,
+}
+
+impl Served {
+    /// The session, unless the profile was revoked on the node since it
+    /// was launched: then the launch ends, and the front is told why.
+    fn session(&self) -> Result<Arc<Session>, ErrorData> {
+        if let Some(revocation) = self.node.revocation_of(&self.held.profile) {
+            self.held.end("its profile was revoked");
+            return Err(ErrorData::internal_error(
+                format!(
+                    "profile `{}`: revoked on this node: {revocation}",
+                    self.held.profile
+                ),
+                None,
+            ));
+        }
+        self.held.session()
+    }
 }
 
 /// The front's error for `error`: invalid params where the front's request
@@ -191,7 +210,7 @@ impl ServerHandler for Served {
         _context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
         let _busy = self.held.busy();
-        let session = self.held.session()?;
+        let session = self.session()?;
         session
             .list_tools()
             .await
@@ -205,7 +224,7 @@ impl ServerHandler for Served {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
         let _busy = self.held.busy();
-        let session = self.held.session()?;
+        let session = self.session()?;
         tracing::debug!(launch = %self.held.id, tool = %request.name, "a front's call");
         let progress = context.meta.get_progress_token().map(|token| {
             let (sender, mut receiver) =
@@ -235,7 +254,7 @@ impl ServerHandler for Served {
         _context: RequestContext<RoleServer>,
     ) -> Result<ListPromptsResult, ErrorData> {
         let _busy = self.held.busy();
-        let session = self.held.session()?;
+        let session = self.session()?;
         session
             .list_prompts()
             .await
@@ -249,7 +268,7 @@ impl ServerHandler for Served {
         _context: RequestContext<RoleServer>,
     ) -> Result<GetPromptResponse, ErrorData> {
         let _busy = self.held.busy();
-        let session = self.held.session()?;
+        let session = self.session()?;
         session
             .get_prompt(&request.name, request.arguments)
             .await
@@ -263,7 +282,7 @@ impl ServerHandler for Served {
         _context: RequestContext<RoleServer>,
     ) -> Result<ListResourcesResult, ErrorData> {
         let _busy = self.held.busy();
-        let session = self.held.session()?;
+        let session = self.session()?;
         session
             .list_resources()
             .await
@@ -277,7 +296,7 @@ impl ServerHandler for Served {
         _context: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, ErrorData> {
         let _busy = self.held.busy();
-        let session = self.held.session()?;
+        let session = self.session()?;
         session
             .read_resource(&request.uri)
             .await
