@@ -821,3 +821,60 @@ async fn a_profile_revoked_on_the_node_is_refused_there_without_a_restart() {
     );
     assert!(ok(&output, "the native profile").contains('3'));
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn launches_beyond_the_nodes_limit_are_refused_until_one_ends() {
+    let dir = tempfile::tempdir().unwrap();
+    let node_toml = node_config(dir.path());
+    let mut text = std::fs::read_to_string(&node_toml).unwrap();
+    text.push_str("\n[serve]\nmax_sessions = 1\n");
+    std::fs::write(&node_toml, text).unwrap();
+    let node = start_node(dir.path(), &node_toml, "node");
+    let config = front_config(
+        dir.path(),
+        &node,
+        &node.cert_sha256,
+        "everything",
+        node.revision("everything"),
+    );
+    // The agent's front holds one launch: `remote` alone.
+    let held = dir.path().join("held.toml");
+    let text = std::fs::read_to_string(&config).unwrap();
+    let start = text.find("[servers.remote_native]").unwrap();
+    let end = text.find("[servers.local]").unwrap();
+    std::fs::write(&held, format!("{}{}", &text[..start], &text[end..])).unwrap();
+    let mut front = spawn_front(dir.path(), &held, &[]);
+    let agent = Agent
+        .serve((front.stdout.take().unwrap(), front.stdin.take().unwrap()))
+        .await
+        .expect("handshake with moat serve");
+    let result = agent.call_tool(add("remote__add")).await.unwrap();
+    assert_eq!(text_of(&result), "42");
+
+    let output = front_call(
+        dir.path(),
+        &config,
+        "remote_native",
+        "add",
+        r#"{"a":1,"b":2}"#,
+    );
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains(
+            "server `remote_native`: node `build` refused the launch (503): this node holds as many launches as it may ([serve] max_sessions = 1): try again when one ends"
+        ),
+        "{stderr}"
+    );
+
+    agent.cancel().await.unwrap();
+    assert!(front.wait().await.unwrap().success());
+    node.wait_for("launch ended");
+    let output = front_call(
+        dir.path(),
+        &config,
+        "remote_native",
+        "add",
+        r#"{"a":1,"b":2}"#,
+    );
+    assert!(ok(&output, "a launch once the first ended").contains('3'));
+}

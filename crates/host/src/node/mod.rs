@@ -50,6 +50,10 @@ pub enum NodeError {
         expected: Digest,
         held: Digest,
     },
+    #[error(
+        "this node holds as many launches as it may ([serve] max_sessions = {max}): try again when one ends"
+    )]
+    Busy { max: usize },
     #[error("profile `{profile}`: revoked on this node: {revocation}")]
     Revoked { profile: String, revocation: String },
     #[error("profile `{profile}`: the launch failed: {source}")]
@@ -79,6 +83,7 @@ impl NodeError {
             Self::Request(_) | Self::Nonce => 400,
             Self::UnknownProfile { .. } => 404,
             Self::Revoked { .. } => 403,
+            Self::Busy { .. } => 503,
             Self::NotLocked { .. } | Self::Stale { .. } => 409,
             Self::Launch { .. } | Self::NoIdentity { .. } => 502,
             Self::Tls { .. } | Self::LocalAddr(_) | Self::Random(_) => 500,

@@ -11,7 +11,10 @@
 //! - `DELETE /launch/ID`: the front releases the launch; its process tree
 //!   ends.
 //!
-//! `/healthz` answers 200 with no token, for probes. A launch nothing asks
+//! At most `[serve] max_sessions` launches are held at once (another is
+//! refused with 503 before anything starts), and at most `max_connections`
+//! connections are served (the next waits for a slot). `/healthz` answers
+//! 200 with no token, for probes. A launch nothing asks
 //! anything of for `[serve] session_idle_ms` ends; at shutdown every launch
 //! ends before the listener returns. Bodies are bounded by `[serve]
 //! max_body_bytes`, a TLS handshake by [`HANDSHAKE_TIMEOUT`], request
@@ -97,6 +100,9 @@ struct State {
     cancel: CancellationToken,
     idle: Duration,
     max_body: usize,
+    max_launches: usize,
+    /// One permit a launch held, from before it starts until it ends.
+    launch_slots: Arc<tokio::sync::Semaphore>,
 }
 
 /// Serves `node` on `listener` with `tls` to fronts presenting `token`,
@@ -116,7 +122,10 @@ pub async fn serve(
         cancel: CancellationToken::new(),
         idle: Duration::from_millis(settings.session_idle_ms.get()),
         max_body: settings.max_body_bytes.get(),
+        max_launches: settings.max_sessions.get(),
+        launch_slots: Arc::new(tokio::sync::Semaphore::new(settings.max_sessions.get())),
     });
+    let connections = Arc::new(tokio::sync::Semaphore::new(settings.max_connections.get()));
     let header_timeout = Duration::from_millis(settings.header_timeout_ms.get());
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
     tokio::pin!(shutdown);
@@ -143,7 +152,11 @@ pub async fn serve(
         };
         let acceptor = acceptor.clone();
         let state = state.clone();
+        let Ok(slot) = connections.clone().acquire_owned().await else {
+            break;
+        };
         tokio::spawn(async move {
+            let _slot = slot;
             let Ok(Ok(stream)) =
                 tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await
             else {
@@ -284,6 +297,11 @@ impl State {
         let Some(nonce) = nonce.filter(|n| nonce_ok(n)) else {
             return refusal(NodeError::Nonce);
         };
+        let Ok(slot) = self.launch_slots.clone().try_acquire_owned() else {
+            return refusal(NodeError::Busy {
+                max: self.max_launches,
+            });
+        };
         let body = match Limited::new(request.into_body(), MAX_LAUNCH_BODY)
             .collect()
             .await
@@ -309,6 +327,7 @@ impl State {
             profile.clone(),
             launched.session,
             Box::new(move || {
+                drop(slot);
                 if let Some(state) = weak.upgrade() {
                     state
                         .launches
