@@ -296,6 +296,32 @@ fn spawn_front(dir: &Path, config: &Path, extra: &[&str]) -> tokio::process::Chi
         .expect("moat serve")
 }
 
+/// The front for `node` (profile `everything` at the revision it holds)
+/// served by `moat serve` to an agent: its config, its process and the
+/// agent.
+async fn front_with_agent(
+    dir: &Path,
+    node: &Node,
+) -> (
+    PathBuf,
+    tokio::process::Child,
+    rmcp::service::RunningService<rmcp::RoleClient, Agent>,
+) {
+    let config = front_config(
+        dir,
+        node,
+        &node.cert_sha256,
+        "everything",
+        node.revision("everything"),
+    );
+    let mut front = spawn_front(dir, &config, &[]);
+    let agent = Agent
+        .serve((front.stdout.take().unwrap(), front.stdin.take().unwrap()))
+        .await
+        .expect("handshake with moat serve");
+    (config, front, agent)
+}
+
 fn text_of(result: &rmcp::model::CallToolResult) -> String {
     serde_json::to_value(&result.content).unwrap()[0]["text"]
         .as_str()
@@ -606,18 +632,7 @@ print(json.dumps(out))
 async fn a_node_killed_mid_call_fails_the_call_at_once_naming_the_node_and_the_rest_go_on() {
     let dir = tempfile::tempdir().unwrap();
     let mut node = start_node(dir.path(), &node_config(dir.path()), "node");
-    let config = front_config(
-        dir.path(),
-        &node,
-        &node.cert_sha256,
-        "everything",
-        node.revision("everything"),
-    );
-    let mut front = spawn_front(dir.path(), &config, &[]);
-    let agent = Agent
-        .serve((front.stdout.take().unwrap(), front.stdin.take().unwrap()))
-        .await
-        .expect("handshake with moat serve");
+    let (_config, _front, agent) = front_with_agent(dir.path(), &node).await;
     let mut sleep = CallToolRequestParams::new("remote__sleep");
     sleep.arguments = serde_json::json!({"ms": 600_000}).as_object().cloned();
     let peer = agent.peer().clone();
@@ -667,18 +682,7 @@ fn process_running(executable: &Path) -> Option<i32> {
 async fn closing_the_front_ends_the_process_tree_on_the_node() {
     let dir = tempfile::tempdir().unwrap();
     let node = start_node(dir.path(), &node_config(dir.path()), "node");
-    let config = front_config(
-        dir.path(),
-        &node,
-        &node.cert_sha256,
-        "everything",
-        node.revision("everything"),
-    );
-    let mut front = spawn_front(dir.path(), &config, &[]);
-    let agent = Agent
-        .serve((front.stdout.take().unwrap(), front.stdin.take().unwrap()))
-        .await
-        .expect("handshake with moat serve");
+    let (_, mut front, agent) = front_with_agent(dir.path(), &node).await;
     let result = agent.call_tool(add("remote_native__add")).await.unwrap();
     assert_eq!(text_of(&result), "42");
     let executable = std::fs::canonicalize(dir.path().join("node/everything-native")).unwrap();
@@ -757,18 +761,7 @@ async fn a_profile_revoked_on_the_node_is_refused_there_without_a_restart() {
     let dir = tempfile::tempdir().unwrap();
     let node_toml = node_config(dir.path());
     let node = start_node(dir.path(), &node_toml, "node");
-    let config = front_config(
-        dir.path(),
-        &node,
-        &node.cert_sha256,
-        "everything",
-        node.revision("everything"),
-    );
-    let mut front = spawn_front(dir.path(), &config, &[]);
-    let agent = Agent
-        .serve((front.stdout.take().unwrap(), front.stdin.take().unwrap()))
-        .await
-        .expect("handshake with moat serve");
+    let (config, _front, agent) = front_with_agent(dir.path(), &node).await;
     let result = agent.call_tool(add("remote__add")).await.unwrap();
     assert_eq!(text_of(&result), "42");
 

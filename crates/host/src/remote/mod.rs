@@ -105,25 +105,31 @@ pub struct RemoteLaunch {
     pub limits: Limits,
 }
 
+/// The bearer token for `server` from Moat's environment variable `var`:
+/// set, not empty, and sendable as a header.
+pub(crate) fn token_from_env(server: &str, var: &str) -> Result<Secret, RemoteError> {
+    let token = std::env::var(var)
+        .ok()
+        .filter(|t| !t.is_empty())
+        .ok_or_else(|| RemoteError::TokenMissing {
+            server: server.to_owned(),
+            var: var.to_owned(),
+        })?;
+    if reqwest::header::HeaderValue::from_str(&format!("Bearer {token}")).is_err() {
+        return Err(RemoteError::TokenInvalid {
+            server: server.to_owned(),
+            var: var.to_owned(),
+        });
+    }
+    Ok(Secret(token))
+}
+
 impl RemoteLaunch {
     fn token(&self) -> Result<Option<Secret>, RemoteError> {
-        let Some(var) = &self.bearer_token_env else {
-            return Ok(None);
-        };
-        let token = std::env::var(var)
-            .ok()
-            .filter(|t| !t.is_empty())
-            .ok_or_else(|| RemoteError::TokenMissing {
-                server: self.name.clone(),
-                var: var.clone(),
-            })?;
-        if reqwest::header::HeaderValue::from_str(&format!("Bearer {token}")).is_err() {
-            return Err(RemoteError::TokenInvalid {
-                server: self.name.clone(),
-                var: var.clone(),
-            });
-        }
-        Ok(Some(Secret(token)))
+        self.bearer_token_env
+            .as_deref()
+            .map(|var| token_from_env(&self.name, var))
+            .transpose()
     }
 
     fn client(&self) -> Result<reqwest::Client, RemoteError> {

@@ -65,21 +65,7 @@ impl NodeLaunch {
     }
 
     fn token(&self) -> Result<Secret, RemoteError> {
-        let var = &self.node.token_env;
-        let token = std::env::var(var)
-            .ok()
-            .filter(|t| !t.is_empty())
-            .ok_or_else(|| RemoteError::TokenMissing {
-                server: self.name.clone(),
-                var: var.clone(),
-            })?;
-        if reqwest::header::HeaderValue::from_str(&format!("Bearer {token}")).is_err() {
-            return Err(RemoteError::TokenInvalid {
-                server: self.name.clone(),
-                var: var.clone(),
-            });
-        }
-        Ok(Secret(token))
+        super::token_from_env(&self.name, &self.node.token_env)
     }
 
     /// An HTTPS client that accepts the pinned certificate only, follows
