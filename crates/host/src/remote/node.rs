@@ -29,6 +29,8 @@ pub const NONCE_HEADER: &str = "moat-nonce";
 pub const LAUNCH_PATH: &str = "/launch";
 /// The largest launch answer read (a statement is a few kilobytes).
 const MAX_ANSWER_BYTES: usize = 256 << 10;
+/// Bytes of a node's refusal kept in the front's error.
+const MAX_REFUSAL_BYTES: usize = 1024;
 /// How long a node may take to answer a launch request: it launches the
 /// server (a cold compile of a component included) before answering.
 const LAUNCH_TIMEOUT: Duration = Duration::from_secs(120);
@@ -188,7 +190,7 @@ impl NodeLaunch {
                 server: self.name.clone(),
                 node: self.node.name.clone(),
                 status: status.as_u16(),
-                detail: crate::text::printable(&detail),
+                detail: bounded(&detail),
             });
         }
         let value: serde_json::Value =
@@ -250,6 +252,22 @@ impl NodeLaunch {
     }
 }
 
+/// A node's words, printable and bounded: a hostile node cannot fill the
+/// front's error (and its log) with its answer.
+fn bounded(detail: &str) -> String {
+    let mut detail = crate::text::printable(detail);
+    if detail.len() > MAX_REFUSAL_BYTES {
+        let mut end = MAX_REFUSAL_BYTES;
+        while !detail.is_char_boundary(end) {
+            end -= 1;
+        }
+        let total = detail.len();
+        detail.truncate(end);
+        detail.push_str(&format!("... ({total} bytes in all)"));
+    }
+    detail
+}
+
 /// Trusts one certificate: the one whose DER bytes hash to the pin. Its
 /// names, issuer and dates are not consulted: the pin is the trust, as an
 /// SSH host key is. The handshake's signatures are still checked against
@@ -301,5 +319,19 @@ impl ServerCertVerifier for PinnedCertificate {
 
     fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
         self.algorithms.supported_schemes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_nodes_refusal_is_kept_to_a_bound_on_a_character_boundary() {
+        assert_eq!(bounded("stale revision"), "stale revision");
+        let flood = format!("a{}", "é".repeat(200_000));
+        let kept = bounded(&flood);
+        assert!(kept.len() <= MAX_REFUSAL_BYTES + 40, "{}", kept.len());
+        assert!(kept.ends_with("... (400001 bytes in all)"), "{kept}");
     }
 }
