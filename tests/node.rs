@@ -871,3 +871,62 @@ async fn launches_beyond_the_nodes_limit_are_refused_until_one_ends() {
     );
     assert!(ok(&output, "a launch once the first ended").contains('3'));
 }
+
+/// A launch request whose body never ends holds no launch slot and is cut
+/// off at `request_timeout_ms` with 408.
+#[test]
+fn a_launch_request_that_never_ends_holds_no_slot_and_is_cut_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let node_toml = node_config(dir.path());
+    let mut text = std::fs::read_to_string(&node_toml).unwrap();
+    text.push_str("\n[serve]\nmax_sessions = 1\nrequest_timeout_ms = 1000\n");
+    std::fs::write(&node_toml, text).unwrap();
+    let node = start_node(dir.path(), &node_toml, "node");
+    let config = front_config(
+        dir.path(),
+        &node,
+        &node.cert_sha256,
+        "everything",
+        node.revision("everything"),
+    );
+    let script = r#"
+import socket, ssl, sys
+url, cafile, token = sys.argv[1], sys.argv[2], sys.argv[3]
+host, port = url.removeprefix("https://").rsplit(":", 1)
+context = ssl.create_default_context(cafile=cafile)
+raw = socket.create_connection((host, int(port)), timeout=60)
+tls = context.wrap_socket(raw, server_hostname=host)
+tls.sendall((
+    "POST /launch HTTP/1.1\r\nhost: node\r\nauthorization: Bearer " + token +
+    "\r\nmoat-nonce: 0123456789abcdef0123\r\ncontent-type: application/json\r\n"
+    "content-length: 100\r\n\r\n{").encode())
+print("sent", flush=True)
+answer = tls.recv(4096).decode(errors="replace")
+print(answer.splitlines()[0])
+print(answer.split("\r\n\r\n", 1)[1])
+"#;
+    let mut drip = Command::new("python3")
+        .args(["-u", "-c", script, &node.url])
+        .arg(&node.cert)
+        .arg(TOKEN)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("python3");
+    let mut lines = BufReader::new(drip.stdout.take().unwrap()).lines();
+    assert_eq!(lines.next().unwrap().unwrap(), "sent");
+    // While it drips, the one slot is free for an honest front.
+    let output = front_call(dir.path(), &config, "remote", "add", r#"{"a":1,"b":2}"#);
+    assert!(ok(&output, "a launch beside the dripping request").contains('3'));
+    assert_eq!(
+        lines.next().unwrap().unwrap(),
+        "HTTP/1.1 408 Request Timeout"
+    );
+    assert!(
+        lines
+            .next()
+            .unwrap()
+            .unwrap()
+            .contains("the launch request did not arrive within request_timeout_ms")
+    );
+    assert!(drip.wait().unwrap().success());
+}

@@ -100,6 +100,8 @@ struct State {
     cancel: CancellationToken,
     idle: Duration,
     max_body: usize,
+    /// How long a request body may take to arrive in full.
+    body_timeout: Duration,
     max_launches: usize,
     /// One permit a launch held, from before it starts until it ends.
     launch_slots: Arc<tokio::sync::Semaphore>,
@@ -122,6 +124,7 @@ pub async fn serve(
         cancel: CancellationToken::new(),
         idle: Duration::from_millis(settings.session_idle_ms.get()),
         max_body: settings.max_body_bytes.get(),
+        body_timeout: Duration::from_millis(settings.request_timeout_ms.get()),
         max_launches: settings.max_sessions.get(),
         launch_slots: Arc::new(tokio::sync::Semaphore::new(settings.max_sessions.get())),
     });
@@ -152,7 +155,12 @@ pub async fn serve(
         };
         let acceptor = acceptor.clone();
         let state = state.clone();
-        let Ok(slot) = connections.clone().acquire_owned().await else {
+        // Waiting for a slot must not keep SIGTERM out.
+        let slot = tokio::select! {
+            slot = connections.clone().acquire_owned() => slot,
+            () = &mut shutdown => break,
+        };
+        let Ok(slot) = slot else {
             break;
         };
         tokio::spawn(async move {
@@ -260,18 +268,34 @@ impl State {
                 held.end("the front released it");
                 answer(StatusCode::OK, serde_json::json!({"ended": id}))
             }
-            (_, "mcp") => {
-                let _busy = held.busy();
-                self.forward(mcp, request).await
-            }
+            (_, "mcp") => self.forward(&held, mcp, request).await,
             _ => error(StatusCode::NOT_FOUND, format!("no route {path}")),
         }
     }
 
     /// Hands a request to the launch's MCP service, its body bounded.
-    async fn forward(&self, mcp: Mcp, request: Request<hyper::body::Incoming>) -> Response<Body> {
+    /// The launch counts as busy only once the body has arrived: a body
+    /// that never ends keeps nothing alive past `request_timeout_ms`.
+    async fn forward(
+        &self,
+        held: &Held,
+        mcp: Mcp,
+        request: Request<hyper::body::Incoming>,
+    ) -> Response<Body> {
         let (parts, body) = request.into_parts();
-        let body = match Limited::new(body, self.max_body).collect().await {
+        let collected = tokio::time::timeout(
+            self.body_timeout,
+            Limited::new(body, self.max_body).collect(),
+        )
+        .await;
+        let Ok(collected) = collected else {
+            return error(
+                StatusCode::REQUEST_TIMEOUT,
+                "the body did not arrive within request_timeout_ms".into(),
+            );
+        };
+        let _busy = held.busy();
+        let body = match collected {
             Ok(collected) => collected.to_bytes(),
             Err(e) if e.is::<http_body_util::LengthLimitError>() => {
                 return error(
@@ -297,15 +321,25 @@ impl State {
         let Some(nonce) = nonce.filter(|n| nonce_ok(n)) else {
             return refusal(NodeError::Nonce);
         };
+        let collected = tokio::time::timeout(
+            self.body_timeout,
+            Limited::new(request.into_body(), MAX_LAUNCH_BODY).collect(),
+        )
+        .await;
+        let Ok(collected) = collected else {
+            return error(
+                StatusCode::REQUEST_TIMEOUT,
+                "the launch request did not arrive within request_timeout_ms".into(),
+            );
+        };
+        // The slot is taken once the request is whole: a request that
+        // never ends holds none.
         let Ok(slot) = self.launch_slots.clone().try_acquire_owned() else {
             return refusal(NodeError::Busy {
                 max: self.max_launches,
             });
         };
-        let body = match Limited::new(request.into_body(), MAX_LAUNCH_BODY)
-            .collect()
-            .await
-        {
+        let body = match collected {
             Ok(collected) => collected.to_bytes(),
             Err(_) => {
                 return error(

@@ -31,9 +31,6 @@ pub const LAUNCH_PATH: &str = "/launch";
 const MAX_ANSWER_BYTES: usize = 256 << 10;
 /// Bytes of a node's refusal kept in the front's error.
 const MAX_REFUSAL_BYTES: usize = 1024;
-/// How long a node may take to answer a launch request: it launches the
-/// server (a cold compile of a component included) before answering.
-const LAUNCH_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long releasing a launch may take (the node ends it on its own when
 /// no word comes).
 const RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -163,7 +160,7 @@ impl NodeLaunch {
             .header(NONCE_HEADER, nonce)
             .header(reqwest::header::CONTENT_TYPE, "application/json")
             .body(asked.to_json().to_string())
-            .timeout(LAUNCH_TIMEOUT)
+            .timeout(Duration::from_millis(self.limits.request_timeout_ms))
             .send()
             .await
             .map_err(|e| self.unreachable(crate::text::error_chain(&e)))?;
