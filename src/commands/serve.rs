@@ -50,6 +50,13 @@ pub struct Args {
     /// ADDR, a loopback address (with --http they are on its listener).
     #[arg(long, value_name = "ADDR", conflicts_with = "http")]
     metrics: Option<SocketAddr>,
+    /// Serve as replica NAME of several behind one load balancer: every id
+    /// naming state only this process holds (2025 session, task, parked
+    /// call) ends in `.NAME`, every answer carries `Moat-Replica: NAME`,
+    /// and another replica's ids are refused by name (a DNS label, such as
+    /// the pod's name).
+    #[arg(long, value_name = "NAME", env = "MOAT_REPLICA", requires = "http", value_parser = replica)]
+    replica: Option<moat_host::replica::Replica>,
     /// Reload the config and moat.lock whenever either changes on disk
     /// (as on SIGHUP, which always reloads).
     #[arg(long)]
@@ -59,6 +66,10 @@ pub struct Args {
     /// given.
     #[arg(long, value_name = "URL", env = "MOAT_OTLP_ENDPOINT")]
     pub otlp: Option<String>,
+}
+
+fn replica(name: &str) -> Result<moat_host::replica::Replica, moat_host::replica::ReplicaError> {
+    moat_host::replica::Replica::new(name)
 }
 
 pub async fn run(mut args: Args) -> Result<ExitCode> {
@@ -89,10 +100,19 @@ async fn serve_http(
         bail!(HttpError::TokenRequired { addr });
     }
     let gateway = gateway(args).await?;
+    if let Some(replica) = &args.replica {
+        gateway.serve_as_replica(replica.clone());
+    }
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("binding {addr}"))?;
-    eprintln!("moat: serving MCP at http://{}/mcp", listener.local_addr()?);
+    match &args.replica {
+        Some(replica) => eprintln!(
+            "moat: serving MCP at http://{}/mcp as replica {replica}",
+            listener.local_addr()?
+        ),
+        None => eprintln!("moat: serving MCP at http://{}/mcp", listener.local_addr()?),
+    }
     let mut terminate =
         signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let shutdown = async move {

@@ -1,6 +1,8 @@
 //! Helpers shared by the CLI-level tests.
 #![allow(dead_code)] // each test binary uses its own subset
 
+pub mod node;
+
 use std::path::Path;
 use std::process::Command;
 

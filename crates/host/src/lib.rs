@@ -13,7 +13,7 @@
 //!
 //! | layer | modules | what they are |
 //! | --- | --- | --- |
-//! | 1 | `text`, `dirs`, `identity`, `limits`, `keys`, `seal`, `command`, `script`, `tasks_2025`, `watch` | vocabulary: printable text, Moat's directories, digests and evidence, limits, keys, command and `#!` resolution, 2025-11-25's task wire, file watching |
+//! | 1 | `text`, `dirs`, `identity`, `limits`, `keys`, `seal`, `command`, `script`, `tasks_2025`, `watch`, `replica` | vocabulary: printable text, Moat's directories, digests and evidence, limits, keys, command and `#!` resolution, 2025-11-25's task wire, file watching, a replica's name in the ids it hands out |
 //! | 2 | `grants`, `config`, `revoke`, `lock`, `signature`, `policy`, `oci`, `packages` | data: one module per capability, `moat.toml`, the kill switch, `moat.lock` and its pins, signed documents and their public keys, OCI references, package launchers |
 //! | 3 | `instance` | the launch contract: what a launcher hands up (the instance, its identity with a typed sandbox report, exit, metrics, tracker) |
 //! | 4 | `wasm`, `native`, `sandbox`, `egress`, `remote` | the launchers, each with its own error type |
@@ -57,6 +57,7 @@ pub(crate) mod packages;
 pub(crate) mod policy;
 pub mod relock;
 pub mod remote;
+pub mod replica;
 pub mod report;
 pub mod revoke;
 #[cfg(target_os = "linux")]

@@ -2,6 +2,9 @@
 //! owns the inotify object and the thread that reads it. Editors and
 //! `moat lock` replace a file by rename as often as they write it in place,
 //! so the directories are watched and each event is matched by file name.
+//! A Kubernetes ConfigMap or Secret volume changes every file at once by
+//! renaming its `..data` link (the kubelet's atomic writer): that rename
+//! counts as a change of every watched file in the directory.
 
 use std::path::{Path, PathBuf};
 
@@ -22,6 +25,10 @@ pub enum WatchError {
     #[error("--watch needs inotify, which only Linux has; send SIGHUP to reload instead")]
     Unsupported,
 }
+
+/// The link a Kubernetes volume's files resolve through, renamed over to
+/// change them all at once.
+const ATOMIC_WRITER_LINK: &[u8] = b"..data";
 
 /// The directory `file` is in (`.` for a bare name).
 fn directory_of(file: &Path) -> PathBuf {
@@ -88,9 +95,10 @@ pub fn watch(files: &[PathBuf]) -> Result<mpsc::UnboundedReceiver<PathBuf>, Watc
                 let Some(name) = event.file_name() else {
                     continue;
                 };
+                let swapped = name.to_bytes() == ATOMIC_WRITER_LINK;
                 for (wd, watched_name, path) in &watched {
                     if *wd == event.wd()
-                        && name.to_bytes() == watched_name.as_slice()
+                        && (swapped || name.to_bytes() == watched_name.as_slice())
                         && changes.send(path.clone()).is_err()
                     {
                         return;
@@ -136,6 +144,33 @@ mod tests {
         std::fs::remove_file(&config).unwrap();
         assert_eq!(changes.recv().await.unwrap(), config);
         assert!(changes.try_recv().is_err(), "nothing else was sent");
+    }
+
+    /// A ConfigMap volume as the kubelet writes it: each file a link
+    /// through `..data` to a timestamped directory; an update makes a new
+    /// directory and renames a new `..data` link over the old one.
+    #[tokio::test]
+    async fn a_kubernetes_volume_update_is_a_change_of_every_watched_file() {
+        use std::os::unix::fs::symlink;
+        let dir = tempfile::tempdir().unwrap();
+        let first = dir.path().join("..2026_12_06_01");
+        std::fs::create_dir(&first).unwrap();
+        std::fs::write(first.join("moat.lock"), "version = 1").unwrap();
+        symlink("..2026_12_06_01", dir.path().join("..data")).unwrap();
+        let lock = dir.path().join("moat.lock");
+        symlink("..data/moat.lock", &lock).unwrap();
+        let mut changes = watch(std::slice::from_ref(&lock)).unwrap();
+        let second = dir.path().join("..2026_12_06_02");
+        std::fs::create_dir(&second).unwrap();
+        std::fs::write(second.join("moat.lock"), "version = 2").unwrap();
+        assert!(changes.try_recv().is_err(), "nothing changed yet");
+        symlink("..2026_12_06_02", dir.path().join("..data_tmp")).unwrap();
+        std::fs::rename(dir.path().join("..data_tmp"), dir.path().join("..data")).unwrap();
+        let seen = tokio::time::timeout(std::time::Duration::from_secs(10), changes.recv())
+            .await
+            .expect("the swap of ..data was seen as a change of moat.lock");
+        assert_eq!(seen.unwrap(), lock);
+        assert_eq!(std::fs::read_to_string(&lock).unwrap(), "version = 2");
     }
 
     #[test]

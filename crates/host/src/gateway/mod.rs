@@ -63,6 +63,9 @@ pub struct Gateway {
     held: Arc<std::sync::Mutex<BTreeMap<String, AgentSession>>>,
     /// When set, each session's claim is signed and placed at its end.
     claims: Arc<std::sync::OnceLock<crate::claim::Claims>>,
+    /// When set, every id naming state this gateway alone holds ends in
+    /// the replica's name (see [`crate::replica`]).
+    replica: Arc<std::sync::OnceLock<crate::replica::Replica>>,
 }
 
 /// Why a reload (SIGHUP, `--watch`) was refused. Nothing changed.
@@ -122,6 +125,11 @@ pub enum GatewayError {
     },
 }
 
+/// 128 random bits, in hex: what makes an id a capability.
+pub(crate) fn capability_bits() -> String {
+    names::unguessable()
+}
+
 impl Gateway {
     /// A gateway for `config`'s servers, launched by `host`. Native
     /// servers' egress proxies share `[serve] egress_connections` across
@@ -173,6 +181,7 @@ impl Gateway {
             live: Arc::default(),
             held: Arc::default(),
             claims: Arc::default(),
+            replica: Arc::default(),
         }
     }
 
@@ -181,6 +190,32 @@ impl Gateway {
     /// [`crate::claim`]). Set once; a second call changes nothing.
     pub fn sign_claims(&self, claims: crate::claim::Claims) {
         let _ = self.claims.set(claims);
+    }
+
+    /// Marks every id this gateway hands out for state it alone holds (a
+    /// 2025 session, a task, a parked call) as `replica`'s, and refuses by
+    /// name the ids of other replicas. Set once, before serving.
+    pub fn serve_as_replica(&self, replica: crate::replica::Replica) {
+        let _ = self.replica.set(replica);
+    }
+
+    /// This gateway's replica, when it is one.
+    pub fn replica(&self) -> Option<&crate::replica::Replica> {
+        self.replica.get()
+    }
+
+    /// A fresh capability (128 random bits), marked with the replica.
+    pub(crate) fn capability(&self) -> String {
+        let random = names::unguessable();
+        match self.replica() {
+            Some(replica) => replica.tag(&random),
+            None => random,
+        }
+    }
+
+    /// What a request naming `id`, a `what` of another replica, is told.
+    pub(crate) fn misrouted(&self, what: &str, id: &str) -> Option<String> {
+        self.replica()?.misrouted(what, id)
     }
 
     /// What claims are signed with and where they go, when they are.

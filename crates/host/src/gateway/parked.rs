@@ -5,7 +5,6 @@
 
 use super::bridge::{INPUT_ROUNDS, answer_ask};
 use super::call::{Takes, Target};
-use super::names::unguessable;
 use super::session::AgentSession;
 use crate::session::SessionError;
 use crate::session::{CallAnswer, ProgressSender, Retry, ServerAsk};
@@ -121,9 +120,9 @@ impl AgentSession {
             .ok_or_else(|| SessionError::Protocol {
                     server: server.to_owned(),
                     operation: format!("tools/call `{tool}`"),
-                    detail: format!(
+                    detail: self.gateway.misrouted("the call parked under requestState", state).unwrap_or_else(|| format!(
                         "requestState {state:?} names no call of this tool waiting for input in this session (it may have waited longer than {INPUT_WAIT:?})"
-                    ),
+                    )),
                 })?,
             None => {
                 let asks = child.asks();
@@ -189,7 +188,7 @@ impl AgentSession {
     /// Keeps `parked` for the agent's retry, under a fresh `requestState`
     /// of this session; after [`INPUT_WAIT`] without one it is cancelled.
     pub(super) fn park(&self, parked: Parked, held: bool) -> String {
-        let state = format!("{PARKED_STATE}{}", unguessable());
+        let state = format!("{PARKED_STATE}{}", self.gateway.capability());
         self.parked
             .lock()
             .unwrap_or_else(|e| e.into_inner())

@@ -5,7 +5,6 @@
 //! `own_task.rs`.
 
 use super::call::CallRequest;
-use super::names::unguessable;
 use super::own_task;
 use super::own_task::OwnTask;
 use super::record::to_error;
@@ -144,7 +143,7 @@ impl AgentSession {
         // Unguessable in every session: over stateless HTTP the id is the
         // capability that finds the task, and a server's own task ids
         // (`server__id`) never meet it.
-        let id = format!("{server}{SEPARATOR}{}", unguessable());
+        let id = format!("{server}{SEPARATOR}{}", self.gateway.capability());
         // Room was made for it before its round began.
         self.tasks
             .own
@@ -209,6 +208,16 @@ impl AgentSession {
         here(&holder).map(|own| (holder, own))
     }
 
+    /// What a request naming a task `id` that this session does not know
+    /// is told: by name, when another replica issued it.
+    pub(super) fn unknown_task(&self, id: &str) -> ErrorData {
+        let told = self
+            .gateway
+            .misrouted("task", id)
+            .unwrap_or_else(|| format!("no task {id:?} in this session"));
+        ErrorData::invalid_params(told, None)
+    }
+
     /// Where `tasks/get`, `tasks/update` and `tasks/cancel` for `id` go: a
     /// task of Moat's, or a server's task in the session that knows it
     /// (a task of Moat's that the server's own task took over is the
@@ -252,7 +261,7 @@ impl AgentSession {
             let kept = created.task.ttl_ms.map_or(HELD_TASK_TTL, |ms| {
                 Duration::from_millis(ms).min(HELD_TASK_TTL)
             });
-            let exposed = format!("{server}{SEPARATOR}{}", unguessable());
+            let exposed = format!("{server}{SEPARATOR}{}", self.gateway.capability());
             self.gateway.hold(exposed.clone(), self.clone(), kept);
             exposed
         };
@@ -290,10 +299,7 @@ impl AgentSession {
             if let Some(holder) = self.gateway.held(exposed) {
                 return Box::pin(holder.task_child(exposed)).await;
             }
-            return Err(ErrorData::invalid_params(
-                format!("no task {exposed:?} in this session"),
-                None,
-            ));
+            return Err(self.unknown_task(exposed));
         };
         self.gate(&server, Some(&tool))?;
         let child = self.child(&server).await.map_err(to_error)?;

@@ -41,9 +41,7 @@ impl AgentSession {
                 })?;
             self.own_task(id)
                 .map(|(holder, own)| (id.to_owned(), holder, own))
-                .ok_or_else(|| {
-                    ErrorData::invalid_params(format!("no task {id:?} in this session"), None)
-                })
+                .ok_or_else(|| self.unknown_task(id))
         };
         let worded = |id: &str, own: &OwnTask| crate::tasks_2025::task(&own.task(id));
         let answer = match method {

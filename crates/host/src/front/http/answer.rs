@@ -66,3 +66,15 @@ pub(super) fn text(
     }
     response
 }
+
+/// A JSON-RPC error with no id, as the answer to a request that never
+/// reached a session: -32001, as the SDKs answer a session they do not
+/// know, with `message` saying why.
+pub(super) fn json_error(code: StatusCode, message: &str) -> Response<BoxBody<Bytes, Infallible>> {
+    let body = serde_json::json!({
+        "jsonrpc": "2.0",
+        "id": null,
+        "error": {"code": -32001, "message": message},
+    });
+    text(code, "application/json", body.to_string())
+}

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use super::Connection;
 use super::admission::phase;
-use super::answer::{raw_refusal, refused, status};
+use super::answer::{json_error, raw_refusal, refused, status};
 use super::clock::{Marked, RequestClock};
 use super::guard::token_matches;
 use super::probes::observe;
@@ -22,6 +22,9 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::{Request, Response, StatusCode};
 use tokio::io::AsyncWriteExt;
 use tokio_util::sync::CancellationToken;
+
+/// The header a replica names itself in.
+const REPLICA_HEADER: &str = "moat-replica";
 
 /// How long a refusal may take to write before the socket is dropped.
 const REFUSAL_WRITE: Duration = Duration::from_secs(1);
@@ -99,8 +102,24 @@ impl Connection {
     }
 
     /// Answers `request`, whose body must have arrived by `deadline`;
-    /// `phase` becomes [`phase::ANSWERING`] once it has.
+    /// `phase` becomes [`phase::ANSWERING`] once it has. A replica names
+    /// itself in every answer.
     async fn handle(
+        &self,
+        request: Request<hyper::body::Incoming>,
+        deadline: Instant,
+        phase: &AtomicU8,
+    ) -> Response<BoxBody<Bytes, Infallible>> {
+        let mut response = self.answer(request, deadline, phase).await;
+        if let Some(replica) = self.gateway.replica()
+            && let Ok(name) = hyper::header::HeaderValue::from_str(replica.name())
+        {
+            response.headers_mut().insert(REPLICA_HEADER, name);
+        }
+        response
+    }
+
+    async fn answer(
         &self,
         request: Request<hyper::body::Incoming>,
         deadline: Instant,
@@ -127,6 +146,17 @@ impl Connection {
         }
         if request.uri().path() != "/mcp" {
             return status(StatusCode::NOT_FOUND);
+        }
+        let misrouted = request
+            .headers()
+            .get("mcp-session-id")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|id| self.gateway.misrouted("session", id));
+        if let Some(told) = misrouted {
+            // 404 is what tells an agent on a 2025 revision that its
+            // session is gone and to initialize a new one.
+            refused(&self.gateway, "other-replica", StatusCode::NOT_FOUND);
+            return json_error(StatusCode::NOT_FOUND, &told);
         }
         let declared = request
             .headers()

@@ -30,12 +30,18 @@
 //! the token when one is set, a `Host` the listener accepts, and no
 //! browser `Origin`.
 //!
+//! With `--replica NAME` ([`crate::replica`]), every answer carries
+//! `Moat-Replica: NAME`, session ids end in `.NAME`, and a request whose
+//! `Mcp-Session-Id` names another replica gets 404 (start a new session)
+//! naming both, never another session's answer.
+//!
 //! Accept errors (EMFILE above all) are retried with a growing pause and
 //! never end the process. The bearer token is compared in constant time.
 //!
 //! The pieces: `admission` (who holds a connection slot, and eviction),
 //! `clock` (when a request began), `connection` (one connection: the
-//! limits, then rmcp), `probes` (`/healthz`, `/readyz`, `/metrics`, and
+//! limits, then rmcp), `sessions` (rmcp's session manager, naming
+//! sessions for the replica), `probes` (`/healthz`, `/readyz`, `/metrics`, and
 //! [`serve_probes`]), `guard` (the token and `Host` checks) and `answer`
 //! (the answers Moat writes itself, and the audit of a refusal). This file
 //! holds the listener: [`serve`] and its accept loop.
@@ -46,6 +52,7 @@ mod clock;
 mod connection;
 mod guard;
 mod probes;
+mod sessions;
 #[cfg(test)]
 mod tests;
 
@@ -121,6 +128,10 @@ pub async fn serve(
         Some(Duration::from_millis(settings.session_idle_ms.get()));
     let factory_gateway = gateway.clone();
     let max_sessions = settings.max_sessions.get();
+    let sessions = sessions::Sessions {
+        local: sessions,
+        replica: gateway.replica().cloned(),
+    };
     let service = StreamableHttpService::new(
         move || {
             // The handler refuses first, with 503; this holds under a race.
@@ -176,6 +187,9 @@ pub async fn serve(
         };
         tokio::spawn(connection.run(stream));
     }
+    // A load balancer's next connection is refused at once (it tries
+    // another replica) rather than left in the backlog for the drain.
+    drop(listener);
     // Drain every open session while agents can still receive answers,
     // then stop serving.
     let failures = gateway.close_all().await;
@@ -183,7 +197,7 @@ pub async fn serve(
     Ok(failures)
 }
 
-type Service = StreamableHttpService<crate::gateway::AgentSession, LocalSessionManager>;
+type Service = StreamableHttpService<crate::gateway::AgentSession, sessions::Sessions>;
 
 /// One accepted connection and what it needs.
 struct Connection {
