@@ -31,6 +31,16 @@ if ! command -v docker-registry >/dev/null; then
     fi
 fi
 
+# HAProxy balances tests/replicas.rs's replicas with deploy/haproxy/haproxy.cfg.
+if ! command -v haproxy >/dev/null; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq haproxy >/dev/null
+    else
+        echo "tests/setup.sh: haproxy is needed (Debian: apt-get install haproxy)" >&2
+        exit 1
+    fi
+fi
+
 # openssl makes the test CA and certificate of tests/oci/'s https registry.
 if ! command -v openssl >/dev/null; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then

@@ -20,7 +20,7 @@ import json
 import sys
 import time
 
-import httpx
+import httpx2 as httpx
 from mcp import Client, types
 
 URL = sys.argv[1]
@@ -87,9 +87,12 @@ async def post(http, method, params, *, session=None, revision=MODERN, notify=Fa
     latencies.append(took)
     answers["requests"] += 1
     replica = response.headers.get("moat-replica")
-    if expect is not None and replica is not None and replica != expect:
-        answers["wrong_replica"].append([method, expect, replica])
-    return response, payload(response), replica, took
+    answer = payload(response)
+    # Another replica may only say that it does not hold the state.
+    refused = f"held by replica `{expect}`" in ((answer or {}).get("error") or {}).get("message", "")
+    if expect is not None and replica != expect and not refused:
+        answers["wrong_replica"].append([method, expect, replica, response.status_code, response.text[:300]])
+    return response, answer, replica, took
 
 
 def replica_of(id):
@@ -127,13 +130,15 @@ class Agent:
         assert response.status_code == 200 and text(answer) == str(self.n + 1), response.text
 
     async def stateless_second(self):
-        node = f"n{self.n % 2}__add"
+        node = f"n{self.n % 2}"
         response, answer, _, took = await post(
-            self.http, "tools/call", {"name": node, "arguments": {"a": self.n, "b": 2}}
+            self.http, "tools/call", {"name": f"{node}__job", "arguments": {"ms": 1}}
         )
         if response.status_code != 200 or "result" not in (answer or {}):
             raise Failed(failure(node, response, answer, took))
-        assert text(answer) == str(self.n + 2), response.text
+        # Run inline by the server, or as a task the gateway follows for
+        # an agent that takes none.
+        assert text(answer).startswith(f"{node}: job done"), response.text
 
     # A call parked at the gateway while an older server asks for input.
     async def parked_first(self):
@@ -213,21 +218,23 @@ class Agent:
         )
         assert response.status_code == 202, response.text
 
-    async def session_call(self, name, a, b):
+    async def session_call(self, name, arguments, expected):
         response, answer, _, took = await post(
-            self.http, "tools/call", {"name": name, "arguments": {"a": a, "b": b}},
+            self.http, "tools/call", {"name": name, "arguments": arguments},
             session=self.state, revision=self.revision, expect=self.holder,
         )
         if response.status_code != 200 or "result" not in (answer or {}):
             raise Failed(failure(f"{name} in session", response, answer, took))
-        assert text(answer) == str(a + b), answer
+        assert text(answer).startswith(expected), answer
 
     async def session_first(self):
         await self.open_session("2025-11-25" if self.n % 2 else "2025-06-18")
-        await self.session_call("native__add", self.n, 3)
+        await self.session_call("wasm__add", {"a": self.n, "b": 3}, str(self.n + 3))
+        await self.session_call("o__job", {"ms": 1}, "o: job done")
 
     async def session_second(self):
-        await self.session_call(f"n{self.n % 2}__add", self.n, 4)
+        node = f"n{self.n % 2}"
+        await self.session_call(f"{node}__job", {"ms": 1}, f"{node}: job done")
         await self.http.delete(URL, headers={"Mcp-Session-Id": self.state, "MCP-Protocol-Version": self.revision})
 
     # A 2025 session subscribed to a resource: the update arrives on its
@@ -295,11 +302,11 @@ async def sdk_agent(n):
     mode = "auto" if n % 2 else "legacy"
     async with Client(URL, mode=mode, elicitation_callback=elicited) as client:
         asked = await client.call_tool("o__ask", {"times": 2})
-        added = await client.call_tool("n1__add", {"a": n, "b": 5})
+        job = await client.call_tool("n1__job", {"ms": 1})
         return {
             "revision": client.protocol_version,
             "ask": "".join(c.text for c in asked.content),
-            "add": "".join(c.text for c in added.content),
+            "job": "".join(c.text for c in job.content),
         }
 
 
