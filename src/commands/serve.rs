@@ -46,9 +46,12 @@ pub struct Args {
     /// default (agents that are not browsers send no Origin).
     #[arg(long = "allow-origin", value_name = "ORIGIN")]
     allow_origins: Vec<String>,
-    /// Beside stdio serving: serve /metrics, /healthz and /readyz at
-    /// ADDR, a loopback address (with --http they are on its listener).
-    #[arg(long, value_name = "ADDR", conflicts_with = "http")]
+    /// Serve /metrics, /healthz and /readyz alone at ADDR: beside stdio
+    /// serving a loopback address; beside --http (where they are also on
+    /// its listener, /metrics behind the token) any address, /metrics with
+    /// no token, for a scraper (say who reaches it with a firewall or a
+    /// network policy).
+    #[arg(long, value_name = "ADDR")]
     metrics: Option<SocketAddr>,
     /// Serve as replica NAME of several behind one load balancer: every id
     /// naming state only this process holds (2025 session, task, parked
@@ -113,6 +116,14 @@ async fn serve_http(
         ),
         None => eprintln!("moat: serving MCP at http://{}/mcp", listener.local_addr()?),
     }
+    let stop_probes = tokio_util::sync::CancellationToken::new();
+    if let Some(addr) = args.metrics {
+        let scope = moat_host::front::http::ProbeScope::BesideHttp {
+            hosts: allowed.hosts.clone(),
+        };
+        spawn_probes(&gateway, addr, scope, &stop_probes).await?;
+    }
+    let _stop_probes = stop_probes.drop_guard();
     let mut terminate =
         signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let shutdown = async move {
@@ -134,24 +145,8 @@ async fn serve_stdio(args: &Args) -> Result<ExitCode> {
     let gateway = gateway(args).await?;
     let stop_probes = tokio_util::sync::CancellationToken::new();
     if let Some(addr) = args.metrics {
-        let listener = tokio::net::TcpListener::bind(addr)
-            .await
-            .with_context(|| format!("--metrics: binding {addr}"))?;
-        let bound = listener.local_addr().context("--metrics: local address")?;
-        if !bound.ip().is_loopback() {
-            bail!(HttpError::MetricsNotLoopback { addr: bound });
-        }
-        eprintln!("moat: serving metrics at http://{bound}/metrics");
-        let probes = moat_host::front::http::serve_probes(
-            gateway.clone(),
-            listener,
-            stop_probes.clone().cancelled_owned(),
-        );
-        tokio::spawn(async move {
-            if let Err(error) = probes.await {
-                tracing::error!(%error, "metrics listener failed");
-            }
-        });
+        let scope = moat_host::front::http::ProbeScope::Loopback;
+        spawn_probes(&gateway, addr, scope, &stop_probes).await?;
     }
     let _stop_probes = stop_probes.drop_guard();
     let agent = moat_host::front::stdio::Agent::start(&gateway).await?;
@@ -165,6 +160,36 @@ async fn serve_stdio(args: &Args) -> Result<ExitCode> {
     };
     let failures = agent.serve_until(shutdown).await;
     Ok(close_status(&failures))
+}
+
+/// Binds `--metrics ADDR` and serves the probes and /metrics there, as
+/// `scope` allows, until `stop`.
+async fn spawn_probes(
+    gateway: &Gateway,
+    addr: SocketAddr,
+    scope: moat_host::front::http::ProbeScope,
+    stop: &tokio_util::sync::CancellationToken,
+) -> Result<()> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("--metrics: binding {addr}"))?;
+    let bound = listener.local_addr().context("--metrics: local address")?;
+    if matches!(scope, moat_host::front::http::ProbeScope::Loopback) && !bound.ip().is_loopback() {
+        bail!(HttpError::MetricsNotLoopback { addr: bound });
+    }
+    eprintln!("moat: serving metrics at http://{bound}/metrics");
+    let probes = moat_host::front::http::serve_probes(
+        gateway.clone(),
+        listener,
+        scope,
+        stop.clone().cancelled_owned(),
+    );
+    tokio::spawn(async move {
+        if let Err(error) = probes.await {
+            tracing::error!(%error, "metrics listener failed");
+        }
+    });
+    Ok(())
 }
 
 /// The gateway for `args`, reloaded on SIGHUP (see [`reload_on_hangup`]).

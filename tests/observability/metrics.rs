@@ -293,3 +293,61 @@ fn stdio_serving_serves_metrics_on_loopback_only() {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+/// Beside `--http` (whose `/metrics` needs the token), `--metrics` may be
+/// any address, the pod's say: a scraper that holds no token reads the
+/// counters there, and nothing else is served on it.
+#[test]
+fn http_serving_serves_metrics_on_a_listener_of_their_own_without_the_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("moat.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[servers.wasm]\nwasm = {:?}\nallow_unmeasured = true\n",
+            guests::EVERYTHING_WASM
+        ),
+    )
+    .unwrap();
+    let audit = dir.path().join("audit.jsonl");
+    let (mut child, url, stderr) = common::serve_http_logged(
+        &config,
+        "metrics-token-5521",
+        &audit,
+        &["--metrics", "0.0.0.0:0"],
+    );
+    let announced = stderr
+        .iter()
+        .find_map(|l| {
+            l.strip_prefix("moat: serving metrics at http://0.0.0.0:")
+                .map(|rest| rest.trim_end_matches("/metrics").to_owned())
+        })
+        .expect("moat serve announces its metrics listener on every address");
+    let address = format!("127.0.0.1:{announced}");
+    let samples = scrape(&address, "not-the-token");
+    assert!(
+        samples
+            .iter()
+            .any(|(name, _, _)| name == "moat_sessions_open"),
+        "{samples:?}"
+    );
+    // The agents' listener still wants the token for /metrics, and the
+    // metrics listener serves no MCP.
+    let status = |address: &str, path: &str| {
+        use std::io::{Read as _, Write as _};
+        let mut stream = std::net::TcpStream::connect(address).unwrap();
+        write!(
+            stream,
+            "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).unwrap();
+        response.split_whitespace().nth(1).unwrap().to_owned()
+    };
+    assert_eq!(status(&common::address_of(&url), "/metrics"), "401");
+    assert_eq!(status(&address, "/mcp"), "404");
+    assert_eq!(status(&address, "/healthz"), "200");
+    let _ = child.kill();
+    let _ = child.wait();
+}

@@ -56,7 +56,7 @@ mod sessions;
 #[cfg(test)]
 mod tests;
 
-pub use probes::serve_probes;
+pub use probes::{ProbeScope, serve_probes};
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,6 +1,7 @@
 //! The probes and the scrape: `/healthz`, `/readyz` and `/metrics`, answered
-//! beside `/mcp` by the HTTP front, or alone on a loopback listener beside
-//! stdio serving ([`serve_probes`]).
+//! beside `/mcp` by the HTTP front, or alone on a listener of their own
+//! ([`serve_probes`]): on loopback beside stdio serving, or anywhere beside
+//! `--http` (a pod's address, for a scraper that holds no token).
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -79,19 +80,44 @@ pub(super) fn observe(
     })
 }
 
-/// `moat serve --metrics ADDR` beside stdio serving: `/metrics`,
-/// `/healthz` and `/readyz` only, on a loopback address (there is no token
-/// to ask for), until `shutdown`.
+/// Where a listener of probes alone may be, and which `Host` values its
+/// `/metrics` answers.
+#[derive(Clone, Debug)]
+pub enum ProbeScope {
+    /// Beside stdio serving: loopback only (there is no token to ask for).
+    Loopback,
+    /// Beside `--http`: any address the operator binds, so that a scraper
+    /// on the pod network reaches `/metrics` without the agents' token
+    /// (who reaches the port is the network policy's to say). `/metrics`
+    /// answers loopback names, the bound address and `hosts` (the
+    /// operator's `--allow-host` values, the pod's address).
+    BesideHttp { hosts: Vec<String> },
+}
+
+/// `moat serve --metrics ADDR`: `/metrics`, `/healthz` and `/readyz`
+/// only, as `scope` allows, until `shutdown`.
 pub async fn serve_probes(
     gateway: Gateway,
     listener: tokio::net::TcpListener,
+    scope: ProbeScope,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), HttpError> {
     let addr = listener.local_addr().map_err(HttpError::LocalAddr)?;
-    if !addr.ip().is_loopback() {
-        return Err(HttpError::MetricsNotLoopback { addr });
+    let mut hosts: Vec<String> = ["localhost", "127.0.0.1", "::1"].map(String::from).into();
+    match scope {
+        ProbeScope::Loopback if !addr.ip().is_loopback() => {
+            return Err(HttpError::MetricsNotLoopback { addr });
+        }
+        ProbeScope::Loopback => {}
+        ProbeScope::BesideHttp { hosts: more } => {
+            hosts.extend(more);
+            if !addr.ip().is_unspecified() {
+                hosts.push(addr.ip().to_string());
+                hosts.push(addr.to_string());
+            }
+        }
     }
-    let hosts: Arc<[String]> = ["localhost", "127.0.0.1", "::1"].map(String::from).into();
+    let hosts: Arc<[String]> = hosts.into();
     let settings = gateway.serve_settings().clone();
     tokio::pin!(shutdown);
     loop {
