@@ -484,3 +484,60 @@ fn a_revocation_written_to_the_shared_volume_refuses_the_tool_on_every_replica()
         assert!(refused < bound, "{}: {refused:?}", replica.name);
     }
 }
+
+/// SIGTERM, as Kubernetes stops a pod: the replica closes its listener
+/// and turns new sessions away, so HAProxy sends new work to the others at
+/// once, while the call in flight on it is answered in full and the
+/// replica then exits cleanly.
+#[test]
+fn a_replica_told_to_stop_finishes_its_call_while_new_work_goes_to_the_others() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("moat.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[serve]\ndrain_timeout_ms = 30000\n\n[servers.wasm]\nwasm = {:?}\nallow_unmeasured = true\n",
+            guests::EVERYTHING_WASM
+        ),
+    )
+    .unwrap();
+    let mut replicas: Vec<Replica> = REPLICAS[..2]
+        .iter()
+        .map(|name| replica(dir.path(), &config, name, &[]))
+        .collect();
+    let (_haproxy, lb) = haproxy(&replicas);
+    let mut driver = Running(
+        Command::new("python3")
+            .arg(project().join("tests/clients/py_drain.py"))
+            .arg(format!("http://{lb}/mcp"))
+            .env("PYTHONPATH", python_path())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("python3"),
+    );
+    let mut said = BufReader::new(driver.0.stdout.take().unwrap()).lines();
+    let line = said.next().expect("the driver's first line").unwrap();
+    let holder = line
+        .strip_prefix("HOLDER ")
+        .unwrap_or_else(|| panic!("the driver said {line:?}"))
+        .to_owned();
+    let stopping = replicas.iter_mut().find(|r| r.name == holder).unwrap();
+    let pid = libc::pid_t::try_from(stopping.process.0.id()).unwrap();
+    // SAFETY: kill(2) on our own child's pid, which has not been reaped.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    writeln!(driver.0.stdin.take().unwrap(), "TERMINATED").unwrap();
+    let report = said.next().expect("the driver's report").unwrap();
+    assert!(driver.0.wait().unwrap().success(), "{report}");
+    let report: serde_json::Value = serde_json::from_str(&report).unwrap();
+    eprintln!("{report:#}");
+    let other = REPLICAS[..2].iter().find(|r| **r != holder).unwrap();
+    for answer in report["during_drain"].as_array().unwrap() {
+        assert_eq!(answer, &serde_json::json!([200, other, true]), "{report}");
+    }
+    assert_eq!(report["call_replica"], holder.as_str(), "{report}");
+    assert_eq!(report["progress"], 6, "{report}");
+    assert_eq!(report["result"]["result"]["isError"], false, "{report}");
+    let status = stopping.process.0.wait().unwrap();
+    assert!(status.success(), "{holder} exited with {status}");
+}

@@ -66,6 +66,8 @@ pub struct Gateway {
     /// When set, every id naming state this gateway alone holds ends in
     /// the replica's name (see [`crate::replica`]).
     replica: Arc<std::sync::OnceLock<crate::replica::Replica>>,
+    /// Set when [`Gateway::close_all`] begins: no new session from then.
+    draining: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Why a reload (SIGHUP, `--watch`) was refused. Nothing changed.
@@ -182,6 +184,7 @@ impl Gateway {
             held: Arc::default(),
             claims: Arc::default(),
             replica: Arc::default(),
+            draining: Arc::default(),
         }
     }
 
@@ -285,6 +288,13 @@ impl Gateway {
         self.current().config.serve.clone()
     }
 
+    /// Whether the gateway is closing ([`Gateway::close_all`]): a front
+    /// turns new sessions away (503, which a load balancer retries on
+    /// another replica), and the open ones drain.
+    pub fn draining(&self) -> bool {
+        self.draining.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     /// Agent sessions alive now (open, or closing).
     pub fn live_sessions(&self) -> usize {
         let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
@@ -386,6 +396,8 @@ impl Gateway {
     /// in-flight calls, cancels what outlives the drain timeout, and stops
     /// its children. Reports what failed to close, by session and server.
     pub async fn close_all(&self) -> Vec<(String, SessionError)> {
+        self.draining
+            .store(true, std::sync::atomic::Ordering::SeqCst);
         let mut failures = Vec::new();
         self.current()
             .close_spares(|_, _| false, &mut failures)

@@ -181,6 +181,10 @@ impl Connection {
             );
             return status(StatusCode::SERVICE_UNAVAILABLE);
         }
+        if new_session && self.gateway.draining() {
+            refused(&self.gateway, "draining", StatusCode::SERVICE_UNAVAILABLE);
+            return status(StatusCode::SERVICE_UNAVAILABLE);
+        }
         if new_session && self.gateway.audit_failure().is_some() {
             refused(
                 &self.gateway,

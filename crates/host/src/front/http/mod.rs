@@ -17,7 +17,9 @@
 //! - request bodies (`max_body_bytes`): a larger one gets 413 before it is
 //!   read further;
 //! - sessions (`max_sessions`): an `initialize` beyond it gets 503; a session
-//!   with no request for `session_idle_ms` is closed with its children.
+//!   with no request for `session_idle_ms` is closed with its children;
+//! - draining (SIGTERM): the listener closes, and a new session on a
+//!   connection still open gets 503 while the open ones finish.
 //!
 //! An audit log that cannot be written (see [`crate::audit`]) turns every
 //! new session away with 503 (`audit-unwritable`); the sessions open get
@@ -135,6 +137,9 @@ pub async fn serve(
     let service = StreamableHttpService::new(
         move || {
             // The handler refuses first, with 503; this holds under a race.
+            if factory_gateway.draining() {
+                return Err(std::io::Error::other("draining: no new session"));
+            }
             if factory_gateway.live_sessions() >= max_sessions {
                 return Err(std::io::Error::other(format!(
                     "{max_sessions} agent sessions are open (max_sessions)"

@@ -29,6 +29,11 @@ pub(super) fn observe(
     Some(match request.uri().path() {
         "/healthz" => text(StatusCode::OK, "text/plain", "ok\n".into()),
         // Which log and why are for the operator (stderr), not the prober.
+        "/readyz" if gateway.draining() => text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "text/plain",
+            "not ready: draining (SIGTERM): open sessions finish, new ones go elsewhere\n".into(),
+        ),
         "/readyz" if gateway.audit_failure().is_some() => text(
             StatusCode::SERVICE_UNAVAILABLE,
             "text/plain",
