@@ -7,8 +7,10 @@
 #    (kubernetes-validate, strict: no unknown field);
 # 3. checkov (a static security policy checker) finds nothing; each check
 #    the chart skips says why in an annotation of the object it skips;
-# 4. the HAProxy config the chart renders is one HAProxy accepts;
-# 5. the container image builds from deploy/container/Containerfile with
+# 4. each pod's grace period covers Moat's drain ([serve] drain_timeout_ms
+#    in the config the chart gives it) with 5 s to spare;
+# 5. the HAProxy config the chart renders is one HAProxy accepts;
+# 6. the container image builds from deploy/container/Containerfile with
 #    buildah, its `moat --version` runs as uid 65532, and it holds nothing
 #    but the binary and the shared objects ldd says the binary loads.
 #
@@ -80,7 +82,21 @@ echo "3. checkov"
 deploy_py -m checkov.main --framework kubernetes --compact --quiet --skip-download \
     -f deploy/k8s/moat.yaml -f deploy/k8s/moat-native-nodes.yaml
 
-echo "4. the rendered HAProxy config"
+echo "4. the fronts' grace period covers their drain"
+deploy_py - deploy/k8s/moat.yaml deploy/k8s/moat-native-nodes.yaml <<'PY'
+import sys, tomllib, yaml
+for path in sys.argv[1:]:
+    documents = [d for d in yaml.safe_load_all(open(path)) if d]
+    for kind, part in [("StatefulSet", "front"), ("StatefulSet", "node")]:
+        workload = next(d for d in documents if d["kind"] == kind and d["metadata"]["name"].endswith("-" + part))
+        config = next(d for d in documents if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-" + part))
+        drain_ms = tomllib.loads(config["data"]["moat.toml"]).get("serve", {}).get("drain_timeout_ms", 30000)
+        grace = workload["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+        if grace * 1000 < drain_ms + 5000:
+            sys.exit(f"{path}: {part}: terminationGracePeriodSeconds {grace} leaves less than 5 s beyond [serve] drain_timeout_ms {drain_ms}")
+PY
+
+echo "5. the rendered HAProxy config"
 need_debian haproxy
 haproxy_cfg=$(mktemp)
 trap 'rm -f "$haproxy_cfg"' EXIT
@@ -92,7 +108,7 @@ for document in yaml.safe_load_all(open(sys.argv[1])):
 PY
 MOAT_LB_BIND=:8080 haproxy -c -q -f "$haproxy_cfg"
 
-echo "5. the container image"
+echo "6. the container image"
 need_debian buildah
 context=target/image
 bash deploy/container/stage.sh "$binary" "$context" >/dev/null

@@ -294,7 +294,15 @@ fn three_replicas_behind_haproxy_route_every_request_to_its_state_and_survive_lo
     std::fs::write(&config, front_toml(&[&nodes[0], &nodes[1]])).unwrap();
     let mut replicas: Vec<Replica> = REPLICAS
         .iter()
-        .map(|name| replica(dir.path(), &config, name, &[]))
+        .map(|name| {
+            let claims = dir.path().join(format!("{name}-claims"));
+            replica(
+                dir.path(),
+                &config,
+                name,
+                &["--claims", claims.to_str().unwrap()],
+            )
+        })
         .collect();
     let (_haproxy, lb) = haproxy(&replicas);
 
@@ -381,8 +389,48 @@ fn three_replicas_behind_haproxy_route_every_request_to_its_state_and_survive_lo
         report["latency_ms"]
     );
 
-    // Every replica's audit log verifies, the killed one's too.
+    // Every replica's audit log verifies, the killed one's too, and so
+    // does every claim of a session that ended, with its replica's key
+    // and against its replica's log.
     drop(_haproxy);
+    for replica in replicas.iter_mut().filter(|r| r.name != "front-1") {
+        // SAFETY: kill(2) on our own child's pid, which has not been reaped.
+        let pid = libc::pid_t::try_from(replica.process.0.id()).unwrap();
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+        let status = replica.process.0.wait().unwrap();
+        assert!(status.success(), "{} exited with {status}", replica.name);
+    }
+    let mut claims = 0;
+    for replica in &replicas {
+        let state = dir.path().join(format!("{}-state", replica.name));
+        let key = ok(
+            &moat(&["key", "show", "--public"], &state, &[]),
+            "moat key show",
+        );
+        let written = dir.path().join(format!("{}-claims", replica.name));
+        for claim in std::fs::read_dir(&written).unwrap() {
+            let claim = claim.unwrap().path();
+            ok(
+                &moat(
+                    &[
+                        "claim",
+                        "verify",
+                        claim.to_str().unwrap(),
+                        "--public-key",
+                        key.trim(),
+                        "--audit",
+                        replica.audit.to_str().unwrap(),
+                    ],
+                    &state,
+                    &[],
+                ),
+                &format!("{}: moat claim verify {}", replica.name, claim.display()),
+            );
+            claims += 1;
+        }
+    }
+    eprintln!("{claims} claims verified");
+    assert!(claims >= agents, "{claims} claims");
     for replica in &replicas {
         let verified = moat(
             &["audit", "verify", replica.audit.to_str().unwrap()],
