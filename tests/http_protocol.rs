@@ -426,3 +426,62 @@ fn stateless_requests_carry_requests_for_input_and_a_task_past_the_request() {
         "{answer}"
     );
 }
+
+/// A parked call's `requestState` is held under its id as a stateless
+/// task is, but it names no task: `tasks/get` and `tasks/cancel` naming it
+/// get the plain refusal (they once recursed until the stack overflowed
+/// and the process aborted), and the parked call is then taken up as if
+/// nothing had happened.
+#[test]
+fn a_parked_calls_request_state_named_as_a_task_is_no_task_and_the_call_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("moat.toml");
+    let audit = dir.path().join("audit.jsonl");
+    std::fs::write(
+        &config,
+        format!(
+            "[servers.o]\ncommand = {:?}\nallow_unmeasured = true\n\
+             [servers.o.env]\nROUNDS_NAME = \"o\"\nROUNDS_REVISION = \"2025-06-18\"\n",
+            guests::ROUNDS_NATIVE,
+        ),
+    )
+    .unwrap();
+    let server = Server::start(&config, &audit);
+    let routed = [("Mcp-Method", "tools/call"), ("Mcp-Name", "o__ask")];
+    let call = serde_json::json!({"name": "o__ask", "arguments": {"times": 1}});
+    let (status, asked) = server.request("tools/call", call.clone(), &routed);
+    assert_eq!(status, 200, "{asked}");
+    let state = asked["result"]["requestState"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{asked}"))
+        .to_owned();
+    assert!(state.starts_with("moat-parked:"), "{state}");
+    let tasks = serde_json::json!({"extensions": {"io.modelcontextprotocol/tasks": {}}});
+    for method in ["tasks/get", "tasks/cancel"] {
+        let (status, refused) = server.request(
+            method,
+            serde_json::json!({
+                "taskId": state,
+                "_meta": {"io.modelcontextprotocol/clientCapabilities": tasks},
+            }),
+            &[("Mcp-Method", method), ("Mcp-Name", state.as_str())],
+        );
+        assert_eq!(status, 200, "{method}: {refused}");
+        assert_eq!(refused["error"]["code"], -32602, "{method}: {refused}");
+        assert_eq!(
+            refused["error"]["message"],
+            format!("no task {state:?} in this session"),
+            "{method}: {refused}"
+        );
+    }
+    let mut retry = call;
+    retry["inputResponses"] =
+        serde_json::json!({"moat-1": {"action": "accept", "content": {"name": "Ada"}}});
+    retry["requestState"] = serde_json::Value::String(state);
+    let (status, answer) = server.request("tools/call", retry, &routed);
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(
+        answer["result"]["content"][0]["text"], "o: hello Ada (elicited)",
+        "{answer}"
+    );
+}

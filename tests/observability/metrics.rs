@@ -343,11 +343,38 @@ fn http_serving_serves_metrics_on_a_listener_of_their_own_without_the_token() {
         .unwrap();
         let mut response = String::new();
         stream.read_to_string(&mut response).unwrap();
-        response.split_whitespace().nth(1).unwrap().to_owned()
+        response
+            .split_whitespace()
+            .nth(1)
+            .unwrap_or("closed")
+            .to_owned()
     };
     assert_eq!(status(&common::address_of(&url), "/metrics"), "401");
     assert_eq!(status(&address, "/mcp"), "404");
     assert_eq!(status(&address, "/healthz"), "200");
+
+    // No flood holds more than its 64 connections: the next is closed as
+    // it comes, and the agents' listener is untouched.
+    let held: Vec<std::net::TcpStream> = (0..moat_host::front::http::PROBE_CONNECTIONS)
+        .map(|_| std::net::TcpStream::connect(&address).unwrap())
+        .collect();
+    let mut extra = std::net::TcpStream::connect(&address).unwrap();
+    extra
+        .set_read_timeout(Some(std::time::Duration::from_secs(60)))
+        .unwrap();
+    let mut byte = [0u8; 1];
+    assert_eq!(
+        std::io::Read::read(&mut extra, &mut byte).unwrap(),
+        0,
+        "the connection beyond the probes' limit is closed at once"
+    );
+    assert_eq!(status(&common::address_of(&url), "/healthz"), "200");
+    drop(held);
+    let began = std::time::Instant::now();
+    while status(&address, "/healthz") != "200" {
+        assert!(began.elapsed() < std::time::Duration::from_secs(60));
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
     let _ = child.kill();
     let _ = child.wait();
 }

@@ -17,6 +17,9 @@ use std::sync::Arc;
 /// The longest name: a DNS label, as a pod's or a balancer's server name.
 pub const MAX_NAME: usize = 63;
 
+/// How much of a foreign id an answer repeats.
+pub const SHOWN: usize = 96;
+
 /// What marks the replica in an id.
 pub const SEPARATOR: char = '.';
 
@@ -70,11 +73,16 @@ impl Replica {
     }
 
     /// What a request naming `id` (a `what`: session, task, parked call)
-    /// that another replica issued is told.
+    /// that another replica issued is told. The id is quoted, and cut at
+    /// [`SHOWN`] characters: it is the requester's text.
     pub fn misrouted(&self, what: &str, id: &str) -> Option<String> {
         let owner = self.foreign(id)?;
+        let shown: String = match id.char_indices().nth(SHOWN) {
+            Some((at, _)) => format!("{:?}…", &id[..at]),
+            None => format!("{id:?}"),
+        };
         Some(format!(
-            "{what} `{id}` is held by replica `{owner}`, and this is replica `{me}`: `{owner}` is gone (or the load balancer did not route by the id's last field); nothing of it is known here: start again",
+            "{what} {shown} is held by replica `{owner}`, not this one (`{me}`): `{owner}` is gone, or the load balancer did not route this request by the id's last field; nothing of it is known here: start again",
             me = self.name()
         ))
     }
@@ -127,10 +135,21 @@ mod tests {
         let told = me.misrouted("task", "files__0123.r2").unwrap();
         assert!(
             told.starts_with(
-                "task `files__0123.r2` is held by replica `r2`, and this is replica `r1`: `r2` is gone"
+                "task \"files__0123.r2\" is held by replica `r2`, not this one (`r1`): `r2` is gone"
             ),
             "{told}"
         );
         assert_eq!(me.misrouted("task", &mine), None);
+        // The requester's text is quoted and cut.
+        let long = format!("{}`\n.r2", "A".repeat(100_000));
+        let told = me.misrouted("session", &long).unwrap();
+        assert!(told.len() < 400, "{told}");
+        assert!(
+            told.starts_with(&format!(
+                "session \"{}\"… is held by replica `r2`",
+                "A".repeat(SHOWN)
+            )),
+            "{told}"
+        );
     }
 }

@@ -282,28 +282,38 @@ impl AgentSession {
     }
 
     /// The server, tool and server's id of the task the agent calls
-    /// `exposed`, if a call of this session made it; and the server's child,
-    /// unless what the lock or a revocation refuses.
+    /// `exposed`, if a call of this session made it (or of the session a
+    /// stateless request left held under that id); and the server's child,
+    /// unless what the lock or a revocation refuses. The held session is
+    /// looked up once: an id held for something else (a parked call's
+    /// `requestState`) names no task.
     pub(super) async fn task_child(
         &self,
         exposed: &str,
     ) -> Result<(Arc<Session>, String, String), ErrorData> {
-        let own = {
-            let tasks = self.tasks.issued.lock().unwrap_or_else(|e| e.into_inner());
+        let issued = |session: &AgentSession| {
+            let tasks = session
+                .tasks
+                .issued
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
             tasks
                 .get(exposed)
                 .map(|task| (task.server.clone(), task.tool.clone(), task.task_id.clone()))
         };
-        let Some((server, tool, task_id)) = own else {
-            // A task handed out by a stateless request: its id is the key.
-            if let Some(holder) = self.gateway.held(exposed) {
-                return Box::pin(holder.task_child(exposed)).await;
-            }
+        let found = match issued(self) {
+            Some(found) => Some((self.clone(), found)),
+            None => self
+                .gateway
+                .held(exposed)
+                .and_then(|holder| issued(&holder).map(|found| (holder, found))),
+        };
+        let Some((holder, (server, tool, task_id))) = found else {
             return Err(self.unknown_task(exposed));
         };
-        self.gate(&server, Some(&tool))?;
-        let child = self.child(&server).await.map_err(to_error)?;
-        let child = self.gate_child(&server, Some(&tool), child).await?;
+        holder.gate(&server, Some(&tool))?;
+        let child = holder.child(&server).await.map_err(to_error)?;
+        let child = holder.gate_child(&server, Some(&tool), child).await?;
         Ok((child, tool, task_id))
     }
 }

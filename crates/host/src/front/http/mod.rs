@@ -58,7 +58,7 @@ mod sessions;
 #[cfg(test)]
 mod tests;
 
-pub use probes::{ProbeScope, serve_probes};
+pub use probes::{PROBE_CONNECTIONS, ProbeScope, serve_probes};
 
 use std::sync::Arc;
 use std::time::Duration;

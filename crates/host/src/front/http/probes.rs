@@ -85,6 +85,9 @@ pub(super) fn observe(
     })
 }
 
+/// The connections a listener of probes alone serves at once.
+pub const PROBE_CONNECTIONS: usize = 64;
+
 /// Where a listener of probes alone may be, and which `Host` values its
 /// `/metrics` answers.
 #[derive(Clone, Debug)]
@@ -108,7 +111,7 @@ pub async fn serve_probes(
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), HttpError> {
     let addr = listener.local_addr().map_err(HttpError::LocalAddr)?;
-    let mut hosts: Vec<String> = ["localhost", "127.0.0.1", "::1"].map(String::from).into();
+    let mut hosts: Vec<String> = ["localhost", "127.0.0.1", "[::1]"].map(String::from).into();
     match scope {
         ProbeScope::Loopback if !addr.ip().is_loopback() => {
             return Err(HttpError::MetricsNotLoopback { addr });
@@ -124,6 +127,11 @@ pub async fn serve_probes(
     }
     let hosts: Arc<[String]> = hosts.into();
     let settings = gateway.serve_settings().clone();
+    // Probes and scrapes are quick: a few connections at once, one request
+    // each. Beyond that a connection is closed as it comes, so no flood
+    // of them takes the descriptors the agents' listener and the servers
+    // need.
+    let slots = Arc::new(tokio::sync::Semaphore::new(PROBE_CONNECTIONS));
     tokio::pin!(shutdown);
     loop {
         let stream = tokio::select! {
@@ -139,6 +147,10 @@ pub async fn serve_probes(
             },
             () = &mut shutdown => break,
         };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            drop(stream);
+            continue;
+        };
         let gateway = gateway.clone();
         let hosts = hosts.clone();
         let max_sessions = settings.max_sessions.get();
@@ -149,8 +161,10 @@ pub async fn serve_probes(
         });
         let header_timeout = Duration::from_millis(settings.header_timeout_ms.get());
         tokio::spawn(async move {
+            let _slot = slot;
             let _ = hyper::server::conn::http1::Builder::new()
                 .timer(hyper_util::rt::TokioTimer::new())
+                .keep_alive(false)
                 .header_read_timeout(header_timeout)
                 .serve_connection(hyper_util::rt::TokioIo::new(stream), handler)
                 .await;
