@@ -4,7 +4,8 @@
 //!
 //! - Many agents at once (tests/clients/py_replicas.py): stateless
 //!   2026-07-28 calls, calls parked for input, tasks, 2025 sessions and
-//!   subscriptions, beside the official Python SDK on both eras. Every
+//!   subscriptions, beside the official Python SDK on both eras and the
+//!   TypeScript SDK (before the kill and after). Every
 //!   answer names the replica that gave it, and each must be the one that
 //!   holds the state the request names.
 //! - One replica is killed mid-run (SIGKILL): every agent whose state it
@@ -283,6 +284,30 @@ fn python_path() -> PathBuf {
     project().join("target/py")
 }
 
+/// An agent on the official TypeScript SDK through the balancer at `lb`
+/// (tests/clients/ts_replicas.mjs): its report.
+fn ts_agent(lb: &str) -> serde_json::Value {
+    let output = Command::new("node")
+        .arg(project().join("tests/clients/ts_replicas.mjs"))
+        .arg(project().join("target/npm/node_modules/@modelcontextprotocol/sdk"))
+        .arg(format!("http://{lb}/mcp"))
+        .output()
+        .expect("node (tests/setup.sh installs it and the SDK)");
+    assert!(
+        output.status.success(),
+        "the TypeScript agent: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(report["ask"], "o: hello Ts and Ts (elicited)", "{report}");
+    assert!(
+        report["job"].as_str().unwrap().starts_with("n0: job done"),
+        "{report}"
+    );
+    assert_eq!(report["updated"], "rounds://r/data", "{report}");
+    report
+}
+
 #[test]
 fn three_replicas_behind_haproxy_route_every_request_to_its_state_and_survive_losing_one() {
     let dir = tempfile::tempdir().unwrap();
@@ -305,6 +330,7 @@ fn three_replicas_behind_haproxy_route_every_request_to_its_state_and_survive_lo
         })
         .collect();
     let (_haproxy, lb) = haproxy(&replicas);
+    let before = ts_agent(&lb);
 
     let agents = 300;
     let mut driver = Running(
@@ -380,6 +406,17 @@ fn three_replicas_behind_haproxy_route_every_request_to_its_state_and_survive_lo
             sdk["ask"].as_str().unwrap().starts_with("o: hello Sdk"),
             "{sdk}"
         );
+    }
+
+    // The TypeScript SDK's session lands on a live replica too.
+    let after = ts_agent(&lb);
+    for (report, live) in [
+        (&before, &REPLICAS[..]),
+        (&after, &["front-0", "front-2"][..]),
+    ] {
+        let session = report["session"].as_str().unwrap();
+        let holder = session.rsplit_once('.').unwrap().1;
+        assert!(live.contains(&holder), "{report}");
     }
 
     let requests = report["requests"].as_u64().unwrap();

@@ -336,13 +336,14 @@ fn http_serving_serves_metrics_on_a_listener_of_their_own_without_the_token() {
     let status = |address: &str, path: &str| {
         use std::io::{Read as _, Write as _};
         let mut stream = std::net::TcpStream::connect(address).unwrap();
-        write!(
+        // A connection beyond the probes' limit is closed, or reset if our
+        // request was already in: either way no answer.
+        let _ = write!(
             stream,
             "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
-        )
-        .unwrap();
+        );
         let mut response = String::new();
-        stream.read_to_string(&mut response).unwrap();
+        let _ = stream.read_to_string(&mut response);
         response
             .split_whitespace()
             .nth(1)
@@ -363,9 +364,12 @@ fn http_serving_serves_metrics_on_a_listener_of_their_own_without_the_token() {
         .set_read_timeout(Some(std::time::Duration::from_secs(60)))
         .unwrap();
     let mut byte = [0u8; 1];
-    assert_eq!(
-        std::io::Read::read(&mut extra, &mut byte).unwrap(),
-        0,
+    assert!(
+        match std::io::Read::read(&mut extra, &mut byte) {
+            Ok(0) => true,
+            Err(error) => error.kind() == std::io::ErrorKind::ConnectionReset,
+            Ok(_) => false,
+        },
         "the connection beyond the probes' limit is closed at once"
     );
     assert_eq!(status(&common::address_of(&url), "/healthz"), "200");
