@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set-up for the test suite on a fresh machine: the pinned Rust toolchain with
-# the wasm32-wasip2 target, Node.js, the Distribution registry, the third-party MCP servers and SDKs the
+# the wasm32-wasip2 target, Node.js, the Distribution registry, HAProxy, the third-party MCP servers and SDKs the
 # tests run, and the JavaScript and Python component toolchains that build
 # guests/js and guests/py (from the npm registry and PyPI, into target/npm
 # and target/py). Safe to run again.
