@@ -12,7 +12,8 @@
 # 5. the HAProxy config the chart renders is one HAProxy accepts;
 # 6. the container image builds from deploy/container/Containerfile with
 #    buildah, its `moat --version` runs as uid 65532, and it holds nothing
-#    but the binary and the shared objects ldd says the binary loads.
+#    but the binary, the shared objects ldd says the binary loads and the
+#    CA certificates; Moat's directories in it belong to uid 65532.
 #
 # Installs what it needs (as root, from Debian's packages and PyPI, pinned,
 # into target/deploy-py). With --render, writes deploy/k8s/ afresh
@@ -120,11 +121,16 @@ trap 'rm -f "$haproxy_cfg"; $buildah rm "$container" >/dev/null 2>&1 || true' EX
 # the runtime's mount points).
 mounted=$($buildah mount "$container")
 held=$(cd "$mounted" && find . -mindepth 1 \( -type f -o -type l \) | sed 's#^\.##' | sort)
+owners=$(cd "$mounted" && stat -c '%u:%g %n' var/cache/moat var/lib/moat)
 $buildah umount "$container" >/dev/null
-needed=$( (echo /usr/local/bin/moat; ldd "$binary" | awk '/=> \// { print $3 } /^\t\// { print $1 }') | sort)
+needed=$( (echo /usr/local/bin/moat; echo /etc/ssl/certs/ca-certificates.crt; ldd "$binary" | awk '/=> \// { print $3 } /^\t\// { print $1 }') | sort)
 if [ "$held" != "$needed" ]; then
     echo "deploy/check.sh: the image holds other files than the binary and what it loads:" >&2
     diff <(echo "$needed") <(echo "$held") >&2 || true
+    exit 1
+fi
+if [ "$(echo "$owners" | cut -d' ' -f1 | sort -u)" != "65532:65532" ]; then
+    echo "deploy/check.sh: Moat's directories in the image are not its user's: $owners" >&2
     exit 1
 fi
 version=$($buildah run --isolation chroot --user 65532:65532 "$container" -- /usr/local/bin/moat --version)
