@@ -100,18 +100,7 @@ impl Server {
         .unwrap();
         let mut response = String::new();
         let _ = stream.read_to_string(&mut response);
-        let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
-        let status = head
-            .split_whitespace()
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(0);
-        // A JSON body, or one SSE event whose data is the answer.
-        let json = body
-            .lines()
-            .find_map(|l| l.strip_prefix("data: ").or(l.starts_with('{').then_some(l)))
-            .and_then(|l| serde_json::from_str(l).ok())
-            .unwrap_or_else(|| panic!("no JSON-RPC answer in {response:?}"));
+        let (status, _, json) = common::http_answer(&response, "moat-replica");
         (status, json)
     }
 

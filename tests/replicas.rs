@@ -262,22 +262,7 @@ fn stateless_call(address: &str, tool: &str) -> (u16, Option<String>, serde_json
     .unwrap();
     let mut response = String::new();
     stream.read_to_string(&mut response).unwrap();
-    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    let replica = head
-        .lines()
-        .find_map(|l| l.strip_prefix("moat-replica: "))
-        .map(str::to_owned);
-    let json = body
-        .lines()
-        .find_map(|l| l.strip_prefix("data: ").or(l.starts_with('{').then_some(l)))
-        .and_then(|l| serde_json::from_str(l).ok())
-        .unwrap_or_else(|| panic!("no JSON-RPC answer in {response:?}"));
-    (status, replica, json)
+    common::http_answer(&response, "moat-replica")
 }
 
 fn python_path() -> PathBuf {

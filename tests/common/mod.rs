@@ -141,3 +141,26 @@ pub fn lock(config: &Path) {
         String::from_utf8_lossy(&output.stderr)
     );
 }
+
+/// A whole raw HTTP/1.1 response to a JSON-RPC request: its status, the
+/// value of the header `header` (lower case, as Moat writes it), and the
+/// JSON-RPC answer (the JSON body, or the SSE event that carries it).
+pub fn http_answer(response: &str, header: &str) -> (u16, Option<String>, serde_json::Value) {
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((response, ""));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let prefix = format!("{header}: ");
+    let value = head
+        .lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .map(str::to_owned);
+    let json = body
+        .lines()
+        .find_map(|l| l.strip_prefix("data: ").or(l.starts_with('{').then_some(l)))
+        .and_then(|l| serde_json::from_str(l).ok())
+        .unwrap_or_else(|| panic!("no JSON-RPC answer in {response:?}"));
+    (status, value, json)
+}
