@@ -606,7 +606,13 @@ fn a_replica_told_to_stop_finishes_its_call_while_new_work_goes_to_the_others() 
         assert_eq!(answer, &serde_json::json!([200, other, true]), "{report}");
     }
     assert_eq!(report["call_replica"], holder.as_str(), "{report}");
-    assert_eq!(report["progress"], 6, "{report}");
+    // Progress went on during the drain (the last notification may come
+    // after the answer and go unread), and the answer is whole.
+    assert!(report["progress"].as_u64().unwrap() >= 2, "{report}");
+    assert_eq!(
+        report["result"]["result"]["content"][0]["text"], "6 steps done",
+        "{report}"
+    );
     assert_eq!(report["result"]["result"]["isError"], false, "{report}");
     let status = stopping.process.0.wait().unwrap();
     assert!(status.success(), "{holder} exited with {status}");
