@@ -50,6 +50,13 @@
 //! bench against another `moat` binary (the `dist` profile's, say:
 //! `cargo build --profile dist -p moat`, then
 //! `MOAT_BENCH_MOAT=target/dist/moat cargo bench --bench serve`).
+//!
+//! The `moat` that `cargo bench` builds has other symbol names than
+//! `cargo build --release -p moat` (the dev-dependencies' features are
+//! unified into it), so `link/moat.order` does not lay out its hot code
+//! (build.rs); the bench says how much of the order each binary defines.
+//! The figures users get are those of
+//! `MOAT_BENCH_MOAT=target/release/moat` after `cargo build --release -p moat`.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -108,6 +115,47 @@ fn moat(config: &Path, cache: &Path, state: &Path) -> Command {
     command
 }
 
+/// Says how much of `link/moat.order` (the layout of the hot functions,
+/// build.rs) `binary` defines. The names are those of
+/// `cargo build --release -p moat`; the `moat` that `cargo bench` builds has
+/// other names (it unifies the dev-dependencies' features), so its hot code
+/// lies scattered as without the order.
+fn link_order(binary: &std::ffi::OsStr) {
+    let order = concat!(env!("CARGO_MANIFEST_DIR"), "/link/moat.order");
+    let Ok(order) = std::fs::read_to_string(order) else {
+        return;
+    };
+    let Ok(nm) = Command::new("nm")
+        .arg("--defined-only")
+        .arg(binary)
+        .output()
+    else {
+        println!("  (nm not found: the share of link/moat.order this binary defines is not known)");
+        return;
+    };
+    let nm = String::from_utf8_lossy(&nm.stdout);
+    let defined: std::collections::HashSet<&str> = nm
+        .lines()
+        .filter_map(|line| line.split(' ').nth(2))
+        .collect();
+    let wanted: Vec<&str> = order
+        .lines()
+        .filter(|line| !line.is_empty() && !line.starts_with('#'))
+        .collect();
+    let found = wanted.iter().filter(|name| defined.contains(*name)).count();
+    let share = 100.0 * found as f64 / wanted.len().max(1) as f64;
+    println!(
+        "  defines {found} of the {} hot functions of link/moat.order ({share:.1}%)",
+        wanted.len()
+    );
+    if share < 90.0 {
+        println!(
+            "  (its hot code is laid out as without the order: for the layout users get, \
+             `cargo build --release -p moat` and MOAT_BENCH_MOAT=target/release/moat)"
+        );
+    }
+}
+
 fn write_config(dir: &Path, name: &str, body: &str) -> PathBuf {
     let sub = dir.join(name);
     std::fs::create_dir_all(&sub).unwrap();
@@ -121,8 +169,10 @@ fn main() {
     let current = under_test();
     let baseline = std::env::var_os("MOAT_BENCH_BASELINE");
     println!("moat under test: {}", current.to_string_lossy());
+    link_order(&current);
     if let Some(baseline) = &baseline {
         println!("baseline: {}", baseline.to_string_lossy());
+        link_order(baseline);
     }
     let dir = tempfile::tempdir().unwrap();
     let configs = with_binary(&current, || prepare(&dir.path().join("current")));
