@@ -24,6 +24,7 @@ both_launchers!(
     other_bytes_than_the_locked_ones_are_refused,
     a_changed_identity_is_refused,
     drifted_prompts_and_resources_are_neither_listed_nor_served,
+    a_pinned_schema_that_is_no_json_schema_refuses_the_server_naming_the_tool,
 );
 
 fn cache() -> PathBuf {
@@ -261,6 +262,44 @@ async fn a_changed_identity_is_refused(launcher: Launcher) {
         Err(other) => panic!("expected a not-locked refusal, got {other}"),
         Ok(_) => panic!("a server missing from the lock must not run"),
     }
+}
+
+/// The pinned schemas compile while the server starts (host/mod.rs): a
+/// schema that does not compile still refuses the server, naming the tool,
+/// and leaves nothing running.
+async fn a_pinned_schema_that_is_no_json_schema_refuses_the_server_naming_the_tool(
+    launcher: Launcher,
+) {
+    let approved = everything(launcher, "0");
+    let mut lock = lock_of(&[&approved]).await;
+    let entry = lock.servers.get_mut("everything").unwrap();
+    let tool = entry
+        .tools
+        .iter_mut()
+        .find(|tool| tool.name == "add")
+        .expect("`add` is locked");
+    let mut definition: serde_json::Value = serde_json::from_str(&tool.definition).unwrap();
+    definition["inputSchema"]["properties"]["a"]["type"] = json!(5);
+    tool.definition = definition.to_string();
+    let host = locked_host(lock);
+    match host.connect(&approved).await {
+        Err(ConnectError::Session(error)) if matches!(*error, SessionError::Policy(_)) => {
+            let message = error.to_string();
+            assert!(
+                message.starts_with(
+                    "lock entry for tool `add`: inputSchema is not a usable JSON Schema: "
+                ),
+                "{message}"
+            );
+        }
+        Err(other) => panic!("expected the pinned schema refused, got {other}"),
+        Ok(_) => panic!("a pinned schema that does not compile must refuse the server"),
+    }
+    assert_eq!(
+        host.running("everything"),
+        0,
+        "the refused server was left running"
+    );
 }
 
 #[tokio::test]

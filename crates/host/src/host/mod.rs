@@ -327,6 +327,15 @@ impl Host {
                 revocation,
             });
         }
+        // The pinned schemas compile on a blocking thread while the server
+        // starts and shakes hands (about as long as each other, and
+        // jsonschema's check of every schema against its meta-schema is
+        // most of it), instead of after. They are compiled for the locked
+        // identity, which the server's must equal before they are used.
+        let compiling = locked.identity.parse::<Digest>().ok().map(|identity| {
+            let entry = locked.clone();
+            tokio::task::spawn_blocking(move || crate::policy::Pins::from_locked(&entry, identity))
+        });
         let pinned = if matches!(
             spec.kind,
             ServerKind::Remote { .. } | ServerKind::Node { .. }
@@ -385,7 +394,10 @@ impl Host {
                     live: live.to_string(),
                 })
             }
-            Some(live) => session.enforce(&locked, live).await.map_err(Into::into),
+            Some(live) => session
+                .enforce(&locked, live, compiling)
+                .await
+                .map_err(Into::into),
         };
         if let Err(error) = checked {
             let _ = session.close_quietly().await;

@@ -8,7 +8,7 @@ use super::Session;
 use super::error::SessionError;
 use super::listings::ListingState;
 use crate::lock::LockedServer;
-use crate::policy::{Pins, ToolReport, ToolStatus};
+use crate::policy::{Pins, PolicyError, ToolReport, ToolStatus};
 
 /// Pins being enforced on a session, and the latest check of the live tools.
 pub(crate) struct PinState {
@@ -20,12 +20,23 @@ impl Session {
     /// Enforces the pins of `locked` on this session from now on: the live
     /// tools are compared with the pins (the host has already checked that
     /// the server runs as `live`, the locked execution identity).
+    /// `compiling` is the pins already being compiled for that identity,
+    /// if they are.
     pub(crate) async fn enforce(
         &mut self,
         locked: &LockedServer,
         live: crate::identity::Digest,
+        compiling: Option<tokio::task::JoinHandle<Result<Pins, PolicyError>>>,
     ) -> Result<(), SessionError> {
-        let pins = Pins::from_locked(locked, live)?;
+        let pins = match compiling {
+            Some(compiling) => match compiling.await {
+                Ok(pins) => pins?,
+                // The compiling thread panicked or was cancelled: once more
+                // here, where the error (or the panic) is this call's.
+                Err(_) => Pins::from_locked(locked, live)?,
+            },
+            None => Pins::from_locked(locked, live)?,
+        };
         // What is listed now supersedes any earlier announcement.
         self.take_tools_changed();
         let tools = self.live_tools().await?;
