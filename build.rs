@@ -31,9 +31,13 @@ fn main() {
         println!("cargo:rustc-link-arg-bins=-Wl,-z,pack-relative-relocs");
     }
     // lld, the linker Rust uses on this target unless told otherwise
-    // (another linker does not know the option).
+    // (another linker does not know the option): not when a linker is
+    // configured (`target.<triple>.linker`, which Cargo passes here as
+    // RUSTC_LINKER) or picked by RUSTFLAGS.
+    println!("cargo:rerun-if-env-changed=RUSTC_LINKER");
     let flags = var("CARGO_ENCODED_RUSTFLAGS");
     let own_lld = var("TARGET") == "x86_64-unknown-linux-gnu"
+        && var("RUSTC_LINKER").is_empty()
         && !["linker=", "linker-features=-lld", "fuse-ld"]
             .iter()
             .any(|flag| flags.contains(flag));

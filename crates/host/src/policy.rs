@@ -44,7 +44,7 @@ pub struct ToolReport {
 }
 
 /// Why a lock entry cannot be used.
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum PolicyError {
     #[error("lock entry for tool `{tool}`: the definition is not a tool: {detail}")]
     Definition { tool: String, detail: String },

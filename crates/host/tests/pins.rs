@@ -25,6 +25,7 @@ both_launchers!(
     a_changed_identity_is_refused,
     drifted_prompts_and_resources_are_neither_listed_nor_served,
     a_pinned_schema_that_is_no_json_schema_refuses_the_server_naming_the_tool,
+    the_sessions_of_a_server_share_one_compile_of_its_pins,
 );
 
 fn cache() -> PathBuf {
@@ -300,6 +301,36 @@ async fn a_pinned_schema_that_is_no_json_schema_refuses_the_server_naming_the_to
         0,
         "the refused server was left running"
     );
+}
+
+/// Each session of a server enforces the same pins, compiled once for the
+/// lock (they were compiled again for every session), and a new lock
+/// compiles them again.
+async fn the_sessions_of_a_server_share_one_compile_of_its_pins(launcher: Launcher) {
+    let approved = everything(launcher, "0");
+    let lock = lock_of(&[&approved]).await;
+    let host = locked_host(lock.clone());
+    let sessions = futures::future::join_all((0..3).map(|_| host.connect(&approved))).await;
+    assert_eq!(host.pin_compiles(), 1, "three sessions, one compile");
+    for session in sessions {
+        let session = session.expect("connect");
+        assert!(matches!(
+            status_of(&session, "add").await,
+            ToolStatus::Pinned { .. }
+        ));
+        let refused = session
+            .call_tool("add", args(json!({"a": "two", "b": 2})))
+            .await;
+        assert!(
+            matches!(refused, Err(SessionError::InvalidArguments { .. })),
+            "{refused:?}"
+        );
+        session.close().await.unwrap();
+    }
+    let relocked = host.relocked(Some((lock, PathBuf::from("moat.lock"))));
+    let session = relocked.connect(&approved).await.expect("connect");
+    assert_eq!(relocked.pin_compiles(), 2, "a new lock compiles its own");
+    session.close().await.unwrap();
 }
 
 #[tokio::test]

@@ -51,12 +51,47 @@ pub struct Host {
     /// [`Host::with_egress`]).
     #[cfg(unix)]
     pub(crate) egress: crate::egress::Shares,
+    /// The pins of the lock in force, compiled once per server and shared
+    /// by every session of it. A new lock starts a new cache.
+    pub(crate) pins: Arc<PinCache>,
+    /// Compiles of a lock entry's pins by this host (and its clones).
+    pub(crate) pin_compiles: Arc<std::sync::atomic::AtomicU64>,
+}
+
+/// A server's pins, compiled (or refused) once for the lock in force: the
+/// schemas of every pinned tool, which each session of the server had
+/// compiled again for itself before.
+type SharedPins =
+    Arc<tokio::sync::OnceCell<Result<Arc<crate::policy::Pins>, crate::policy::PolicyError>>>;
+
+/// The compiled pins of one lock, by server.
+#[derive(Default)]
+pub(crate) struct PinCache {
+    servers: std::sync::Mutex<std::collections::HashMap<String, SharedPins>>,
+}
+
+impl PinCache {
+    fn server(&self, server: &str) -> SharedPins {
+        self.servers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(server.to_owned())
+            .or_default()
+            .clone()
+    }
 }
 
 impl Host {
     /// How many instances this host (and its clones) has started.
     pub fn launches(&self) -> u64 {
         self.launches.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// How many times this host (and its clones) compiled a server's pins
+    /// (its pinned tools' schemas): once per server and lock, however many
+    /// sessions it serves.
+    pub fn pin_compiles(&self) -> u64 {
+        self.pin_compiles.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// How many instances of `server` this host (and its clones) started
@@ -113,6 +148,8 @@ impl Host {
             revoked: Arc::default(),
             #[cfg(unix)]
             egress: crate::egress::Shares::default(),
+            pins: Arc::default(),
+            pin_compiles: Arc::default(),
         };
         if let Some(dir) = cache_dir {
             host = host.protect(crate::grants::CACHE, dir);
@@ -146,6 +183,7 @@ impl Host {
         self = self.protect("lock", path.clone());
         self.revoked = Arc::new(std::sync::RwLock::new(Arc::new(lock.revocations())));
         self.lock = Some((Arc::new(lock), path));
+        self.pins = Arc::default();
         self
     }
 
@@ -155,6 +193,7 @@ impl Host {
     pub fn relocked(&self, lock: Option<(Lock, PathBuf)>) -> Self {
         let mut host = self.clone();
         host.lock = lock.map(|(lock, path)| (Arc::new(lock), path));
+        host.pins = Arc::default();
         host
     }
 
@@ -328,14 +367,26 @@ impl Host {
             });
         }
         // The pinned schemas compile on a blocking thread while the server
-        // starts and shakes hands (about as long as each other, and
-        // jsonschema's check of every schema against its meta-schema is
-        // most of it), instead of after. They are compiled for the locked
-        // identity, which the server's must equal before they are used.
-        let compiling = locked.identity.parse::<Digest>().ok().map(|identity| {
-            let entry = locked.clone();
-            tokio::task::spawn_blocking(move || crate::policy::Pins::from_locked(&entry, identity))
-        });
+        // starts and shakes hands (jsonschema's check of every schema
+        // against its meta-schema is most of it), instead of after, and
+        // once for every session of the server under this lock. They are
+        // compiled for the locked identity, which the server's must equal
+        // before they are used.
+        let pins = {
+            let (cell, identity) = (self.pins.server(&spec.name), locked.identity.parse().ok());
+            let (entry, compiles) = (locked.clone(), self.pin_compiles.clone());
+            async move {
+                let identity: Digest = identity?;
+                let compile = move || {
+                    compiles.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    crate::policy::Pins::from_locked(&entry, identity).map(Arc::new)
+                };
+                // A compile that panicked is not kept: the session compiles
+                // again itself, where the panic is its own.
+                let shared = cell.get_or_try_init(|| tokio::task::spawn_blocking(compile));
+                shared.await.ok().cloned()
+            }
+        };
         let pinned = if matches!(
             spec.kind,
             ServerKind::Remote { .. } | ServerKind::Node { .. }
@@ -367,18 +418,18 @@ impl Host {
             let spec = pin_oci(spec, &locked, &lock_name).map_err(|e| *e)?;
             Some((spec, digest))
         };
-        let mut session = self
-            .connect_falling_back(
-                &spec.name,
-                || match &pinned {
-                    None => self.transport(spec),
-                    Some((spec, digest)) => {
-                        self.transport_expecting(spec, Expectation::Pinned(*digest))
-                    }
-                },
-                handshake,
-            )
-            .await?;
+        let connecting = self.connect_falling_back(
+            &spec.name,
+            || match &pinned {
+                None => self.transport(spec),
+                Some((spec, digest)) => {
+                    self.transport_expecting(spec, Expectation::Pinned(*digest))
+                }
+            },
+            handshake,
+        );
+        let (connected, pins) = tokio::join!(connecting, pins);
+        let mut session = connected?;
         self.track(&spec.name, &session);
         session.execution = session.execution_identity(spec);
         let checked = match session.execution {
@@ -395,7 +446,7 @@ impl Host {
                 })
             }
             Some(live) => session
-                .enforce(&locked, live, compiling)
+                .enforce(&locked, live, pins)
                 .await
                 .map_err(Into::into),
         };

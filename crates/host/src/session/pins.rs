@@ -2,6 +2,8 @@
 //! judged against the pins at connect and whenever it says its list
 //! changed; only tools as pinned are listed, with the pinned definitions.
 
+use std::sync::Arc;
+
 use rmcp::model::Tool;
 
 use super::Session;
@@ -12,7 +14,7 @@ use crate::policy::{Pins, PolicyError, ToolReport, ToolStatus};
 
 /// Pins being enforced on a session, and the latest check of the live tools.
 pub(crate) struct PinState {
-    pub(crate) pins: Pins,
+    pub(crate) pins: Arc<Pins>,
     pub(crate) reports: tokio::sync::Mutex<Vec<ToolReport>>,
 }
 
@@ -20,22 +22,17 @@ impl Session {
     /// Enforces the pins of `locked` on this session from now on: the live
     /// tools are compared with the pins (the host has already checked that
     /// the server runs as `live`, the locked execution identity).
-    /// `compiling` is the pins already being compiled for that identity,
-    /// if they are.
+    /// `compiled` is the pins the host compiled for that identity (shared
+    /// by the server's sessions), when it has them.
     pub(crate) async fn enforce(
         &mut self,
         locked: &LockedServer,
         live: crate::identity::Digest,
-        compiling: Option<tokio::task::JoinHandle<Result<Pins, PolicyError>>>,
+        compiled: Option<Result<Arc<Pins>, PolicyError>>,
     ) -> Result<(), SessionError> {
-        let pins = match compiling {
-            Some(compiling) => match compiling.await {
-                Ok(pins) => pins?,
-                // The compiling thread panicked or was cancelled: once more
-                // here, where the error (or the panic) is this call's.
-                Err(_) => Pins::from_locked(locked, live)?,
-            },
-            None => Pins::from_locked(locked, live)?,
+        let pins = match compiled {
+            Some(pins) => pins?,
+            None => Arc::new(Pins::from_locked(locked, live)?),
         };
         // What is listed now supersedes any earlier announcement.
         self.take_tools_changed();
