@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Turns callgrind's records of a `moat` binary (link/profile.py) into
 link/moat.order: the mangled name of every function of the binary that
-ran, in the order callgrind first met them, the recordings taken in turn.
-Only names the binary defines are kept.
+ran, in the order each record lists them (callgrind's own order, grouped
+by object and source file), the records taken in turn. Only names the
+binary defines are kept; an order with none is refused.
 
   order.py MOAT RECORDING...   the order file, on stdout
   order.py --check MOAT ORDER  how much of ORDER the binary MOAT defines,
@@ -28,7 +29,8 @@ def defined(binary):
 
 
 def ran(recording, binary):
-    """The functions of `binary` that ran, in callgrind's order."""
+    """The functions of `binary` (the names it may be recorded under) that
+    ran, in callgrind's order."""
     objects, functions, current, names = {}, {}, None, []
     # callgrind names an object or function once, then by number only.
     entry = re.compile(r"(c?ob|c?fn)=\((\d+)\)(?: (.*))?$")
@@ -43,7 +45,7 @@ def ran(recording, binary):
                 table[number] = name
             if kind == "ob":
                 current = objects[number]
-            elif kind == "fn" and current == binary:
+            elif kind == "fn" and current in binary:
                 # 'N marks a recursion depth: the same function.
                 names.append(re.sub(r"'\d+$", "", functions[number]))
     return names
@@ -67,13 +69,15 @@ def main():
     binary, recordings = sys.argv[1], sys.argv[2:]
     functions = defined(binary)
     import os
-    path = os.path.realpath(binary)
+    names = {binary, os.path.abspath(binary), os.path.realpath(binary)}
     seen, order = set(), []
     for recording in recordings:
-        for name in ran(recording, path):
+        for name in ran(recording, names):
             if name in functions and name not in seen:
                 seen.add(name)
                 order.append(name)
+    if not order:
+        sys.exit(f"order.py: the records name no function of {binary}")
     print("# The order of the `moat` binary's hot functions: lld's --symbol-ordering-file,")
     print("# passed by build.rs. Written by link/order.sh; do not edit.")
     print(f"# {len(order)} functions, {sum(functions[n][1] for n in order)} bytes.")

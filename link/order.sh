@@ -22,6 +22,8 @@ rm -rf "$out"
 mkdir -p "$out"
 python3 link/profile.py target/release/moat examples/moat.toml "$out"
 python3 link/order.py target/release/moat "$out"/stdio.out.* "$out"/http.out.* >"$out/moat.order"
+# The names must be the build's before the file replaces the one in use.
+python3 link/order.py --check target/release/moat "$out/moat.order"
 mv "$out/moat.order" link/moat.order
 cargo build --release --locked -p moat
 python3 link/order.py --check target/release/moat link/moat.order

@@ -25,7 +25,7 @@ state = tempfile.mkdtemp(prefix="moat-profile-")
 base = os.path.dirname(os.path.abspath(config))
 with open(config) as f:
     text = f.read().replace('"../', f'"{base}/../')
-text = text[: text.index("[servers.everything-native]")]
+text = text.split("[servers.everything-native]")[0]
 config = f"{state}/moat.toml"
 with open(config, "w") as f:
     f.write(text)
@@ -33,7 +33,8 @@ env = dict(os.environ, MOAT_CACHE_DIR=f"{state}/cache", MOAT_STATE_DIR=f"{state}
 
 
 def valgrind(tool, *args, **kw):
-    cmd = ["valgrind", "--quiet", f"--tool={tool}"]
+    # Bounded: a run that hangs ends the profile instead of the session.
+    cmd = ["timeout", "600", "valgrind", "--quiet", f"--tool={tool}"]
     if tool == "callgrind":
         cmd += ["--demangle=no", f"--callgrind-out-file={kw.pop('to')}.%p"]
     return cmd + [moat, *args]
