@@ -372,20 +372,20 @@ impl Host {
         // once for every session of the server under this lock. They are
         // compiled for the locked identity, which the server's must equal
         // before they are used.
-        let pins = {
-            let (cell, identity) = (self.pins.server(&spec.name), locked.identity.parse().ok());
-            let (entry, compiles) = (locked.clone(), self.pin_compiles.clone());
-            async move {
-                let identity: Digest = identity?;
-                let compile = move || {
+        let pins = async {
+            let identity: Digest = locked.identity.parse().ok()?;
+            let cell = self.pins.server(&spec.name);
+            // Only the session that compiles copies the entry.
+            let compile = || {
+                let (entry, compiles) = (locked.clone(), self.pin_compiles.clone());
+                tokio::task::spawn_blocking(move || {
                     compiles.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     crate::policy::Pins::from_locked(&entry, identity).map(Arc::new)
-                };
-                // A compile that panicked is not kept: the session compiles
-                // again itself, where the panic is its own.
-                let shared = cell.get_or_try_init(|| tokio::task::spawn_blocking(compile));
-                shared.await.ok().cloned()
-            }
+                })
+            };
+            // A compile that panicked is not kept: the session compiles
+            // again itself, where the panic is its own.
+            cell.get_or_try_init(compile).await.ok().cloned()
         };
         let pinned = if matches!(
             spec.kind,
