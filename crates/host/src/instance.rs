@@ -213,6 +213,9 @@ pub struct ComponentReport {
     pub kind: ComponentKind,
     /// Exported functions that are not tools: `export: reason`.
     pub not_tools: Vec<String>,
+    /// The digest of the snapshot of its initialised state, when that is
+    /// what runs instead of the measured bytes themselves.
+    pub snapshot: Option<Digest>,
 }
 
 /// What a launcher's sandbox enforces for one instance, and what it could

@@ -203,7 +203,9 @@ impl Planned {
                         (pulled.path, Expectation::Pinned(pulled.layer), Some(origin))
                     }
                 };
-                let prepared = engine.prepare(&path, expected).await?;
+                let prepared = engine
+                    .prepare_with(&path, expected, launch.spec.preinit())
+                    .await?;
                 let net = launch.resolve_net().await?;
                 let mut launched = prepared.launch(&launch, net, &tracker)?;
                 launched.identity.oci = origin;

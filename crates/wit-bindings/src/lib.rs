@@ -34,6 +34,30 @@
 //! waiting on, then wakes exactly those tasks. An idle guest therefore burns no
 //! CPU and no fuel; nothing busy-polls.
 //!
+//! ## Starting from a snapshot
+//!
+//! Building an rmcp server's routers (every tool's JSON schema) is most of a
+//! guest's start. [`preinit!`] exports `wizer-initialize`, which builds that
+//! part once; Moat runs it when it compiles the component and snapshots the
+//! initialised memory (Wizer's way), so every start begins with it built.
+//! [`preinitialized`] then hands it to `main`, or builds it there when the
+//! component was not snapshotted (natively, or a server configured with
+//! `preinit = false`):
+//!
+//! ```text
+//! moat_wit::preinit!(MyServer::routers);
+//!
+//! fn main() -> std::io::Result<()> {
+//!     let routers = moat_wit::preinitialized(MyServer::routers);
+//!     moat_wit::block_on(async { /* MyServer::from(routers).serve(...) */ })
+//! }
+//! ```
+//!
+//! What the initialiser builds must not depend on the run-time environment:
+//! it runs once, with no arguments, no environment variables, no directories
+//! and no network, and every instance starts from what it left. Read `env`
+//! and arguments in `main`.
+//!
 //! ## Timers
 //!
 //! Use [`time::sleep`] for delays in guest code. tokio's own timers work (rmcp
@@ -44,6 +68,72 @@
 
 #[cfg(target_os = "wasi")]
 mod wasi_io;
+
+/// Exports `wizer-initialize` (on `wasm32-wasip2`; natively nothing), which
+/// calls `$make` once and keeps what it returns for [`preinitialized`].
+/// `$make` is a path to a function taking nothing, resolved in the module
+/// where the macro is invoked; what it returns must be `Send + 'static`.
+#[macro_export]
+macro_rules! preinit {
+    ($make:path) => {
+        #[cfg(target_os = "wasi")]
+        #[doc(hidden)]
+        mod __moat_wit_preinit {
+            #[allow(unused_imports)]
+            use super::*;
+            $crate::__private::wit_bindgen::generate!({
+                inline: "package moat:preinit; world preinit { export wizer-initialize: func(); }",
+                runtime_path: "::moat_wit::__private::wit_bindgen::rt",
+            });
+            struct Preinit;
+            impl Guest for Preinit {
+                fn wizer_initialize() {
+                    $crate::__private::keep($make());
+                }
+            }
+            export!(Preinit);
+        }
+    };
+}
+
+/// What the snapshot's initialiser built (see [`preinit!`]), taken once;
+/// else `make()`, run now. A value of another type than `T` is dropped and
+/// `make()` runs.
+pub fn preinitialized<T: Send + 'static>(make: impl FnOnce() -> T) -> T {
+    match __private::take().map(|kept| kept.downcast::<T>()) {
+        Some(Ok(kept)) => *kept,
+        _ => make(),
+    }
+}
+
+/// Whether this instance started from a snapshot whose initialiser's value
+/// has not been taken yet.
+pub fn is_preinitialized() -> bool {
+    __private::KEPT
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .is_some()
+}
+
+#[doc(hidden)]
+pub mod __private {
+    use std::any::Any;
+    use std::sync::Mutex;
+
+    #[cfg(target_os = "wasi")]
+    pub use wit_bindgen;
+
+    pub(crate) static KEPT: Mutex<Option<Box<dyn Any + Send>>> = Mutex::new(None);
+
+    /// Keeps what the initialiser built.
+    pub fn keep<T: Send + 'static>(value: T) {
+        *KEPT.lock().unwrap_or_else(|e| e.into_inner()) = Some(Box::new(value));
+    }
+
+    pub(crate) fn take() -> Option<Box<dyn Any + Send>> {
+        KEPT.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+}
 
 use std::future::Future;
 

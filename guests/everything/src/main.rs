@@ -111,9 +111,11 @@ const DRIFTED_ECHO: &str = "Returns its message unchanged (drifted)";
 
 #[tool_router]
 impl Everything {
-    fn new() -> Self {
+    /// The routers as built from the source alone: what a snapshot of the
+    /// initialised guest holds (`moat_wit::preinit!` below). Nothing here
+    /// reads the environment.
+    fn routers() -> (ToolRouter<Self>, PromptRouter<Self>) {
         let mut tool_router = Self::tool_router();
-        let drift = std::env::var("EVERYTHING_DRIFT").is_ok_and(|v| v == "1");
         if let Some(shape) = tool_router.map.get_mut("shape") {
             let schema = serde_json::json!({
                 "type": "object",
@@ -124,7 +126,12 @@ impl Everything {
                 shape.attr.output_schema = Some(Arc::new(schema));
             }
         }
-        let mut prompt_router = Self::prompt_router();
+        (tool_router, Self::prompt_router())
+    }
+
+    fn new() -> Self {
+        let (tool_router, mut prompt_router) = moat_wit::preinitialized(Self::routers);
+        let drift = std::env::var("EVERYTHING_DRIFT").is_ok_and(|v| v == "1");
         if drift && let Some(greet) = prompt_router.map.get_mut("greet") {
             // Under EVERYTHING_DRIFT=1 the prompt and the resource drift too.
             greet.attr.description = Some("Greets someone by name (drifted)".into());
@@ -321,6 +328,8 @@ impl ServerHandler for Everything {
         }
     }
 }
+
+moat_wit::preinit!(Everything::routers);
 
 fn main() -> std::io::Result<()> {
     moat_wit::block_on(async {

@@ -22,6 +22,7 @@ use crate::limits::Limits;
 pub(super) struct RawServer {
     wasm: Option<Spanned<String>>,
     instance: Option<Spanned<Instances>>,
+    preinit: Option<Spanned<bool>>,
     command: Option<Spanned<String>>,
     url: Option<Spanned<String>>,
     /// A server launched on a node (`[nodes.NAME]`) by profile and revision.
@@ -73,6 +74,7 @@ fn local_only(server: &RawServer) -> Option<&'static str> {
         ("dirs", !server.dirs.is_empty()),
         ("net", !server.net.is_empty()),
         ("instance", server.instance.is_some()),
+        ("preinit", server.preinit.is_some()),
         ("package", server.package.is_some()),
     ]
     .into_iter()
@@ -107,6 +109,14 @@ pub(super) fn spec(
         return Err(invalid(
             Some(instance.span()),
             format!("server `{name}`: `instance` applies to `wasm` servers only"),
+        ));
+    }
+    if let Some(preinit) = &server.preinit
+        && server.wasm.is_none()
+    {
+        return Err(invalid(
+            Some(preinit.span()),
+            format!("server `{name}`: `preinit` applies to `wasm` servers only"),
         ));
     }
     if let Some(token) = &server.bearer_token_env
@@ -178,6 +188,7 @@ pub(super) fn spec(
             ServerKind::Wasm {
                 source,
                 instances: server.instance.map(Spanned::into_inner).unwrap_or_default(),
+                preinit: server.preinit.is_none_or(Spanned::into_inner),
                 http: Vec::new(),
             }
         }

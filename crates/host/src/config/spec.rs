@@ -75,6 +75,11 @@ pub enum ServerKind {
         /// or one per session. A stdio component always runs one instance
         /// a session.
         instances: Instances,
+        /// Whether a component that exports `wizer-initialize` starts from
+        /// a snapshot of its initialised state (`preinit`, default true;
+        /// see `wasm::preinit`). A component without it always starts
+        /// afresh.
+        preinit: bool,
         /// HTTP origins it may send requests to through wasi:http (`net`
         /// entries written `http://host[:port]` or `https://host[:port]`).
         /// A native server gets each as a TCP destination in `net` instead:
@@ -159,6 +164,7 @@ impl ServerSpec {
             kind: ServerKind::Wasm {
                 source: WasmSource::File(path.into()),
                 instances: Instances::default(),
+                preinit: true,
                 http: Vec::new(),
             },
             sha256: None,
@@ -203,6 +209,12 @@ impl ServerSpec {
             ServerKind::Native { package, .. } => package.as_ref(),
             _ => None,
         }
+    }
+
+    /// For a wasm server: whether it starts from a snapshot of its
+    /// initialised state when its component has an initialiser.
+    pub fn preinit(&self) -> bool {
+        matches!(self.kind, ServerKind::Wasm { preinit: true, .. })
     }
 
     /// What the bytes must hash to, or `None` when the launch must be refused

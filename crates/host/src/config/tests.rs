@@ -42,6 +42,7 @@ request_timeout_ms = 100
         ServerKind::Wasm {
             source: WasmSource::File(PathBuf::from("/etc/moat/guests/everything.wasm")),
             instances: Instances::Call,
+            preinit: true,
             http: Vec::new(),
         }
     );

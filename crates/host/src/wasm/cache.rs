@@ -161,3 +161,26 @@ pub(super) fn write_cache(
     crate::keys::write_private(&with_suffix(cache_path, ".mac"), &mac)?;
     crate::keys::write_private(cache_path, &payload)
 }
+
+/// The snapshot digest recorded beside a snapshot's cache file (in
+/// `cache_path.snapshot`), if it reads as one. It is bound into the file's
+/// MAC, so a changed record only makes the file fail its check.
+pub(super) fn read_snapshot_digest(cache_path: &Path) -> Option<Digest> {
+    let text = crate::keys::read_private(&with_suffix(cache_path, ".snapshot")).ok()?;
+    std::str::from_utf8(&text).ok()?.trim().parse().ok()
+}
+
+/// Writes a snapshot's compiled component as [`write_cache`] does, with
+/// the snapshot's digest recorded first.
+pub(super) fn write_snapshot_cache(
+    cache_path: &Path,
+    context: &MacContext<'_>,
+    component: &Component,
+    snapshot: Digest,
+) -> std::io::Result<()> {
+    crate::keys::write_private(
+        &with_suffix(cache_path, ".snapshot"),
+        snapshot.to_string().as_bytes(),
+    )?;
+    write_cache(cache_path, context, component)
+}

@@ -14,6 +14,9 @@ pub struct PreparedComponent {
     pub(super) cache: CacheOutcome,
     pub(super) digest_source: DigestSource,
     pub(super) kind: Kind,
+    /// The digest of the snapshot of its initialised state, when that is
+    /// what runs (see [`super::preinit`]).
+    pub(super) snapshot: Option<Digest>,
 }
 
 /// The two kinds of component, told apart at load.
@@ -155,6 +158,12 @@ impl PreparedComponent {
         self.digest_source
     }
 
+    /// The digest of the snapshot that runs, when the component's
+    /// initialiser was run and its state snapshotted.
+    pub fn snapshot(&self) -> Option<Digest> {
+        self.snapshot
+    }
+
     /// Whether compilation was served from the cache.
     pub fn cache_outcome(&self) -> CacheOutcome {
         self.cache
@@ -195,6 +204,7 @@ impl PreparedComponent {
             evidence: Evidence::WasmMeasured,
             component: Some(ComponentReport {
                 kind: self.kind(),
+                snapshot: self.snapshot,
                 not_tools: match &self.kind {
                     Kind::Command(_) => Vec::new(),
                     Kind::Typed(typed) => typed

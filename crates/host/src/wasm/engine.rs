@@ -18,7 +18,7 @@ pub struct WasmEngine {
     pub(super) cache_dir: Option<PathBuf>,
     /// The cache MAC key, read or made at the first cache access.
     pub(super) cache_key: Arc<std::sync::OnceLock<Option<crate::keys::Key>>>,
-    pub(super) prepared: Arc<Mutex<HashMap<Digest, PreparedComponent>>>,
+    pub(super) prepared: Arc<Mutex<HashMap<(Digest, bool), PreparedComponent>>>,
     pub(super) metering: Metering,
 }
 
@@ -169,6 +169,19 @@ impl WasmEngine {
         path: &Path,
         expected: Expectation,
     ) -> Result<PreparedComponent, WasmError> {
+        self.prepare_with(path, expected, true).await
+    }
+
+    /// [`Self::prepare`], and when `preinit` holds and the component
+    /// exports `wizer-initialize`, runs that once and prepares the snapshot
+    /// of the initialised state instead (see [`super::preinit`]); the
+    /// snapshot is cached beside the plain compile.
+    pub async fn prepare_with(
+        &self,
+        path: &Path,
+        expected: Expectation,
+        preinit: bool,
+    ) -> Result<PreparedComponent, WasmError> {
         let (digest, bytes, source) = {
             let this = self.clone();
             let owned = path.to_owned();
@@ -189,7 +202,7 @@ impl WasmEngine {
             .prepared
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .get(&digest)
+            .get(&(digest, preinit))
             .cloned();
         if let Some(mut prepared) = known {
             prepared.cache = CacheOutcome::Memory;
@@ -198,13 +211,19 @@ impl WasmEngine {
         }
         let this = self.clone();
         let owned_path = path.to_owned();
-        let (component, cache, bytes) =
-            tokio::task::spawn_blocking(move || this.compile_or_load(&owned_path, digest, bytes))
-                .await
-                .map_err(|e| WasmError::Compile {
-                    path: path.to_owned(),
-                    detail: e.to_string(),
-                })??;
+        let Compiled {
+            component,
+            cache,
+            bytes,
+            snapshot,
+        } = tokio::task::spawn_blocking(move || {
+            this.compile_or_load(&owned_path, digest, bytes, preinit)
+        })
+        .await
+        .map_err(|e| WasmError::Compile {
+            path: path.to_owned(),
+            detail: e.to_string(),
+        })??;
         let instance_pre = self
             .linker_for(&component)
             .map_err(|detail| WasmError::Link {
@@ -259,11 +278,12 @@ impl WasmEngine {
             cache,
             digest_source: source,
             kind,
+            snapshot,
         };
         self.prepared
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(digest, prepared.clone());
+            .insert((digest, preinit), prepared.clone());
         Ok(prepared)
     }
 
@@ -280,6 +300,11 @@ impl WasmEngine {
         if !imports_http {
             return Ok(self.linker.clone());
         }
+        self.http_linker_or_init()
+    }
+
+    /// The linker with wasi:http added, made at its first use.
+    fn http_linker_or_init(&self) -> Result<Arc<Linker<HostState>>, String> {
         self.http_linker
             .get_or_init(|| {
                 let mut linker = (*self.linker).clone();
@@ -295,43 +320,152 @@ impl WasmEngine {
         path: &Path,
         digest: Digest,
         bytes: Option<Vec<u8>>,
-    ) -> Result<(Component, CacheOutcome, Option<Vec<u8>>), WasmError> {
-        let cached = match (self.cache_path(digest), self.key()) {
-            (Some(cache_path), Some(key)) => Some((cache_path, key)),
-            _ => None,
+        preinit: bool,
+    ) -> Result<Compiled, WasmError> {
+        let key = self.key();
+        let context = |engine: String| {
+            key.as_ref().map(|key| MacContext {
+                key,
+                digest,
+                engine,
+            })
         };
-        let outcome = match &cached {
-            None => CacheOutcome::Compiled,
-            Some((cache_path, key)) => {
-                let context = MacContext {
-                    key,
-                    digest,
-                    engine: self.compatibility_hash(),
-                };
-                match context.load(&self.engine, cache_path) {
-                    Ok((component, outcome)) => return Ok((component, outcome, bytes)),
-                    Err(outcome) => outcome,
+        let preinit = preinit && self.metering != Metering::Unmetered;
+        let snapshot_path = self.snapshot_cache_path(digest);
+        let mut outcome = CacheOutcome::Compiled;
+        if preinit
+            && let Some(path) = &snapshot_path
+            && let Some(snapshot) = read_snapshot_digest(path)
+            && let Some(context) = context(self.snapshot_engine(snapshot))
+        {
+            match context.load(&self.engine, path) {
+                Ok((component, cache)) => {
+                    return Ok(Compiled {
+                        component,
+                        cache,
+                        bytes,
+                        snapshot: Some(snapshot),
+                    });
+                }
+                Err(cache) => outcome = cache,
+            }
+        }
+        let cached = self
+            .cache_path(digest)
+            .zip(context(self.compatibility_hash()));
+        if let Some((cache_path, context)) = &cached {
+            match context.load(&self.engine, cache_path) {
+                // A plain compile of a component with an initialiser (made
+                // with `preinit = false`) serves only when no snapshot is
+                // wanted.
+                Ok((component, cache))
+                    if !(preinit && preinit::exports_initializer(&component, &self.engine)) =>
+                {
+                    return Ok(Compiled {
+                        component,
+                        cache,
+                        bytes,
+                        snapshot: None,
+                    });
+                }
+                Ok(_) => {}
+                Err(cache) => {
+                    if outcome == CacheOutcome::Compiled {
+                        outcome = cache;
+                    }
                 }
             }
-        };
+        }
         // Compile exactly the bytes whose digest was checked: read them now
         // if the digest came from a seal, and hash them again.
         let bytes = match bytes {
             Some(bytes) => bytes,
             None => read_measured(path, digest)?,
         };
-        let component = self.compile(path, &bytes)?;
-        if let Some((cache_path, key)) = &cached {
-            let context = MacContext {
-                key,
-                digest,
-                engine: self.compatibility_hash(),
-            };
-            if let Err(error) = write_cache(cache_path, &context, &component) {
-                tracing::warn!(path = %cache_path.display(), %error, "could not write cache file");
+        if preinit && preinit::bytes_export_initializer(&bytes) {
+            let runtime =
+                tokio::runtime::Handle::try_current().map_err(|e| WasmError::Preinit {
+                    path: path.to_owned(),
+                    source: PreinitError::Instantiate(format!("no async runtime: {e}")),
+                })?;
+            let linker = self.preinit_linker(path, &bytes)?;
+            let snapshot_bytes = preinit::snapshot(
+                &self.engine,
+                &linker,
+                self.metering,
+                &bytes,
+                &runtime,
+                |instrumented| {
+                    self.compile(path, instrumented)
+                        .map_err(|e| PreinitError::Compile(e.to_string()))
+                },
+            )
+            .map_err(|source| WasmError::Preinit {
+                path: path.to_owned(),
+                source,
+            })?;
+            let snapshot = Digest::of(&snapshot_bytes);
+            tracing::debug!(path = %path.display(), %snapshot, bytes = snapshot_bytes.len(), "snapshot of the initialised component");
+            let component = self.compile(path, &snapshot_bytes)?;
+            if let Some(path) = &snapshot_path
+                && let Some(context) = context(self.snapshot_engine(snapshot))
+                && let Err(error) = write_snapshot_cache(path, &context, &component, snapshot)
+            {
+                tracing::warn!(path = %path.display(), %error, "could not write cache file");
             }
+            return Ok(Compiled {
+                component,
+                cache: outcome,
+                bytes: Some(bytes),
+                snapshot: Some(snapshot),
+            });
         }
-        Ok((component, outcome, Some(bytes)))
+        let component = self.compile(path, &bytes)?;
+        if let Some((cache_path, context)) = &cached
+            && let Err(error) = write_cache(cache_path, context, &component)
+        {
+            tracing::warn!(path = %cache_path.display(), %error, "could not write cache file");
+        }
+        Ok(Compiled {
+            component,
+            cache: outcome,
+            bytes: Some(bytes),
+            snapshot: None,
+        })
+    }
+
+    /// The cache file for the snapshot of the component with this digest.
+    pub fn snapshot_cache_path(&self, digest: Digest) -> Option<PathBuf> {
+        self.cache_dir.as_ref().map(|dir| {
+            dir.join(format!(
+                "{digest}-{}.snapshot.cwasm",
+                self.compatibility_hash()
+            ))
+        })
+    }
+
+    /// What a snapshot's cache MAC binds beside the source's digest: the
+    /// engine and the snapshot's own digest.
+    fn snapshot_engine(&self, snapshot: Digest) -> String {
+        format!("{} snapshot {snapshot}", self.compatibility_hash())
+    }
+
+    /// The linker the initialiser's instance is made with: this engine's,
+    /// for what the component imports.
+    fn preinit_linker(
+        &self,
+        path: &Path,
+        bytes: &[u8],
+    ) -> Result<Arc<Linker<HostState>>, WasmError> {
+        let imports_http = preinit::bytes_import_http(bytes);
+        if !imports_http {
+            return Ok(self.linker.clone());
+        }
+        self.http_linker_or_init()
+            .map_err(|detail| WasmError::Link {
+                path: path.to_owned(),
+                detail,
+            })
     }
 
     /// Compiles `bytes`. A compile that takes longer than
@@ -406,4 +540,13 @@ pub(super) fn start_epoch_timer(engine: &Engine) -> Result<(), WasmError> {
         })
         .map(drop)
         .map_err(|e| WasmError::Engine(format!("starting the epoch timer thread: {e}")))
+}
+
+/// A compiled component, where it came from, the measured bytes when they
+/// were read, and the digest of the snapshot it was compiled from, if any.
+pub(super) struct Compiled {
+    pub(super) component: Component,
+    pub(super) cache: CacheOutcome,
+    pub(super) bytes: Option<Vec<u8>>,
+    pub(super) snapshot: Option<Digest>,
 }

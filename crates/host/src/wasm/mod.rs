@@ -18,6 +18,7 @@ mod engine;
 pub(crate) mod http;
 pub(crate) mod lookup;
 pub(crate) mod pipe;
+mod preinit;
 mod run;
 mod settings;
 mod state;
@@ -28,6 +29,7 @@ use cache::*;
 use component::*;
 pub use component::{LOOKUP_TIMEOUT, PreparedComponent, ResolvedNet, WasmLaunch};
 pub use engine::WasmEngine;
+pub use preinit::{INIT_EXPORT, PreinitError};
 use run::*;
 use settings::*;
 pub use settings::{Allocator, EPOCH_TICK, Metering, Pool};
@@ -78,6 +80,15 @@ pub enum WasmError {
     },
     #[error("compiling component {path}: {detail}")]
     Compile { path: PathBuf, detail: String },
+    #[error(
+        "snapshotting component {path} after its initialiser: {source}; \
+         set `preinit = false` on the server to start it without a snapshot"
+    )]
+    Preinit {
+        path: PathBuf,
+        #[source]
+        source: PreinitError,
+    },
     #[error("pre-instantiating component {path}: {detail}")]
     Link { path: PathBuf, detail: String },
     #[error("opening directory {path} to preopen as {guest}: {detail}")]
