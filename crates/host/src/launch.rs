@@ -204,7 +204,11 @@ impl Planned {
                     }
                 };
                 let prepared = engine
-                    .prepare_with(&path, expected, launch.spec.preinit())
+                    .prepare_with(
+                        &path,
+                        expected,
+                        launch.spec.preinit().then_some(&launch.spec.limits),
+                    )
                     .await?;
                 let net = launch.resolve_net().await?;
                 let mut launched = prepared.launch(&launch, net, &tracker)?;

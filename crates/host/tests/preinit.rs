@@ -1,6 +1,7 @@
-//! Snapshots of a guest's initialised state (`wizer-initialize`): what
-//! runs, what it costs, what the initialiser is given, and what a hostile
-//! initialiser gets.
+//! Snapshots of a guest's initialised state (`wizer-initialize`,
+//! `moat_wit::preinit!`): what runs and what it saves, what the initialiser
+//! is given against what `main` is given, how the snapshot is cached and
+//! bound to its source, and what a hostile initialiser gets.
 
 mod common;
 
@@ -8,12 +9,15 @@ use common::{args, text};
 
 use std::path::Path;
 
-use moat_host::{Host, ServerKind, ServerSpec};
+use moat_host::wasm::{CacheOutcome, Metering, PreinitError, WasmError};
+use moat_host::{
+    ConnectError, Digest, Expectation, Host, LaunchError, LimitHit, ServerKind, ServerSpec,
+};
 use moat_test_guests as guests;
-use serde_json::json;
+use serde_json::{Value, json};
 
-fn everything(preinit: bool) -> ServerSpec {
-    let mut spec = ServerSpec::wasm("everything", guests::EVERYTHING_WASM);
+fn spec(name: &str, path: &str, preinit: bool) -> ServerSpec {
+    let mut spec = ServerSpec::wasm(name, path);
     spec.allow_unmeasured = true;
     if let ServerKind::Wasm { preinit: p, .. } = &mut spec.kind {
         *p = preinit;
@@ -21,32 +25,311 @@ fn everything(preinit: bool) -> ServerSpec {
     spec
 }
 
+fn cached_host(cache: &Path) -> Host {
+    Host::new(Some(cache.to_owned())).unwrap()
+}
+
+/// The snapshot an instance of `session` runs, from its identity.
+fn snapshot_of(session: &moat_host::Session) -> Option<Digest> {
+    session
+        .identity()
+        .and_then(|identity| identity.component)
+        .and_then(|component| component.snapshot)
+}
+
 /// Starts `spec` on a host caching in `cache`, calls `add` once, and
-/// returns the fuel the instance used and the snapshot it ran.
-async fn start_and_call(cache: &Path, spec: &ServerSpec) -> (u64, Option<moat_host::Digest>) {
-    let host = Host::new(Some(cache.to_owned())).unwrap();
-    let session = host.connect(spec).await.unwrap();
+/// returns the fuel the instance used for both and the snapshot it ran.
+async fn start_and_add(cache: &Path, spec: &ServerSpec) -> (u64, Option<Digest>) {
+    let session = cached_host(cache).connect(spec).await.unwrap();
     let result = session
         .call_tool("add", args(json!({"a": 2, "b": 40})))
         .await
         .unwrap();
     assert_eq!(text(&result), "42");
     let fuel = session.metrics().fuel_consumed();
-    let snapshot = session
-        .identity()
-        .and_then(|identity| identity.component)
-        .and_then(|component| component.snapshot);
+    let snapshot = snapshot_of(&session);
     session.close().await.unwrap();
     (fuel, snapshot)
 }
 
+/// `everything` builds its routers (every tool's schema) in its
+/// initialiser. Started from the snapshot it does not build them again:
+/// its start and first call run under a third of the instructions, and its
+/// identity names the snapshot that runs beside the source's digest. With
+/// `preinit = false` the same bytes start afresh and name no snapshot.
 #[tokio::test]
-async fn a_component_with_an_initialiser_starts_from_its_snapshot() {
+async fn a_component_with_an_initialiser_starts_from_its_snapshot_and_runs_less() {
     let cache = tempfile::tempdir().unwrap();
-    let (plain_fuel, plain) = start_and_call(cache.path(), &everything(false)).await;
-    let (snap_fuel, snapshot) = start_and_call(cache.path(), &everything(true)).await;
-    eprintln!("fuel: plain {plain_fuel}, snapshot {snap_fuel}");
-    assert_eq!(plain, None);
+    let everything = |preinit| spec("everything", guests::EVERYTHING_WASM, preinit);
+    let (plain_fuel, plain) = start_and_add(cache.path(), &everything(false)).await;
+    let (snapshot_fuel, snapshot) = start_and_add(cache.path(), &everything(true)).await;
+    assert_eq!(plain, None, "preinit = false runs the measured bytes");
+    let source = Digest::of(&std::fs::read(guests::EVERYTHING_WASM).unwrap());
+    let snapshot = snapshot.expect("the identity names the snapshot");
+    assert_ne!(snapshot, source);
+    assert!(
+        snapshot_fuel * 3 < plain_fuel,
+        "start and one call: {snapshot_fuel} fuel from the snapshot, {plain_fuel} without"
+    );
+    // Started again, from the cache: the same snapshot.
+    let (_, again) = start_and_add(cache.path(), &everything(true)).await;
+    assert_eq!(again, Some(snapshot));
+}
+
+/// Calls the probe's `attack` and returns its report.
+async fn probe(host: &Host, spec: &ServerSpec) -> (Value, Option<Digest>) {
+    let session = host.connect(spec).await.unwrap();
+    let result = session.call_tool("attack", None).await.unwrap();
+    let report = serde_json::from_str(&text(&result)).unwrap();
+    let snapshot = snapshot_of(&session);
+    session.close().await.unwrap();
+    (report, snapshot)
+}
+
+/// An instance started from a snapshot keeps what the initialiser built
+/// and still gets exactly its own grants, in `main`: arguments, the
+/// environment and a preopened directory (wasi-libc reads the last two
+/// once, so they would be frozen had the initialiser read them; see the
+/// next test). Without a snapshot it gets the same grants and nothing
+/// kept.
+#[tokio::test]
+async fn an_instance_from_a_snapshot_keeps_the_initialisers_state_and_gets_its_own_grants() {
+    let cache = tempfile::tempdir().unwrap();
+    let data = tempfile::tempdir().unwrap();
+    std::fs::write(data.path().join("granted.txt"), "").unwrap();
+    let host = cached_host(cache.path());
+    let granted = |preinit| {
+        let mut spec = spec("probe", guests::PREINIT_PROBE_WASM, preinit);
+        spec.args = vec!["--flag".into()];
+        spec.env.values.insert("PROBE".into(), "granted".into());
+        spec.dirs = vec![moat_host::grants::DirGrant {
+            host: data.path().to_owned(),
+            guest: "/data".into(),
+            mode: moat_host::grants::DirMode::Ro,
+            inode: None,
+        }];
+        spec
+    };
+    let run = json!({
+        "args": ["probe", "--flag"], "env": {"PROBE": "granted"}, "data": ["granted.txt"],
+    });
+    let (report, snapshot) = probe(&host, &granted(true)).await;
     assert!(snapshot.is_some());
-    assert!(snap_fuel < plain_fuel);
+    assert_eq!(
+        report,
+        json!({"snapshot": true, "kept": "kept by the initialiser", "run": run})
+    );
+    let (report, snapshot) = probe(&host, &granted(false)).await;
+    assert_eq!(snapshot, None);
+    assert_eq!(report, json!({"snapshot": false, "kept": null, "run": run}));
+}
+
+/// An initialiser that reads the environment is refused, naming the call:
+/// the snapshot would keep its empty environment for every instance, and
+/// the server's `env` grant would never be seen. With `preinit = false`
+/// the same read, in `main`, sees the grant.
+#[tokio::test]
+async fn an_initialiser_that_reads_the_environment_is_refused() {
+    let cache = tempfile::tempdir().unwrap();
+    let host = cached_host(cache.path());
+    let configured = |preinit| {
+        let mut spec = spec("env", guests::PREINIT_ENV_WASM, preinit);
+        spec.env
+            .values
+            .insert("PREINIT_CONFIG".into(), "granted".into());
+        spec
+    };
+    let error = host
+        .connect(&configured(true))
+        .await
+        .err()
+        .expect("refused");
+    match preinit_error(error) {
+        PreinitError::RunTimeRead(called) => {
+            assert_eq!(called, "`wasi:cli/environment.get-environment`")
+        }
+        other => panic!("expected the environment read, got {other}"),
+    }
+    let session = host.connect(&configured(false)).await.unwrap();
+    let result = session.call_tool("attack", None).await.unwrap();
+    assert_eq!(text(&result), "granted");
+    session.close().await.unwrap();
+}
+
+/// The refusal a hostile initialiser gets, and its wording.
+fn preinit_error(error: ConnectError) -> PreinitError {
+    let shown = error.to_string();
+    match error {
+        ConnectError::Launch(LaunchError::Wasm(WasmError::Preinit { source, .. })) => {
+            assert!(
+                shown.ends_with(
+                    "; set `preinit = false` on the server to start it without a snapshot"
+                ),
+                "{shown}"
+            );
+            source
+        }
+        other => panic!("expected a snapshot refusal, got {other}"),
+    }
+}
+
+/// An initialiser that spins forever is stopped by the server's fuel: the
+/// server is refused with the limit named, nothing is cached for it, the
+/// host goes on serving, and with `preinit = false` the same bytes start
+/// (their initialiser is never run).
+#[tokio::test]
+async fn a_spinning_initialiser_is_stopped_by_fuel_and_refused() {
+    let cache = tempfile::tempdir().unwrap();
+    let host = cached_host(cache.path());
+    let mut spin = spec("spin", guests::PREINIT_SPIN_WASM, true);
+    spin.limits.fuel_per_request = 50_000_000;
+    let error = host.connect(&spin).await.err().expect("refused");
+    match preinit_error(error) {
+        PreinitError::Initialiser(detail) => assert_eq!(
+            detail,
+            format!(
+                "it hit a limit: {}",
+                LimitHit::Fuel {
+                    fuel_per_request: 50_000_000
+                }
+            )
+        ),
+        other => panic!("expected the fuel limit, got {other}"),
+    }
+    let digest = Digest::of(&std::fs::read(guests::PREINIT_SPIN_WASM).unwrap());
+    let snapshot_file = host.wasm().snapshot_cache_path(digest).unwrap();
+    assert!(!snapshot_file.exists(), "nothing cached for a refusal");
+    // The same host goes on serving.
+    start_and_add(
+        cache.path(),
+        &spec("everything", guests::EVERYTHING_WASM, true),
+    )
+    .await;
+
+    let plain = spec("spin", guests::PREINIT_SPIN_WASM, false);
+    let session = host.connect(&plain).await.unwrap();
+    let result = session.call_tool("attack", None).await.unwrap();
+    assert_eq!(text(&result), "started");
+    session.close().await.unwrap();
+}
+
+/// An initialiser that blocks in the host (a sleep a day long) is stopped
+/// by the server's deadline.
+#[tokio::test]
+async fn a_blocking_initialiser_is_stopped_by_the_deadline() {
+    let cache = tempfile::tempdir().unwrap();
+    let host = cached_host(cache.path());
+    let mut sleep = spec("sleep", guests::PREINIT_SLEEP_WASM, true);
+    sleep.limits.request_timeout_ms = 300;
+    let error = host.connect(&sleep).await.err().expect("refused");
+    match preinit_error(error) {
+        PreinitError::Timeout(deadline) => {
+            assert_eq!(deadline, std::time::Duration::from_millis(300))
+        }
+        other => panic!("expected the deadline, got {other}"),
+    }
+    // The same host goes on serving.
+    start_and_add(
+        cache.path(),
+        &spec("everything", guests::EVERYTHING_WASM, true),
+    )
+    .await;
+}
+
+/// An initialiser that returns holding a WASI handle (here the stderr
+/// stream wasi-libc keeps after one `eprintln!`) is refused: the snapshot
+/// would hold an index into a table no later instance has, and the first
+/// write of each instance would trap far from its cause.
+#[tokio::test]
+async fn an_initialiser_that_keeps_a_handle_is_refused() {
+    let cache = tempfile::tempdir().unwrap();
+    let host = cached_host(cache.path());
+    let error = host
+        .connect(&spec("stdio", guests::PREINIT_STDIO_WASM, true))
+        .await
+        .err()
+        .expect("refused");
+    match preinit_error(error) {
+        PreinitError::OpenResources(count) => assert!(count > 0),
+        other => panic!("expected the open handle, got {other}"),
+    }
+    let session = host
+        .connect(&spec("stdio", guests::PREINIT_STDIO_WASM, false))
+        .await
+        .unwrap();
+    let result = session.call_tool("attack", None).await.unwrap();
+    assert_eq!(text(&result), "started");
+    session.close().await.unwrap();
+}
+
+/// The snapshot's compiled file is cached under the source's digest and
+/// bound by its MAC to the snapshot's own digest (recorded beside it): a
+/// changed record, or the plain compile of the same source copied over it,
+/// is recompiled, never loaded.
+#[tokio::test]
+async fn a_snapshot_is_cached_bound_to_its_source_and_its_own_digest() {
+    let cache = tempfile::tempdir().unwrap();
+    let path = Path::new(guests::EVERYTHING_WASM);
+    let source = Digest::of(&std::fs::read(path).unwrap());
+    let prepare = |preinit: bool| {
+        let cache = cache.path().to_owned();
+        async move {
+            let prepared = cached_host(&cache)
+                .wasm()
+                .prepare_with(
+                    path,
+                    Expectation::Unpinned,
+                    preinit.then(moat_host::Limits::default).as_ref(),
+                )
+                .await
+                .unwrap();
+            (prepared.cache_outcome(), prepared.snapshot())
+        }
+    };
+    let (outcome, first) = prepare(true).await;
+    assert_eq!(outcome, CacheOutcome::Compiled);
+    let first = first.expect("a snapshot");
+    assert_eq!(prepare(true).await, (CacheOutcome::Hit, Some(first)));
+
+    let host = cached_host(cache.path());
+    let snapshot_file = host.wasm().snapshot_cache_path(source).unwrap();
+    let mut record = snapshot_file.as_os_str().to_owned();
+    record.push(".snapshot");
+    std::fs::write(&record, source.to_string()).unwrap();
+    let (outcome, second) = prepare(true).await;
+    assert_eq!(outcome, CacheOutcome::Recompiled, "a record that changed");
+    let second = second.expect("a snapshot");
+    assert_eq!(prepare(true).await, (CacheOutcome::Hit, Some(second)));
+
+    // The plain compile of the same source, with its own valid MAC.
+    assert_eq!(prepare(false).await, (CacheOutcome::Compiled, None));
+    let plain_file = host.wasm().cache_path(source).unwrap();
+    for suffix in ["", ".mac"] {
+        let with = |file: &Path| {
+            let mut name = file.as_os_str().to_owned();
+            name.push(suffix);
+            name
+        };
+        std::fs::copy(with(&plain_file), with(&snapshot_file)).unwrap();
+    }
+    let (outcome, third) = prepare(true).await;
+    assert_eq!(
+        outcome,
+        CacheOutcome::Recompiled,
+        "another compile copied over"
+    );
+    assert!(third.is_some());
+    assert_eq!(prepare(false).await, (CacheOutcome::Hit, None));
+}
+
+/// An engine that does not meter guests could not bound an initialiser:
+/// it runs the measured bytes, which build their state in `main`.
+#[tokio::test]
+async fn an_unmetered_engine_starts_without_a_snapshot() {
+    let cache = tempfile::tempdir().unwrap();
+    let host = Host::with_metering(Some(cache.path().to_owned()), Metering::Unmetered).unwrap();
+    let (report, snapshot) = probe(&host, &spec("probe", guests::PREINIT_PROBE_WASM, true)).await;
+    assert_eq!(snapshot, None);
+    assert_eq!(report["snapshot"], json!(false));
+    assert_eq!(report["kept"], json!(null));
 }

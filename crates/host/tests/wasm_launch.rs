@@ -109,8 +109,9 @@ async fn a_corrupt_or_foreign_cache_file_is_recompiled_not_loaded() {
     let other = Path::new(guests::EVERYTHING_WASM);
     let other_digest = Digest::of(&std::fs::read(other).unwrap());
     let host = fresh();
+    // Its plain compile: with `preinit` it would be its snapshot's file.
     host.wasm()
-        .prepare(other, Expectation::Unpinned)
+        .prepare_with(other, Expectation::Unpinned, None)
         .await
         .unwrap();
     let other_file = host.wasm().cache_path(other_digest).unwrap();

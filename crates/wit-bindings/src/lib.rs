@@ -93,6 +93,12 @@ macro_rules! preinit {
             }
             export!(Preinit);
         }
+        // Natively there is no snapshot: `$make` is only named, so it
+        // counts as used.
+        #[cfg(not(target_os = "wasi"))]
+        const _: () = {
+            let _ = $make;
+        };
     };
 }
 

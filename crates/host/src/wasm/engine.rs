@@ -169,19 +169,23 @@ impl WasmEngine {
         path: &Path,
         expected: Expectation,
     ) -> Result<PreparedComponent, WasmError> {
-        self.prepare_with(path, expected, true).await
+        self.prepare_with(path, expected, Some(&Limits::default()))
+            .await
     }
 
-    /// [`Self::prepare`], and when `preinit` holds and the component
-    /// exports `wizer-initialize`, runs that once and prepares the snapshot
-    /// of the initialised state instead (see [`super::preinit`]); the
-    /// snapshot is cached beside the plain compile.
+    /// [`Self::prepare`], and when `preinit` is given and the component
+    /// exports `wizer-initialize`, runs that once under those limits and
+    /// prepares the snapshot of the initialised state instead (see
+    /// [`super::preinit`]); the snapshot is cached beside the plain
+    /// compile.
     pub async fn prepare_with(
         &self,
         path: &Path,
         expected: Expectation,
-        preinit: bool,
+        preinit: Option<&Limits>,
     ) -> Result<PreparedComponent, WasmError> {
+        let limits = preinit.cloned();
+        let preinit = limits.is_some();
         let (digest, bytes, source) = {
             let this = self.clone();
             let owned = path.to_owned();
@@ -217,7 +221,7 @@ impl WasmEngine {
             bytes,
             snapshot,
         } = tokio::task::spawn_blocking(move || {
-            this.compile_or_load(&owned_path, digest, bytes, preinit)
+            this.compile_or_load(&owned_path, digest, bytes, limits.as_ref())
         })
         .await
         .map_err(|e| WasmError::Compile {
@@ -320,7 +324,7 @@ impl WasmEngine {
         path: &Path,
         digest: Digest,
         bytes: Option<Vec<u8>>,
-        preinit: bool,
+        preinit: Option<&Limits>,
     ) -> Result<Compiled, WasmError> {
         let key = self.key();
         let context = |engine: String| {
@@ -330,10 +334,10 @@ impl WasmEngine {
                 engine,
             })
         };
-        let preinit = preinit && self.metering != Metering::Unmetered;
+        let preinit = preinit.filter(|_| self.metering != Metering::Unmetered);
         let snapshot_path = self.snapshot_cache_path(digest);
         let mut outcome = CacheOutcome::Compiled;
-        if preinit
+        if preinit.is_some()
             && let Some(path) = &snapshot_path
             && let Some(snapshot) = read_snapshot_digest(path)
             && let Some(context) = context(self.snapshot_engine(snapshot))
@@ -359,7 +363,8 @@ impl WasmEngine {
                 // with `preinit = false`) serves only when no snapshot is
                 // wanted.
                 Ok((component, cache))
-                    if !(preinit && preinit::exports_initializer(&component, &self.engine)) =>
+                    if !(preinit.is_some()
+                        && preinit::exports_initializer(&component, &self.engine)) =>
                 {
                     return Ok(Compiled {
                         component,
@@ -382,7 +387,9 @@ impl WasmEngine {
             Some(bytes) => bytes,
             None => read_measured(path, digest)?,
         };
-        if preinit && preinit::bytes_export_initializer(&bytes) {
+        if let Some(limits) = preinit
+            && preinit::bytes_export_initializer(&bytes)
+        {
             let runtime =
                 tokio::runtime::Handle::try_current().map_err(|e| WasmError::Preinit {
                     path: path.to_owned(),
@@ -393,6 +400,7 @@ impl WasmEngine {
                 &self.engine,
                 &linker,
                 self.metering,
+                limits,
                 &bytes,
                 &runtime,
                 |instrumented| {

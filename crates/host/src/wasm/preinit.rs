@@ -1,7 +1,7 @@
 //! Snapshots of a guest's initialised state (Wizer's way): a component that
 //! exports `wizer-initialize` (`moat_wit::preinit!`) is instrumented,
 //! instantiated with nothing granted, its initialiser run once under the
-//! default limits, and its memories and globals written back into a new
+//! limits of the server that first starts it, and its memories and globals written back into a new
 //! component. That component, not the source, is what Moat then compiles,
 //! caches and runs: every instance starts where the initialiser left off.
 //!
@@ -98,6 +98,17 @@ pub enum PreinitError {
     Instantiate(String),
     #[error("its `{INIT_EXPORT}` failed: {0}")]
     Initialiser(String),
+    #[error(
+        "its `{INIT_EXPORT}` returned holding {0} WASI handle(s) (stdio, files, sockets, \
+         pollables), which a snapshot cannot carry: open them in `main` instead"
+    )]
+    OpenResources(usize),
+    #[error(
+        "its `{INIT_EXPORT}` called {0}: what it returns belongs to each instance (its \
+         grants), and a snapshot would keep the initialiser's empty answer for all of them \
+         (wasi-libc reads it once); read it in `main` instead"
+    )]
+    RunTimeRead(String),
     #[error("its `{INIT_EXPORT}` did not return within {0:?}")]
     Timeout(std::time::Duration),
     #[error("reading its state for the snapshot: {0}")]
@@ -106,13 +117,15 @@ pub enum PreinitError {
     Unmetered,
 }
 
-/// Runs `bytes`' initialiser and returns the snapshot component's bytes.
+/// Runs `bytes`' initialiser under `limits` (the server's: its fuel,
+/// memory and deadline) and returns the snapshot component's bytes.
 /// Runs on the calling thread (a blocking one), driving the async calls on
 /// `runtime`.
 pub(super) fn snapshot(
     engine: &Engine,
     linker: &Linker<HostState>,
     metering: Metering,
+    limits: &Limits,
     bytes: &[u8],
     runtime: &tokio::runtime::Handle,
     compile: impl FnOnce(&[u8]) -> Result<Component, PreinitError>,
@@ -137,12 +150,13 @@ pub(super) fn snapshot(
             if func.params().len() == 0 && func.results().len() == 0 => {}
         other => return Err(PreinitError::Signature(format!("{other:?}"))),
     }
-    let limits = Limits::default();
+    let limits = limits.clone();
     let runner = Runner {
         engine: engine.clone(),
         metering,
         limits: limits.clone(),
     };
+    let linker = initialiser_linker(linker).map_err(PreinitError::Instantiate)?;
     let mut store = runner
         .store(nothing_granted(&limits))
         .map_err(|exit| PreinitError::Instantiate(describe(exit)))?;
@@ -157,9 +171,22 @@ pub(super) fn snapshot(
                 .get_func(&mut store, index)
                 .ok_or_else(|| PreinitError::Signature("not a function".into()))?;
             if let Err(error) = init.call_async(&mut store, &[], &mut []).await {
+                if let Some(read) = error
+                    .chain()
+                    .find_map(|cause| cause.downcast_ref::<RunTimeRead>())
+                {
+                    return Err(PreinitError::RunTimeRead(read.0.clone()));
+                }
                 return Err(PreinitError::Initialiser(describe(classify(
                     &error, &store, &limits,
                 ))));
+            }
+            // A handle the guest still holds is an index into this
+            // instance's table, which no snapshot carries: an instance of
+            // the snapshot would use it as a handle it never opened.
+            let open = store.data_mut().table.iter_mut().count();
+            if open > 0 {
+                return Err(PreinitError::OpenResources(open));
             }
             let mut state = State {
                 store: &mut store,
@@ -179,6 +206,49 @@ pub(super) fn snapshot(
             .await
             .unwrap_or(Err(PreinitError::Timeout(deadline)))
     })
+}
+
+/// The WASI functions an initialiser may not call, by interface (at the
+/// version wasmtime-wasi defines; a component importing an older 0.2
+/// version links to it). Each answers what an instance is granted (its
+/// arguments, environment, working directory and directories), and
+/// wasi-libc asks once and keeps the answer: called in the initialiser,
+/// the snapshot would keep the initialiser's empty answer for every
+/// instance, and the instance's own grants would never be seen.
+const RUN_TIME_ONLY: &[(&str, &[&str])] = &[
+    (
+        "wasi:cli/environment@0.2.12",
+        &["get-environment", "get-arguments", "initial-cwd"],
+    ),
+    ("wasi:filesystem/preopens@0.2.12", &["get-directories"]),
+];
+
+/// The trap an initialiser gets for calling one of [`RUN_TIME_ONLY`]: the
+/// interface and function, without the version.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}, which only an instance may call")]
+struct RunTimeRead(String);
+
+/// `base` with each of [`RUN_TIME_ONLY`] replaced by a function that traps
+/// with [`RunTimeRead`].
+fn initialiser_linker(base: &Linker<HostState>) -> Result<Linker<HostState>, String> {
+    let mut linker = base.clone();
+    linker.allow_shadowing(true);
+    for (interface, funcs) in RUN_TIME_ONLY {
+        let mut instance = linker
+            .instance(interface)
+            .map_err(|e| format!("reopening {interface}: {e:#}"))?;
+        let unversioned = interface.split('@').next().unwrap_or(interface);
+        for func in *funcs {
+            let called = format!("`{unversioned}.{func}`");
+            instance
+                .func_new(func, move |_, _, _, _| {
+                    Err(wasmtime::Error::new(RunTimeRead(called.clone())))
+                })
+                .map_err(|e| format!("replacing {interface}.{func}: {e:#}"))?;
+        }
+    }
+    Ok(linker)
 }
 
 /// How the initialiser's run ended, in words.
