@@ -19,6 +19,11 @@
 //! - `…, pooled`: the stdio and per-call typed rows again with
 //!   `[wasm] allocator = "pooling"`, the pooling allocator beside the
 //!   default on-demand one;
+//! - `serve → wasm, no snapshot`: the stdio component with
+//!   `preinit = false`, its initialiser (building its routers) run at every
+//!   start instead of once into a snapshot (`MOAT_BENCH_BASELINE_PREINIT=1`
+//!   when the baseline binary knows `preinit`; else its row has no such
+//!   line, as such a binary makes no snapshot);
 //! - the compile cache: the first and second start in front of the
 //!   JavaScript typed component, with an empty cache.
 //!
@@ -175,10 +180,17 @@ fn main() {
         link_order(baseline);
     }
     let dir = tempfile::tempdir().unwrap();
-    let configs = with_binary(&current, || prepare(&dir.path().join("current")));
-    let before = baseline
-        .as_ref()
-        .map(|b| (b, with_binary(b, || prepare(&dir.path().join("baseline")))));
+    let configs = with_binary(&current, || prepare(&dir.path().join("current"), true));
+    // Set when the baseline knows `preinit` (it is newer than snapshots).
+    let baseline_preinit = std::env::var_os("MOAT_BENCH_BASELINE_PREINIT").is_some();
+    let before = baseline.as_ref().map(|b| {
+        (
+            b,
+            with_binary(b, || {
+                prepare(&dir.path().join("baseline"), baseline_preinit)
+            }),
+        )
+    });
 
     let floor = measure("native", "echo", &|| {
         Command::new(guests::EVERYTHING_NATIVE)
@@ -224,6 +236,14 @@ fn main() {
             ratio(typed.p50, stdio.p50)
         );
     }
+    let fresh = &rows[9];
+    println!(
+        "{}: start {:.2}× the snapshot's ({}), call p50 {:.2}×",
+        fresh.name,
+        ratio(fresh.start, stdio.start),
+        stdio.name,
+        ratio(fresh.p50, stdio.p50)
+    );
     if let Some(base_rows) = &base_rows {
         println!(
             "\n{:<26} {:>30} {:>30} {:>24}",

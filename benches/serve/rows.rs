@@ -10,6 +10,9 @@ pub(super) struct Configs {
     pub(super) cache: PathBuf,
     pub(super) state: PathBuf,
     pub(super) wasm: PathBuf,
+    /// The same component with `preinit = false`: its initialiser run in
+    /// every start, not once into a snapshot.
+    pub(super) wasm_fresh: PathBuf,
     pub(super) locked: PathBuf,
     pub(super) typed_call: PathBuf,
     pub(super) typed_session: PathBuf,
@@ -42,8 +45,10 @@ allocator = \"pooling\"\npool_instances = {instances}\n",
 }
 
 /// Writes the configs under `dir`, locks one, and warms the component
-/// cache, all with the current binary.
-pub(super) fn prepare(dir: &Path) -> Configs {
+/// cache, all with the current binary. A binary that does not know
+/// `preinit` (`knows_preinit` false: one older than snapshots, which has
+/// none) gets the no-snapshot row's config without it.
+pub(super) fn prepare(dir: &Path, knows_preinit: bool) -> Configs {
     let cache = dir.join("cache");
     let state = dir.join("state");
     let wasm = write_config(
@@ -56,6 +61,19 @@ pub(super) fn prepare(dir: &Path) -> Configs {
         ),
     );
     let locked = write_config(dir, "locked", &std::fs::read_to_string(&wasm).unwrap());
+    let wasm_fresh = write_config(
+        dir,
+        "wasm-fresh",
+        &format!(
+            "{}{}",
+            std::fs::read_to_string(&wasm).unwrap(),
+            if knows_preinit {
+                "preinit = false\n"
+            } else {
+                ""
+            }
+        ),
+    );
     // The typed tool component `kinds`, a fresh instance per call and one
     // per session.
     let typed = |name: &str, instance: &str| {
@@ -114,6 +132,7 @@ pub(super) fn prepare(dir: &Path) -> Configs {
     std::thread::sleep(moat_host::seal::SETTLED + Duration::from_millis(200));
     for config in [
         &wasm,
+        &wasm_fresh,
         &locked,
         &typed_call,
         &typed_session,
@@ -129,6 +148,7 @@ pub(super) fn prepare(dir: &Path) -> Configs {
         cache,
         state,
         wasm,
+        wasm_fresh,
         locked,
         typed_call,
         typed_session,
@@ -144,7 +164,7 @@ pub(super) fn prepare(dir: &Path) -> Configs {
 /// machine falls on each alike. `[binary][row]`.
 pub(super) fn serve_rows(runs: &[(&std::ffi::OsString, &Configs)]) -> Vec<Vec<Row>> {
     type Pick = fn(&Configs) -> &PathBuf;
-    let specs: [(&'static str, &str, Pick, bool); 8] = [
+    let specs: [(&'static str, &str, Pick, bool); 9] = [
         ("serve → wasm", "everything__echo", |c| &c.wasm, false),
         (
             "serve → wasm, locked",
@@ -186,6 +206,12 @@ pub(super) fn serve_rows(runs: &[(&std::ffi::OsString, &Configs)]) -> Vec<Vec<Ro
             "serve → typed/call, pooled",
             "kinds__greet",
             |c| &c.typed_call_pooled,
+            false,
+        ),
+        (
+            "serve → wasm, no snapshot",
+            "everything__echo",
+            |c| &c.wasm_fresh,
             false,
         ),
     ];

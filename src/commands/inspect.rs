@@ -30,6 +30,7 @@ pub async fn run(args: Args) -> Result<ExitCode> {
                 ("kind", Some(&report.kind)),
                 ("evidence", launched.map(|l| &l.evidence)),
                 ("sha256", launched.and_then(|l| l.sha256.as_ref())),
+                ("snapshot", launched.and_then(|l| l.snapshot.as_ref())),
                 ("sandbox", Some(&report.sandbox)),
                 ("error", report.error.as_ref()),
             ];

@@ -37,6 +37,9 @@ pub async fn run(args: Args) -> Result<ExitCode> {
     }
     println!("evidence  {}", report.evidence);
     println!("sha256    {}", report.sha256);
+    if let Some(snapshot) = &report.snapshot {
+        println!("snapshot  {snapshot} (its initialised state, which runs)");
+    }
     if let Some(oci) = &report.oci {
         println!(
             "oci       {} (manifest sha256:{})",

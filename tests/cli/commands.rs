@@ -42,6 +42,14 @@ fn tools_lists_tools_with_evidence_and_digest() {
     let digest = moat_host::Digest::of(&std::fs::read(guests::EVERYTHING_WASM).unwrap());
     assert!(text.contains("evidence  wasm-measured"), "{text}");
     assert!(text.contains(&format!("sha256    {digest}")), "{text}");
+    // The bundled guest builds its routers in `wizer-initialize`: what runs
+    // is the snapshot, and it is named.
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("snapshot  ")
+                && l.ends_with(" (its initialised state, which runs)")),
+        "{text}"
+    );
     for tool in [
         "echo", "add", "sleep", "fail", "blob", "progress", "calls", "shape",
     ] {

@@ -56,6 +56,10 @@ pub struct ToolsReport {
     /// The digest of the bytes that run, or `not measured` (empty when the
     /// launch reported no identity).
     pub sha256: String,
+    /// For a component started from a snapshot of its initialised state:
+    /// the snapshot's digest.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<String>,
     /// For a pulled component: where from.
     pub oci: Option<OciReport>,
     /// The evidence class (empty when the launch reported no identity).
@@ -120,6 +124,10 @@ pub struct InspectReport {
 pub struct Launched {
     pub evidence: String,
     pub sha256: Option<String>,
+    /// For a component started from a snapshot of its initialised state:
+    /// the snapshot's digest.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<String>,
     /// The sandbox's rules, one line each.
     pub rules: Vec<String>,
     /// For a component: the exported functions that are not tools.
@@ -175,6 +183,10 @@ pub async fn tools(
     Ok(ToolsReport {
         server: server.to_owned(),
         kind: component.as_ref().map(|c| c.kind.to_string()),
+        snapshot: component
+            .as_ref()
+            .and_then(|c| c.snapshot)
+            .map(|d| d.to_string()),
         not_tools: component.map(|c| c.not_tools).unwrap_or_default(),
         sha256,
         oci,
@@ -268,6 +280,11 @@ pub async fn inspect(
 /// What `identity` tells `moat inspect`; a component's kind is added to
 /// `kind`.
 fn launched(kind: &mut String, identity: Identity) -> Launched {
+    let snapshot = identity
+        .component
+        .as_ref()
+        .and_then(|c| c.snapshot)
+        .map(|d| d.to_string());
     let not_tools = identity.component.map(|component| {
         *kind = format!("{kind} ({})", component.kind);
         component.not_tools
@@ -275,6 +292,7 @@ fn launched(kind: &mut String, identity: Identity) -> Launched {
     Launched {
         evidence: identity.evidence.to_string(),
         sha256: identity.digest.map(|d| d.to_string()),
+        snapshot,
         rules: identity.sandbox.lines(),
         not_tools,
     }

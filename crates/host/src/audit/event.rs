@@ -21,6 +21,11 @@ pub enum Event {
         server: String,
         identity: String,
         sha256: Option<String>,
+        /// For a component started from a snapshot of its initialised
+        /// state: the snapshot's digest (what runs; `sha256` is the
+        /// measured source it was made from).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        snapshot: Option<String>,
         evidence: String,
     },
     ServerExit {

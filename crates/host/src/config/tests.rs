@@ -167,6 +167,30 @@ fn a_typed_component_gets_an_instance_per_call_unless_session_is_asked_for() {
 }
 
 #[test]
+fn a_wasm_server_starts_from_a_snapshot_unless_preinit_is_false() {
+    let preinit = |text: &str| parse(text).unwrap().servers["a"].preinit();
+    assert!(preinit("[servers.a]\nwasm = \"a.wasm\"\n"));
+    assert!(preinit("[servers.a]\nwasm = \"a.wasm\"\npreinit = true\n"));
+    assert!(!preinit(
+        "[servers.a]\nwasm = \"a.wasm\"\npreinit = false\n"
+    ));
+    let (line, column, message) = invalid_at("[servers.a]\nwasm = \"a.wasm\"\npreinit = \"no\"\n");
+    assert_eq!((line, column), (3, 11));
+    assert!(message.contains("expected a boolean"), "{message}");
+    for other in [
+        "command = \"node\"",
+        "url = \"https://mcp.example.com/mcp\"",
+    ] {
+        let (line, _, message) = invalid_at(&format!("[servers.a]\n{other}\npreinit = false\n"));
+        assert_eq!(line, 3, "{other}");
+        assert!(
+            message.contains("server `a`: `preinit` applies to `wasm` servers only"),
+            "{other}: {message}"
+        );
+    }
+}
+
+#[test]
 fn http_net_entries_are_wasi_http_grants_for_wasm_and_tcp_for_native() {
     let config = parse(
         "[servers.w]\nwasm = \"w.wasm\"\nnet = [\"https://API.example.com\", \"http://127.0.0.1:8080\", \"10.0.0.1:22\"]\n\

@@ -199,6 +199,11 @@ impl AgentSession {
                     server: server.to_owned(),
                     identity: identity.to_string(),
                     sha256: measured.digest.map(|d| d.to_string()),
+                    snapshot: measured
+                        .component
+                        .as_ref()
+                        .and_then(|c| c.snapshot)
+                        .map(|d| d.to_string()),
                     evidence: measured.evidence.to_string(),
                 });
             }
