@@ -174,9 +174,9 @@ fn preinit_error(error: ConnectError) -> PreinitError {
 }
 
 /// An initialiser that spins forever is stopped by the server's fuel: the
-/// server is refused with the limit named, nothing is cached for it, the
-/// host goes on serving, and with `preinit = false` the same bytes start
-/// (their initialiser is never run).
+/// server is refused with the limit named, the host goes on serving, and
+/// with `preinit = false` the same bytes start (their initialiser is never
+/// run).
 #[tokio::test]
 async fn a_spinning_initialiser_is_stopped_by_fuel_and_refused() {
     let cache = tempfile::tempdir().unwrap();
@@ -196,9 +196,6 @@ async fn a_spinning_initialiser_is_stopped_by_fuel_and_refused() {
         ),
         other => panic!("expected the fuel limit, got {other}"),
     }
-    let digest = Digest::of(&std::fs::read(guests::PREINIT_SPIN_WASM).unwrap());
-    let snapshot_file = host.wasm().snapshot_cache_path(digest).unwrap();
-    assert!(!snapshot_file.exists(), "nothing cached for a refusal");
     // The same host goes on serving.
     start_and_add(
         cache.path(),
@@ -213,27 +210,91 @@ async fn a_spinning_initialiser_is_stopped_by_fuel_and_refused() {
     session.close().await.unwrap();
 }
 
-/// An initialiser that blocks in the host (a sleep a day long) is stopped
-/// by the server's deadline.
+/// Under epoch metering (no fuel), the same spinning initialiser is
+/// stopped by the server's deadline.
 #[tokio::test]
-async fn a_blocking_initialiser_is_stopped_by_the_deadline() {
+async fn under_epoch_metering_a_spinning_initialiser_is_stopped_by_the_deadline() {
     let cache = tempfile::tempdir().unwrap();
-    let host = cached_host(cache.path());
-    let mut sleep = spec("sleep", guests::PREINIT_SLEEP_WASM, true);
-    sleep.limits.request_timeout_ms = 300;
-    let error = host.connect(&sleep).await.err().expect("refused");
+    let host = Host::with_metering(Some(cache.path().to_owned()), Metering::Epoch).unwrap();
+    let mut spin = spec("spin", guests::PREINIT_SPIN_WASM, true);
+    spin.limits.request_timeout_ms = 300;
+    let error = host.connect(&spin).await.err().expect("refused");
     match preinit_error(error) {
         PreinitError::Timeout(deadline) => {
             assert_eq!(deadline, std::time::Duration::from_millis(300))
         }
         other => panic!("expected the deadline, got {other}"),
     }
-    // The same host goes on serving.
-    start_and_add(
-        cache.path(),
-        &spec("everything", guests::EVERYTHING_WASM, true),
-    )
-    .await;
+    let session = host
+        .connect(&spec("everything", guests::EVERYTHING_WASM, true))
+        .await
+        .unwrap();
+    let result = session
+        .call_tool("add", args(json!({"a": 2, "b": 40})))
+        .await
+        .unwrap();
+    assert_eq!(text(&result), "42");
+    session.close().await.unwrap();
+}
+
+/// An initialiser that fills 64 MiB is stopped by the server's
+/// `memory_bytes` (16 MiB), named.
+#[tokio::test]
+async fn an_initialiser_past_the_memory_limit_is_refused() {
+    let cache = tempfile::tempdir().unwrap();
+    let host = cached_host(cache.path());
+    let mut hog = spec("hog", guests::PREINIT_HOG_WASM, true);
+    hog.limits.memory_bytes = 16 << 20;
+    let error = host.connect(&hog).await.err().expect("refused");
+    match preinit_error(error) {
+        PreinitError::Initialiser(detail) => assert_eq!(
+            detail,
+            format!(
+                "it hit a limit: {}",
+                LimitHit::Memory {
+                    memory_bytes: 16 << 20
+                }
+            )
+        ),
+        other => panic!("expected the memory limit, got {other}"),
+    }
+}
+
+/// Each read of what belongs to an instance, in the initialiser, refuses
+/// the server naming the call: the arguments, the preopened directories
+/// and the clock (the environment has a test of its own, above).
+#[tokio::test]
+async fn each_read_of_what_belongs_to_an_instance_is_refused_naming_it() {
+    let cache = tempfile::tempdir().unwrap();
+    let host = cached_host(cache.path());
+    for (path, called) in [
+        (
+            guests::PREINIT_ARGS_WASM,
+            "`wasi:cli/environment.get-arguments`",
+        ),
+        (
+            guests::PREINIT_DIRS_WASM,
+            "`wasi:filesystem/preopens.get-directories`",
+        ),
+        (
+            guests::PREINIT_CLOCK_WASM,
+            "`wasi:clocks/monotonic-clock.now`",
+        ),
+    ] {
+        let error = host
+            .connect(&spec("reads", path, true))
+            .await
+            .err()
+            .expect("refused");
+        match preinit_error(error) {
+            PreinitError::RunTimeRead(read) => assert_eq!(read, called, "{path}"),
+            other => panic!("{path}: expected {called}, got {other}"),
+        }
+        let session = host.connect(&spec("reads", path, false)).await.unwrap();
+        let result = session.call_tool("attack", None).await.unwrap();
+        assert_eq!(text(&result), "started");
+        session.close().await.unwrap();
+    }
 }
 
 /// An initialiser that returns holding a WASI handle (here the stderr
@@ -320,6 +381,38 @@ async fn a_snapshot_is_cached_bound_to_its_source_and_its_own_digest() {
     );
     assert!(third.is_some());
     assert_eq!(prepare(false).await, (CacheOutcome::Hit, None));
+
+    // Another component's snapshot, valid and written by Moat, with its
+    // record and MAC, copied over this one's.
+    let other = Path::new(guests::PREINIT_PROBE_WASM);
+    let other_snapshot = host
+        .wasm()
+        .prepare(other, Expectation::Unpinned)
+        .await
+        .unwrap()
+        .snapshot()
+        .expect("a snapshot");
+    let other_file = host
+        .wasm()
+        .snapshot_cache_path(Digest::of(&std::fs::read(other).unwrap()))
+        .unwrap();
+    for suffix in ["", ".mac", ".snapshot"] {
+        let with = |file: &Path| {
+            let mut name = file.as_os_str().to_owned();
+            name.push(suffix);
+            name
+        };
+        std::fs::copy(with(&other_file), with(&snapshot_file)).unwrap();
+    }
+    let (outcome, fourth) = prepare(true).await;
+    assert_eq!(
+        outcome,
+        CacheOutcome::Recompiled,
+        "another snapshot copied over"
+    );
+    let fourth = fourth.expect("a snapshot");
+    assert_ne!(fourth, other_snapshot);
+    assert_eq!(prepare(true).await, (CacheOutcome::Hit, Some(fourth)));
 }
 
 /// An engine that does not meter guests could not bound an initialiser:

@@ -19,6 +19,10 @@ pub struct WasmEngine {
     /// The cache MAC key, read or made at the first cache access.
     pub(super) cache_key: Arc<std::sync::OnceLock<Option<crate::keys::Key>>>,
     pub(super) prepared: Arc<Mutex<HashMap<(Digest, bool), PreparedComponent>>>,
+    /// Snapshots refused in this process, by component and the limits the
+    /// initialiser ran under: asked again, the refusal is repeated without
+    /// compiling and running the initialiser again.
+    pub(super) preinit_refusals: Arc<Mutex<HashMap<(Digest, [u64; 3]), PreinitError>>>,
     pub(super) metering: Metering,
 }
 
@@ -81,6 +85,7 @@ impl WasmEngine {
             cache_dir,
             cache_key: Arc::default(),
             prepared: Arc::default(),
+            preinit_refusals: Arc::default(),
             metering,
         })
     }
@@ -395,6 +400,26 @@ impl WasmEngine {
                     path: path.to_owned(),
                     source: PreinitError::Instantiate(format!("no async runtime: {e}")),
                 })?;
+            let refusal_key = (
+                digest,
+                [
+                    limits.fuel_per_request,
+                    limits.memory_bytes,
+                    limits.request_timeout_ms,
+                ],
+            );
+            let refused = self
+                .preinit_refusals
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(&refusal_key)
+                .cloned();
+            if let Some(source) = refused {
+                return Err(WasmError::Preinit {
+                    path: path.to_owned(),
+                    source,
+                });
+            }
             let linker = self.preinit_linker(path, &bytes)?;
             let snapshot_bytes = preinit::snapshot(
                 &self.engine,
@@ -408,9 +433,19 @@ impl WasmEngine {
                         .map_err(|e| PreinitError::Compile(e.to_string()))
                 },
             )
-            .map_err(|source| WasmError::Preinit {
-                path: path.to_owned(),
-                source,
+            .map_err(|source| {
+                // A deadline passed may pass the next time; the rest would
+                // fail the same way.
+                if !matches!(source, PreinitError::Timeout(_)) {
+                    self.preinit_refusals
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .insert(refusal_key, source.clone());
+                }
+                WasmError::Preinit {
+                    path: path.to_owned(),
+                    source,
+                }
             })?;
             let snapshot = Digest::of(&snapshot_bytes);
             tracing::debug!(path = %path.display(), %snapshot, bytes = snapshot_bytes.len(), "snapshot of the initialised component");
@@ -455,7 +490,11 @@ impl WasmEngine {
     /// What a snapshot's cache MAC binds beside the source's digest: the
     /// engine and the snapshot's own digest.
     fn snapshot_engine(&self, snapshot: Digest) -> String {
-        format!("{} snapshot {snapshot}", self.compatibility_hash())
+        format!(
+            "{} snapshot policy {} {snapshot}",
+            self.compatibility_hash(),
+            preinit::POLICY
+        )
     }
 
     /// The linker the initialiser's instance is made with: this engine's,

@@ -21,33 +21,58 @@ use wasmtime_wizer::{ComponentInstanceState, Wizer};
 /// returning nothing.
 pub const INIT_EXPORT: &str = "wizer-initialize";
 
-/// Whether `component` exports the initialiser (as a function, at top
-/// level).
+/// Whether `component` is a command (it exports `wasi:cli/run`) that
+/// exports the initialiser, as a function at top level: the components
+/// Moat snapshots. A typed tool component is never snapshotted (its
+/// exports are its tools; see `typed::schema`).
 pub(super) fn exports_initializer(component: &Component, engine: &Engine) -> bool {
-    component
-        .component_type()
-        .exports(engine)
-        .any(|(name, item)| {
-            name == INIT_EXPORT
-                && matches!(
-                    item.ty,
-                    wasmtime::component::types::ComponentItem::ComponentFunc(_)
-                )
-        })
+    let mut initializer = false;
+    let mut command = false;
+    for (name, item) in component.component_type().exports(engine) {
+        initializer |= name == INIT_EXPORT
+            && matches!(
+                item.ty,
+                wasmtime::component::types::ComponentItem::ComponentFunc(_)
+            );
+        command |= name.starts_with("wasi:cli/run@");
+    }
+    initializer && command
 }
 
-/// Whether the component in `bytes` exports the initialiser as a function
-/// at its top level (read from its export section, nothing compiled).
+/// Whether the component in `bytes` is a command that exports the
+/// initialiser (read from its export section, nothing compiled); see
+/// [`exports_initializer`].
 pub(super) fn bytes_export_initializer(bytes: &[u8]) -> bool {
-    top_level(bytes, |payload| match payload {
-        wasmparser::Payload::ComponentExportSection(exports) => {
-            exports.into_iter().flatten().any(|export| {
-                export.name.name == INIT_EXPORT
-                    && export.kind == wasmparser::ComponentExternalKind::Func
-            })
+    let mut initializer = false;
+    let mut command = false;
+    top_level(bytes, |payload| {
+        if let wasmparser::Payload::ComponentExportSection(exports) = payload {
+            for export in exports.into_iter().flatten() {
+                initializer |= export.name.name == INIT_EXPORT
+                    && export.kind == wasmparser::ComponentExternalKind::Func;
+                command |= export.name.name.starts_with("wasi:cli/run@");
+            }
         }
-        _ => false,
-    })
+        false
+    });
+    initializer && command
+}
+
+/// The names the component in `bytes` imports at its top level.
+fn bytes_imports(bytes: &[u8]) -> Vec<String> {
+    let mut names = Vec::new();
+    top_level(bytes, |payload| {
+        if let wasmparser::Payload::ComponentImportSection(imports) = payload {
+            names.extend(
+                imports
+                    .into_iter()
+                    .flatten()
+                    .map(|import| import.name.name.to_owned()),
+            );
+        }
+        false
+    });
+    names
 }
 
 /// Whether the component in `bytes` imports any of wasi:http.
@@ -85,8 +110,13 @@ fn top_level(bytes: &[u8], mut found: impl FnMut(wasmparser::Payload<'_>) -> boo
     false
 }
 
+/// The version of what an initialiser is held to ([`RUN_TIME_ONLY`], the
+/// handle check): bound into every snapshot's cache MAC, so a snapshot made
+/// under other rules is made again, never loaded.
+pub(super) const POLICY: u32 = 1;
+
 /// Why a component could not be snapshotted.
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum PreinitError {
     #[error("instrumenting it for the snapshot: {0}")]
     Instrument(String),
@@ -133,6 +163,57 @@ pub(super) fn snapshot(
     if metering == Metering::Unmetered {
         return Err(PreinitError::Unmetered);
     }
+    // Wizer parses what its validation (every feature on) admits and
+    // panics on a core module importing a tag or an exact function: refuse
+    // those first, and hold any other panic of its passes as a refusal.
+    if let Some(kind) = unsupported_core_import(bytes) {
+        return Err(PreinitError::Instrument(format!(
+            "a core module imports a {kind}, which Wizer cannot snapshot"
+        )));
+    }
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        run_snapshot(engine, linker, metering, limits, bytes, runtime, compile)
+    }))
+    .unwrap_or_else(|panic| {
+        let text = panic
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| panic.downcast_ref::<&str>().copied())
+            .unwrap_or("a panic");
+        Err(PreinitError::Instrument(format!(
+            "wasmtime-wizer failed on this component: {text}"
+        )))
+    })
+}
+
+/// The kind of a core import that Wizer cannot take (`tag`, `exact
+/// function`), in any module of the component, if one is there.
+fn unsupported_core_import(bytes: &[u8]) -> Option<&'static str> {
+    for payload in wasmparser::Parser::new(0).parse_all(bytes) {
+        let Ok(wasmparser::Payload::ImportSection(imports)) = payload else {
+            continue;
+        };
+        for import in imports.into_imports().flatten() {
+            match import.ty {
+                wasmparser::TypeRef::Tag(_) => return Some("tag"),
+                wasmparser::TypeRef::FuncExact(_) => return Some("exact function"),
+                _ => {}
+            }
+        }
+    }
+    None
+}
+
+/// [`snapshot`]'s work, which may panic inside Wizer.
+fn run_snapshot(
+    engine: &Engine,
+    linker: &Linker<HostState>,
+    metering: Metering,
+    limits: &Limits,
+    bytes: &[u8],
+    runtime: &tokio::runtime::Handle,
+    compile: impl FnOnce(&[u8]) -> Result<Component, PreinitError>,
+) -> Result<Vec<u8>, PreinitError> {
     let mut wizer = Wizer::new();
     // Wizer 48 drops the initialiser's core export but not the component's
     // lift of it, which leaves the snapshot invalid: keep both. Only Moat
@@ -156,7 +237,8 @@ pub(super) fn snapshot(
         metering,
         limits: limits.clone(),
     };
-    let linker = initialiser_linker(linker).map_err(PreinitError::Instantiate)?;
+    let linker =
+        initialiser_linker(linker, &bytes_imports(bytes)).map_err(PreinitError::Instantiate)?;
     let mut store = runner
         .store(nothing_granted(&limits))
         .map_err(|exit| PreinitError::Instantiate(describe(exit)))?;
@@ -171,9 +253,13 @@ pub(super) fn snapshot(
                 .get_func(&mut store, index)
                 .ok_or_else(|| PreinitError::Signature("not a function".into()))?;
             if let Err(error) = init.call_async(&mut store, &[], &mut []).await {
-                if let Some(read) = error
+                // A limit comes first: a guest past its memory aborts, and
+                // Rust's abort reads `RUST_BACKTRACE` on its way out.
+                let read = error
                     .chain()
-                    .find_map(|cause| cause.downcast_ref::<RunTimeRead>())
+                    .find_map(|cause| cause.downcast_ref::<RunTimeRead>());
+                if let Some(read) = read
+                    && store.data().limiter.hit.is_none()
                 {
                     return Err(PreinitError::RunTimeRead(read.0.clone()));
                 }
@@ -208,19 +294,34 @@ pub(super) fn snapshot(
     })
 }
 
-/// The WASI functions an initialiser may not call, by interface (at the
-/// version wasmtime-wasi defines; a component importing an older 0.2
-/// version links to it). Each answers what an instance is granted (its
-/// arguments, environment, working directory and directories), and
-/// wasi-libc asks once and keeps the answer: called in the initialiser,
-/// the snapshot would keep the initialiser's empty answer for every
-/// instance, and the instance's own grants would never be seen.
+/// The WASI interfaces an initialiser may not call, every function of
+/// each. Each answers what belongs to one instance, and a snapshot would
+/// keep the initialiser's answer for every instance:
+///
+/// - `wasi:cli/environment` and `wasi:filesystem/preopens` answer the
+///   instance's grants (arguments, environment, working directory,
+///   directories), and wasi-libc asks once and keeps the answer: the
+///   instance's own grants would never be seen;
+/// - the clocks answer the time: an `Instant` kept from the initialiser
+///   lies in every instance's future (wasmtime-wasi counts each instance's
+///   monotonic clock from its own start), and a wall-clock time would be
+///   as old as the snapshot.
 const RUN_TIME_ONLY: &[(&str, &[&str])] = &[
     (
-        "wasi:cli/environment@0.2.12",
+        "wasi:cli/environment",
         &["get-environment", "get-arguments", "initial-cwd"],
     ),
-    ("wasi:filesystem/preopens@0.2.12", &["get-directories"]),
+    ("wasi:filesystem/preopens", &["get-directories"]),
+    (
+        "wasi:clocks/monotonic-clock",
+        &[
+            "now",
+            "resolution",
+            "subscribe-instant",
+            "subscribe-duration",
+        ],
+    ),
+    ("wasi:clocks/wall-clock", &["now", "resolution"]),
 ];
 
 /// The trap an initialiser gets for calling one of [`RUN_TIME_ONLY`]: the
@@ -229,23 +330,35 @@ const RUN_TIME_ONLY: &[(&str, &[&str])] = &[
 #[error("{0}, which only an instance may call")]
 struct RunTimeRead(String);
 
-/// `base` with each of [`RUN_TIME_ONLY`] replaced by a function that traps
-/// with [`RunTimeRead`].
-fn initialiser_linker(base: &Linker<HostState>) -> Result<Linker<HostState>, String> {
+/// `base` with every function of [`RUN_TIME_ONLY`] that the component
+/// imports (under the exact name it imports, whatever its 0.2 version)
+/// replaced by one that traps with [`RunTimeRead`]. An import of such an
+/// interface that needs a function not listed there fails to link: the
+/// guard never lapses silently.
+fn initialiser_linker(
+    base: &Linker<HostState>,
+    imports: &[String],
+) -> Result<Linker<HostState>, String> {
     let mut linker = base.clone();
     linker.allow_shadowing(true);
-    for (interface, funcs) in RUN_TIME_ONLY {
+    for import in imports {
+        let unversioned = import.split('@').next().unwrap_or(import);
+        let Some((_, funcs)) = RUN_TIME_ONLY
+            .iter()
+            .find(|(interface, _)| *interface == unversioned)
+        else {
+            continue;
+        };
         let mut instance = linker
-            .instance(interface)
-            .map_err(|e| format!("reopening {interface}: {e:#}"))?;
-        let unversioned = interface.split('@').next().unwrap_or(interface);
+            .instance(import)
+            .map_err(|e| format!("shadowing {import}: {e:#}"))?;
         for func in *funcs {
             let called = format!("`{unversioned}.{func}`");
             instance
                 .func_new(func, move |_, _, _, _| {
                     Err(wasmtime::Error::new(RunTimeRead(called.clone())))
                 })
-                .map_err(|e| format!("replacing {interface}.{func}: {e:#}"))?;
+                .map_err(|e| format!("replacing {import}.{func}: {e:#}"))?;
         }
     }
     Ok(linker)

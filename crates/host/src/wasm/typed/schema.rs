@@ -162,6 +162,12 @@ fn add(shapes: &mut Shapes, export: ExportPath, func: &ComponentFunc, docs: Opti
         ));
         return;
     }
+    if export.interface.is_none() && export.function == crate::wasm::INIT_EXPORT {
+        shapes.skipped.push(skip(
+            "Wizer's initialiser (`wizer-initialize`) is not a tool".into(),
+        ));
+        return;
+    }
     if func.async_() {
         shapes
             .skipped
