@@ -53,8 +53,9 @@ pub struct ToolsReport {
     pub kind: Option<String>,
     /// For a component: the exported functions that are not tools.
     pub not_tools: Vec<String>,
-    /// The digest of the bytes that run, or `not measured` (empty when the
-    /// launch reported no identity).
+    /// The digest of the measured bytes (for a component started from a
+    /// snapshot, its source; `snapshot` is what runs), or `not measured`
+    /// (empty when the launch reported no identity).
     pub sha256: String,
     /// For a component started from a snapshot of its initialised state:
     /// the snapshot's digest.

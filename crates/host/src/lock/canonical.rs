@@ -76,16 +76,21 @@ pub struct IdentityParts<'a> {
     pub cwd: Option<String>,
     pub env_names: Vec<String>,
     pub measured: BTreeMap<String, String>,
+    /// Whether a component runs from a snapshot of its initialised state
+    /// rather than its measured bytes as they are (the snapshot's own
+    /// digest is not reproducible, so only the mode is part of it).
+    pub snapshot: bool,
 }
 
 /// The execution identity digest: (kind, digest, argv, cwd, environment
-/// names, measured files) as canonical JSON, hashed. It keys reuse; a
-/// display name never does.
+/// names, measured files, and `"snapshot": true` for a component started
+/// from a snapshot, absent otherwise) as canonical JSON, hashed. It keys
+/// reuse; a display name never does.
 pub fn execution_identity(parts: &IdentityParts<'_>) -> Digest {
     let mut env_names = parts.env_names.clone();
     env_names.sort();
     env_names.dedup();
-    let value = serde_json::json!({
+    let mut value = serde_json::json!({
         "kind": parts.kind,
         "sha256": parts.sha256.map(|d| d.to_string()),
         "argv": parts.argv,
@@ -93,5 +98,8 @@ pub fn execution_identity(parts: &IdentityParts<'_>) -> Digest {
         "env": env_names,
         "measured": parts.measured,
     });
+    if parts.snapshot {
+        value["snapshot"] = serde_json::Value::Bool(true);
+    }
     Digest::of(canonical_json(&value).as_bytes())
 }

@@ -37,6 +37,7 @@ fn identity_ignores_env_order_but_not_argv() {
         cwd: Some("/".into()),
         env_names: env.into_iter().map(String::from).collect(),
         measured: BTreeMap::new(),
+        snapshot: false,
     };
     assert_eq!(
         execution_identity(&parts(vec!["a", "b"], vec!["X", "Y"])),
@@ -45,6 +46,32 @@ fn identity_ignores_env_order_but_not_argv() {
     assert_ne!(
         execution_identity(&parts(vec!["a", "b"], vec![])),
         execution_identity(&parts(vec!["b", "a"], vec![]))
+    );
+}
+
+#[test]
+fn a_component_started_from_a_snapshot_has_another_identity() {
+    let parts = |snapshot| IdentityParts {
+        kind: "wasm",
+        sha256: Some(Digest::of(b"x")),
+        argv: vec!["a".into()],
+        cwd: None,
+        env_names: Vec::new(),
+        measured: BTreeMap::new(),
+        snapshot,
+    };
+    assert_ne!(
+        execution_identity(&parts(true)),
+        execution_identity(&parts(false))
+    );
+    // Without a snapshot the identity is what it was before snapshots.
+    let before = serde_json::json!({
+        "kind": "wasm", "sha256": Digest::of(b"x").to_string(), "argv": ["a"],
+        "cwd": null, "env": [], "measured": {},
+    });
+    assert_eq!(
+        execution_identity(&parts(false)),
+        Digest::of(canonical_json(&before).as_bytes())
     );
 }
 

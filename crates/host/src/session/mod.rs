@@ -117,6 +117,10 @@ pub(crate) fn identity_parts<'a>(
             .iter()
             .map(|(path, digest)| (path.display().to_string(), digest.to_string()))
             .collect(),
+        snapshot: identity
+            .component
+            .as_ref()
+            .is_some_and(|c| c.snapshot.is_some()),
     }
 }
 
