@@ -323,10 +323,20 @@ async fn an_initialiser_that_keeps_a_handle_is_refused() {
     session.close().await.unwrap();
 }
 
-/// The snapshot's compiled file is cached under the source's digest and
-/// bound by its MAC to the snapshot's own digest (recorded beside it): a
-/// changed record, or the plain compile of the same source copied over it,
-/// is recompiled, never loaded.
+/// With a suffix added to the file name.
+fn suffixed(path: &Path, suffix: &str) -> std::path::PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(suffix);
+    name.into()
+}
+
+/// A snapshot's compiled file is cached under the source's digest and its
+/// own (a record names the one in use), and bound by its MAC to both: a
+/// record changed to name another digest, the plain compile of the same
+/// source copied over the file, or another component's snapshot copied
+/// over with its record, is recompiled, never loaded. A snapshot made
+/// again replaces the file the record named. Two starts that snapshot at
+/// once leave a record and a file that load.
 #[tokio::test]
 async fn a_snapshot_is_cached_bound_to_its_source_and_its_own_digest() {
     let cache = tempfile::tempdir().unwrap();
@@ -347,15 +357,19 @@ async fn a_snapshot_is_cached_bound_to_its_source_and_its_own_digest() {
             (prepared.cache_outcome(), prepared.snapshot())
         }
     };
+    let (first, second) = tokio::join!(prepare(true), prepare(true));
+    assert_eq!(first.0, CacheOutcome::Compiled);
+    assert_eq!(second.0, CacheOutcome::Compiled);
     let (outcome, first) = prepare(true).await;
-    assert_eq!(outcome, CacheOutcome::Compiled);
+    assert_eq!(outcome, CacheOutcome::Hit, "after two at once");
     let first = first.expect("a snapshot");
-    assert_eq!(prepare(true).await, (CacheOutcome::Hit, Some(first)));
 
     let host = cached_host(cache.path());
-    let snapshot_file = host.wasm().snapshot_cache_path(source).unwrap();
-    let mut record = snapshot_file.as_os_str().to_owned();
-    record.push(".snapshot");
+    let wasm = host.wasm();
+    let record = wasm.snapshot_cache_path(source).unwrap();
+    let file = |snapshot| wasm.snapshot_compiled_path(source, snapshot).unwrap();
+    assert_eq!(std::fs::read_to_string(&record).unwrap(), first.to_string());
+    // The record changed to name another digest: a file that is not there.
     std::fs::write(&record, source.to_string()).unwrap();
     let (outcome, second) = prepare(true).await;
     assert_eq!(outcome, CacheOutcome::Recompiled, "a record that changed");
@@ -364,14 +378,9 @@ async fn a_snapshot_is_cached_bound_to_its_source_and_its_own_digest() {
 
     // The plain compile of the same source, with its own valid MAC.
     assert_eq!(prepare(false).await, (CacheOutcome::Compiled, None));
-    let plain_file = host.wasm().cache_path(source).unwrap();
+    let plain = wasm.cache_path(source).unwrap();
     for suffix in ["", ".mac"] {
-        let with = |file: &Path| {
-            let mut name = file.as_os_str().to_owned();
-            name.push(suffix);
-            name
-        };
-        std::fs::copy(with(&plain_file), with(&snapshot_file)).unwrap();
+        std::fs::copy(suffixed(&plain, suffix), suffixed(&file(second), suffix)).unwrap();
     }
     let (outcome, third) = prepare(true).await;
     assert_eq!(
@@ -379,30 +388,34 @@ async fn a_snapshot_is_cached_bound_to_its_source_and_its_own_digest() {
         CacheOutcome::Recompiled,
         "another compile copied over"
     );
-    assert!(third.is_some());
+    let third = third.expect("a snapshot");
+    assert!(
+        !file(second).exists(),
+        "the replaced snapshot's file is removed"
+    );
+    assert!(file(third).exists());
     assert_eq!(prepare(false).await, (CacheOutcome::Hit, None));
 
-    // Another component's snapshot, valid and written by Moat, with its
-    // record and MAC, copied over this one's.
+    // Another component's snapshot, valid and written by Moat, copied over
+    // this one's with its record and MAC.
     let other = Path::new(guests::PREINIT_PROBE_WASM);
-    let other_snapshot = host
-        .wasm()
+    let other_digest = Digest::of(&std::fs::read(other).unwrap());
+    let other_snapshot = wasm
         .prepare(other, Expectation::Unpinned)
         .await
         .unwrap()
         .snapshot()
         .expect("a snapshot");
-    let other_file = host
-        .wasm()
-        .snapshot_cache_path(Digest::of(&std::fs::read(other).unwrap()))
+    let other_file = wasm
+        .snapshot_compiled_path(other_digest, other_snapshot)
         .unwrap();
-    for suffix in ["", ".mac", ".snapshot"] {
-        let with = |file: &Path| {
-            let mut name = file.as_os_str().to_owned();
-            name.push(suffix);
-            name
-        };
-        std::fs::copy(with(&other_file), with(&snapshot_file)).unwrap();
+    std::fs::copy(wasm.snapshot_cache_path(other_digest).unwrap(), &record).unwrap();
+    for suffix in ["", ".mac"] {
+        std::fs::copy(
+            suffixed(&other_file, suffix),
+            suffixed(&file(other_snapshot), suffix),
+        )
+        .unwrap();
     }
     let (outcome, fourth) = prepare(true).await;
     assert_eq!(

@@ -162,25 +162,34 @@ pub(super) fn write_cache(
     crate::keys::write_private(cache_path, &payload)
 }
 
-/// The snapshot digest recorded beside a snapshot's cache file (in
-/// `cache_path.snapshot`), if it reads as one. It is bound into the file's
-/// MAC, so a changed record only makes the file fail its check.
-pub(super) fn read_snapshot_digest(cache_path: &Path) -> Option<Digest> {
-    let text = crate::keys::read_private(&with_suffix(cache_path, ".snapshot")).ok()?;
+/// The snapshot digest a snapshot record holds (see
+/// `WasmEngine::snapshot_cache_path`), if it reads as one. It is bound into
+/// the MAC of the compiled file it names, so a changed record only names a
+/// file that fails its check, or none.
+pub(super) fn read_snapshot_digest(record: &Path) -> Option<Digest> {
+    let text = crate::keys::read_private(record).ok()?;
     std::str::from_utf8(&text).ok()?.trim().parse().ok()
 }
 
-/// Writes a snapshot's compiled component as [`write_cache`] does, with
-/// the snapshot's digest recorded first.
+/// Writes a snapshot's compiled component to its own file (as
+/// [`write_cache`] does), then the record naming it, then removes the
+/// `stale` file the record named before: a reader sees the old record and
+/// file or the new ones (a start that mapped the old file keeps its
+/// mapping).
 pub(super) fn write_snapshot_cache(
-    cache_path: &Path,
+    record: &Path,
+    compiled: &Path,
     context: &MacContext<'_>,
     component: &Component,
     snapshot: Digest,
+    stale: Option<PathBuf>,
 ) -> std::io::Result<()> {
-    crate::keys::write_private(
-        &with_suffix(cache_path, ".snapshot"),
-        snapshot.to_string().as_bytes(),
-    )?;
-    write_cache(cache_path, context, component)
+    write_cache(compiled, context, component)?;
+    crate::keys::write_private(record, snapshot.to_string().as_bytes())?;
+    if let Some(stale) = stale {
+        for suffix in ["", ".mac", ".seal"] {
+            let _ = std::fs::remove_file(with_suffix(&stale, suffix));
+        }
+    }
+    Ok(())
 }

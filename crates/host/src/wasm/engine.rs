@@ -340,14 +340,15 @@ impl WasmEngine {
             })
         };
         let preinit = preinit.filter(|_| self.metering != Metering::Unmetered);
-        let snapshot_path = self.snapshot_cache_path(digest);
+        let record = self.snapshot_cache_path(digest);
+        let recorded = record.as_deref().and_then(read_snapshot_digest);
         let mut outcome = CacheOutcome::Compiled;
         if preinit.is_some()
-            && let Some(path) = &snapshot_path
-            && let Some(snapshot) = read_snapshot_digest(path)
+            && let Some(snapshot) = recorded
+            && let Some(path) = self.snapshot_compiled_path(digest, snapshot)
             && let Some(context) = context(self.snapshot_engine(snapshot))
         {
-            match context.load(&self.engine, path) {
+            match context.load(&self.engine, &path) {
                 Ok((component, cache)) => {
                     return Ok(Compiled {
                         component,
@@ -356,7 +357,8 @@ impl WasmEngine {
                         snapshot: Some(snapshot),
                     });
                 }
-                Err(cache) => outcome = cache,
+                // A record naming a file that is not there is stale.
+                Err(_) => outcome = CacheOutcome::Recompiled,
             }
         }
         let cached = self
@@ -450,11 +452,18 @@ impl WasmEngine {
             let snapshot = Digest::of(&snapshot_bytes);
             tracing::debug!(path = %path.display(), %snapshot, bytes = snapshot_bytes.len(), "snapshot of the initialised component");
             let component = self.compile(path, &snapshot_bytes)?;
-            if let Some(path) = &snapshot_path
+            if let Some(record) = &record
+                && let Some(compiled) = self.snapshot_compiled_path(digest, snapshot)
                 && let Some(context) = context(self.snapshot_engine(snapshot))
-                && let Err(error) = write_snapshot_cache(path, &context, &component, snapshot)
             {
-                tracing::warn!(path = %path.display(), %error, "could not write cache file");
+                let stale = recorded
+                    .filter(|old| *old != snapshot)
+                    .and_then(|old| self.snapshot_compiled_path(digest, old));
+                if let Err(error) =
+                    write_snapshot_cache(record, &compiled, &context, &component, snapshot, stale)
+                {
+                    tracing::warn!(path = %compiled.display(), %error, "could not write cache file");
+                }
             }
             return Ok(Compiled {
                 component,
@@ -477,11 +486,23 @@ impl WasmEngine {
         })
     }
 
-    /// The cache file for the snapshot of the component with this digest.
+    /// The record of which snapshot of the component with this digest is
+    /// cached: the snapshot's digest, naming its compiled file
+    /// ([`Self::snapshot_compiled_path`]).
     pub fn snapshot_cache_path(&self, digest: Digest) -> Option<PathBuf> {
+        self.cache_dir
+            .as_ref()
+            .map(|dir| dir.join(format!("{digest}-{}.snapshot", self.compatibility_hash())))
+    }
+
+    /// The compiled file of one snapshot of the component with this
+    /// digest. Each snapshot has its own (two starts that snapshot the same
+    /// component at once write two files, never one file from both), and
+    /// the record names the one in use.
+    pub fn snapshot_compiled_path(&self, digest: Digest, snapshot: Digest) -> Option<PathBuf> {
         self.cache_dir.as_ref().map(|dir| {
             dir.join(format!(
-                "{digest}-{}.snapshot.cwasm",
+                "{digest}-{}.snapshot-{snapshot}.cwasm",
                 self.compatibility_hash()
             ))
         })
