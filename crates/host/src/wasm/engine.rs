@@ -7,6 +7,10 @@ use super::*;
 /// How long a compile runs before a terminal is told it is happening.
 pub(super) const COMPILE_NOTICE_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// Snapshots refused, by component and the limits its initialiser ran
+/// under (fuel, memory, deadline).
+pub(super) type PreinitRefusals = Mutex<HashMap<(Digest, [u64; 3]), PreinitError>>;
+
 /// One wasmtime engine and linker, shared by every wasm server.
 #[derive(Clone)]
 pub struct WasmEngine {
@@ -22,7 +26,7 @@ pub struct WasmEngine {
     /// Snapshots refused in this process, by component and the limits the
     /// initialiser ran under: asked again, the refusal is repeated without
     /// compiling and running the initialiser again.
-    pub(super) preinit_refusals: Arc<Mutex<HashMap<(Digest, [u64; 3]), PreinitError>>>,
+    pub(super) preinit_refusals: Arc<PreinitRefusals>,
     pub(super) metering: Metering,
 }
 

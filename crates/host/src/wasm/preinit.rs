@@ -47,7 +47,7 @@ pub(super) fn bytes_export_initializer(bytes: &[u8]) -> bool {
     let mut command = false;
     top_level(bytes, |payload| {
         if let wasmparser::Payload::ComponentExportSection(exports) = payload {
-            for export in exports.into_iter().flatten() {
+            for export in exports.clone().into_iter().flatten() {
                 initializer |= export.name.name == INIT_EXPORT
                     && export.kind == wasmparser::ComponentExternalKind::Func;
                 command |= export.name.name.starts_with("wasi:cli/run@");
@@ -65,6 +65,7 @@ fn bytes_imports(bytes: &[u8]) -> Vec<String> {
         if let wasmparser::Payload::ComponentImportSection(imports) = payload {
             names.extend(
                 imports
+                    .clone()
                     .into_iter()
                     .flatten()
                     .map(|import| import.name.name.to_owned()),
@@ -79,6 +80,7 @@ fn bytes_imports(bytes: &[u8]) -> Vec<String> {
 pub(super) fn bytes_import_http(bytes: &[u8]) -> bool {
     top_level(bytes, |payload| match payload {
         wasmparser::Payload::ComponentImportSection(imports) => imports
+            .clone()
             .into_iter()
             .flatten()
             .any(|import| import.name.name.starts_with("wasi:http/")),
@@ -89,7 +91,7 @@ pub(super) fn bytes_import_http(bytes: &[u8]) -> bool {
 /// Whether `found` holds for any section of the outermost component in
 /// `bytes` (nested modules and components are skipped; bytes that do not
 /// parse hold nothing).
-fn top_level(bytes: &[u8], mut found: impl FnMut(wasmparser::Payload<'_>) -> bool) -> bool {
+fn top_level(bytes: &[u8], mut found: impl FnMut(&wasmparser::Payload<'_>) -> bool) -> bool {
     let mut depth = 0usize;
     for payload in wasmparser::Parser::new(0).parse_all(bytes) {
         let Ok(payload) = payload else {
@@ -99,11 +101,7 @@ fn top_level(bytes: &[u8], mut found: impl FnMut(wasmparser::Payload<'_>) -> boo
             wasmparser::Payload::ModuleSection { .. }
             | wasmparser::Payload::ComponentSection { .. } => depth += 1,
             wasmparser::Payload::End(_) => depth = depth.saturating_sub(1),
-            payload if depth == 0 => {
-                if found(payload) {
-                    return true;
-                }
-            }
+            payload if depth == 0 && found(&payload) => return true,
             _ => {}
         }
     }
