@@ -54,9 +54,13 @@
 //! ```
 //!
 //! What the initialiser builds must not depend on the run-time environment:
-//! it runs once, with no arguments, no environment variables, no directories
-//! and no network, and every instance starts from what it left. Read `env`
-//! and arguments in `main`.
+//! it runs once, with nothing granted, and every instance starts from what
+//! it left. Moat refuses a snapshot whose initialiser asks for arguments,
+//! the environment, the working directory, preopened directories or the
+//! time (wasi-libc would keep the initialiser's answers for every
+//! instance), or returns holding a WASI handle (one `eprintln!` does): read
+//! those in `main`. Whatever it draws from `wasi:random` is shared by every
+//! instance, so draw secrets in `main` too.
 //!
 //! ## Timers
 //!
