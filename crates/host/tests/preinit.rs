@@ -428,6 +428,38 @@ async fn a_snapshot_is_cached_bound_to_its_source_and_its_own_digest() {
     assert_eq!(prepare(true).await, (CacheOutcome::Hit, Some(fourth)));
 }
 
+/// Starts of one component that arrive together on one host (sessions
+/// over HTTP on a cold cache) prepare it once: the first compiles and
+/// snapshots, the others wait for it and take what it prepared.
+#[tokio::test]
+async fn starts_that_arrive_together_prepare_a_component_once() {
+    let cache = tempfile::tempdir().unwrap();
+    let host = cached_host(cache.path());
+    let path = Path::new(guests::EVERYTHING_WASM);
+    let prepare = || async {
+        let prepared = host
+            .wasm()
+            .prepare(path, Expectation::Unpinned)
+            .await
+            .unwrap();
+        (prepared.cache_outcome(), prepared.snapshot())
+    };
+    let (first, second, third) = tokio::join!(prepare(), prepare(), prepare());
+    let mut outcomes = [first.0, second.0, third.0];
+    outcomes.sort_by_key(|o| format!("{o:?}"));
+    assert_eq!(
+        outcomes,
+        [
+            CacheOutcome::Compiled,
+            CacheOutcome::Memory,
+            CacheOutcome::Memory
+        ]
+    );
+    assert!(first.1.is_some());
+    assert_eq!(first.1, second.1);
+    assert_eq!(first.1, third.1);
+}
+
 /// An engine that does not meter guests could not bound an initialiser:
 /// it runs the measured bytes, which build their state in `main`.
 #[tokio::test]

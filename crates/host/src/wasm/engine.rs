@@ -11,6 +11,10 @@ pub(super) const COMPILE_NOTICE_AFTER: std::time::Duration = std::time::Duration
 /// under (fuel, memory, deadline).
 pub(super) type PreinitRefusals = Mutex<HashMap<(Digest, [u64; 3]), PreinitError>>;
 
+/// A turn per component (and whether it may be snapshotted) being
+/// prepared.
+pub(super) type Turns = Mutex<HashMap<(Digest, bool), Arc<tokio::sync::Mutex<()>>>>;
+
 /// One wasmtime engine and linker, shared by every wasm server.
 #[derive(Clone)]
 pub struct WasmEngine {
@@ -27,6 +31,8 @@ pub struct WasmEngine {
     /// initialiser ran under: asked again, the refusal is repeated without
     /// compiling and running the initialiser again.
     pub(super) preinit_refusals: Arc<PreinitRefusals>,
+    /// A turn per component being prepared (see `prepare_with`).
+    pub(super) preparing: Arc<Turns>,
     pub(super) metering: Metering,
 }
 
@@ -90,6 +96,7 @@ impl WasmEngine {
             cache_key: Arc::default(),
             prepared: Arc::default(),
             preinit_refusals: Arc::default(),
+            preparing: Arc::default(),
             metering,
         })
     }
@@ -211,15 +218,34 @@ impl WasmEngine {
                 path: path.to_owned(),
                 mismatch,
             })?;
-        let known = self
-            .prepared
+        let known = || {
+            self.prepared
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(&(digest, preinit))
+                .cloned()
+                .map(|mut prepared| {
+                    prepared.cache = CacheOutcome::Memory;
+                    prepared.digest_source = source;
+                    prepared
+                })
+        };
+        if let Some(prepared) = known() {
+            return Ok(prepared);
+        }
+        // One preparation of a component at a time: starts that arrive
+        // together (sessions over HTTP on a cold cache) wait for the first
+        // and take what it prepared, instead of each compiling (and, with
+        // an initialiser, each snapshotting) it again.
+        let gate = self
+            .preparing
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .get(&(digest, preinit))
-            .cloned();
-        if let Some(mut prepared) = known {
-            prepared.cache = CacheOutcome::Memory;
-            prepared.digest_source = source;
+            .entry((digest, preinit))
+            .or_default()
+            .clone();
+        let _turn = gate.lock().await;
+        if let Some(prepared) = known() {
             return Ok(prepared);
         }
         let this = self.clone();
