@@ -29,6 +29,7 @@ both_launchers!(
     progress_notifications_arrive_in_order,
     resource_read_and_prompt_get,
     argv_and_environment_arrive_exactly,
+    a_call_carries_the_meta_rmcp_gives_a_request,
     spinning_guest_hits_the_cpu_limit_within_the_deadline,
     heartbeat_keeps_ticking_while_a_guest_spins,
     growing_memory_hits_the_memory_limit,
@@ -439,6 +440,52 @@ async fn a_connect_cancelled_part_way_leaves_nothing_behind(launcher: Launcher) 
         .await
         .expect("tasks of a cancelled connect never ended");
     assert_eq!(tracker.live(), 0);
+}
+
+/// A `tools/call` is sent past rmcp's client service, but the server gets
+/// the `_meta` rmcp gives each of its own requests: the revision, client
+/// info and capabilities a server without a handshake (2026-07-28) reads
+/// on every request, and a progress token of the call's own. The same
+/// call sent through rmcp is the reference.
+async fn a_call_carries_the_meta_rmcp_gives_a_request(launcher: Launcher) {
+    for current in [false, true] {
+        let mut report = spec(launcher, guests::REPORT);
+        if current {
+            report
+                .env
+                .values
+                .insert("HOSTILE_DISCOVER".into(), "1".into());
+        }
+        let session = connect(&report).await;
+        assert_eq!(session.is_current(), current);
+        let meta = |seen: &str| {
+            let seen: serde_json::Value = serde_json::from_str(seen).unwrap();
+            seen["meta"].as_object().cloned().unwrap()
+        };
+        let direct = meta(&text(&session.call_tool("attack", None).await.unwrap()));
+        let through_rmcp = session
+            .request_raw("tools/call", Some(json!({"name": "attack"})))
+            .await
+            .unwrap();
+        let through_rmcp = meta(through_rmcp["content"][0]["text"].as_str().unwrap());
+        assert_eq!(
+            direct.contains_key("io.modelcontextprotocol/protocolVersion"),
+            current,
+            "{direct:?}"
+        );
+        let keys = |meta: &serde_json::Map<String, serde_json::Value>| {
+            meta.keys().cloned().collect::<Vec<_>>()
+        };
+        assert_eq!(keys(&direct), keys(&through_rmcp));
+        for (key, value) in &direct {
+            if key != "progressToken" {
+                assert_eq!(Some(value), through_rmcp.get(key), "{key}");
+            }
+        }
+        // Each call has a token of its own, never one of rmcp's.
+        assert_ne!(direct["progressToken"], through_rmcp["progressToken"]);
+        session.close().await.unwrap();
+    }
 }
 
 async fn argv_and_environment_arrive_exactly(launcher: Launcher) {

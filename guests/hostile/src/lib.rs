@@ -110,6 +110,18 @@ pub fn serve_with_arguments(
             }}));
         }
         match method {
+            // With HOSTILE_DISCOVER, the server speaks 2026-07-28: no
+            // handshake, and every request carries the client's `_meta`.
+            "server/discover" if std::env::var_os("HOSTILE_DISCOVER").is_some() => {
+                send(&json!({"jsonrpc": "2.0", "id": id, "result": {
+                    "resultType": "complete",
+                    "supportedVersions": ["2026-07-28"],
+                    "capabilities": {"tools": {}},
+                    "ttlMs": 0,
+                    "cacheScope": "private",
+                    "_meta": {"io.modelcontextprotocol/serverInfo": {"name": name, "version": "0.1.0"}}
+                }}));
+            }
             "initialize" => {
                 let version = message
                     .pointer("/params/protocolVersion")

@@ -4,9 +4,9 @@
 
 use rmcp::ServiceError;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResult, ClientRequest, JsonObject, Request, ServerResult,
+    CallToolRequestParams, CallToolResult, ClientRequest, GetMeta, JsonObject, ProgressToken,
+    Request, ServerJsonRpcMessage, ServerResult,
 };
-use rmcp::service::PeerRequestOptions;
 use tokio_util::sync::CancellationToken;
 
 use super::Session;
@@ -139,28 +139,42 @@ impl Session {
         if let Some(traceparent) = traceparent {
             params.set_traceparent(&traceparent);
         }
-        let mut handle = self
-            .service
-            .send_cancellable_request(
-                ClientRequest::CallToolRequest(Request::new(params)),
-                PeerRequestOptions::no_options(),
-            )
-            .await
-            .map_err(|e| self.error(&operation, e))?;
-        let token = handle.progress_token.clone();
+        // Past rmcp's client service (see `transport::Direct`): the line
+        // rmcp would write, with the `_meta` it would add.
+        let mut request = ClientRequest::CallToolRequest(Request::new(params));
+        let id = self.direct.next_id();
+        let token = ProgressToken(id.clone());
+        let meta = request.get_meta_mut();
+        if let Some(request_meta) = &self.request_meta {
+            request_meta.set_on(meta);
+        }
+        meta.set_progress_token(token.clone());
         if let Some(progress) = progress {
             self.tap.routes().insert(token.clone(), progress);
         }
+        let mut in_flight = match self.direct.send(id, request).await {
+            Ok(in_flight) => in_flight,
+            Err(_) => {
+                self.tap.routes().remove(&token);
+                return Err(self.error(&operation, ServiceError::TransportClosed));
+            }
+        };
         let outcome = tokio::select! {
-            response = &mut handle.rx => Some(response),
+            answer = in_flight.answer() => Some(answer),
             () = cancel.cancelled() => None,
         };
         self.tap.routes().remove(&token);
         let response = match outcome {
-            Some(Ok(response)) => response.map_err(|e| self.error(&operation, e))?,
-            Some(Err(_)) => return Err(self.error(&operation, ServiceError::TransportClosed)),
+            Some(Some(ServerJsonRpcMessage::Response(response))) => response.result,
+            Some(Some(ServerJsonRpcMessage::Error(error))) => {
+                return Err(self.error(&operation, ServiceError::McpError(error.error)));
+            }
+            Some(Some(_)) => return Err(self.error(&operation, ServiceError::UnexpectedResponse)),
+            Some(None) => return Err(self.error(&operation, ServiceError::TransportClosed)),
             None => {
-                let _ = handle.cancel(Some("cancelled by the client".into())).await;
+                let _ = in_flight
+                    .cancel(Some("cancelled by the client".into()))
+                    .await;
                 return Err(SessionError::Cancelled {
                     server: self.server().to_owned(),
                     tool: name.to_owned(),

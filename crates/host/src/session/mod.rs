@@ -36,7 +36,7 @@ use crate::config::{ServerKind, ServerSpec};
 use crate::identity::Digest;
 use crate::launch::ServerTransport;
 use crate::lock::{IdentityParts, execution_identity};
-use crate::transport::{Fault, Shared};
+use crate::transport::{Direct, Fault, Shared};
 
 /// Which handshake the client uses.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -128,6 +128,13 @@ pub(crate) fn identity_parts<'a>(
 pub struct Session {
     pub(crate) service: RunningService<RoleClient, ClientSide>,
     pub(crate) shared: Arc<Shared>,
+    /// Sends `tools/call` past rmcp's client service (see
+    /// [`crate::transport::Direct`]).
+    pub(crate) direct: Direct,
+    /// The `_meta` rmcp puts on each request to a server without a
+    /// handshake (2026-07-28): the agreed revision, Moat's client info and
+    /// capabilities. Put on direct requests the same way.
+    pub(crate) request_meta: Option<RequestMeta>,
     pub(crate) tap: Arc<ServerTap>,
     pub(crate) progress: Option<mpsc::UnboundedReceiver<ProgressNotificationParam>>,
     pub(crate) askers: Askers,
@@ -156,6 +163,40 @@ pub(crate) fn sandboxed(shared: &Shared) -> bool {
         .is_some_and(|identity| identity.sandbox.kernel_filesystem)
 }
 
+/// What rmcp adds to the `_meta` of every request once the server speaks
+/// a revision without a handshake (2026-07-28): the revision agreed,
+/// Moat's client info and capabilities. Direct requests carry it too.
+#[derive(Clone, Debug)]
+pub(crate) struct RequestMeta {
+    version: ProtocolVersion,
+    info: rmcp::model::Implementation,
+    capabilities: rmcp::model::ClientCapabilities,
+}
+
+impl RequestMeta {
+    /// As rmcp's client decides it: by the revision agreed.
+    fn of(service: &RunningService<RoleClient, ClientSide>) -> Option<Self> {
+        use rmcp::ClientHandler;
+        let version = service.peer_info()?.protocol_version.clone();
+        if version.has_initialize() {
+            return None;
+        }
+        let info = service.service().get_info();
+        Some(Self {
+            version,
+            info: info.client_info,
+            capabilities: info.capabilities,
+        })
+    }
+
+    /// Sets it on `meta`, in rmcp's order.
+    pub(crate) fn set_on(&self, meta: &mut rmcp::model::RequestMetaObject) {
+        meta.set_protocol_version(self.version.clone());
+        meta.set_client_info(self.info.clone());
+        meta.set_client_capabilities(self.capabilities.clone());
+    }
+}
+
 impl Session {
     /// Connects `transport` (launching the server) and performs `handshake`.
     /// If this future is dropped part-way, the server is stopped and every
@@ -169,6 +210,7 @@ impl Session {
         let tap = Arc::new(ServerTap::default());
         transport.set_tap(tap.clone());
         let connected = transport.connect().await?;
+        let direct = connected.direct();
         let (progress_tx, progress) = mpsc::unbounded_channel();
         let askers = Askers::default();
         let (notices, _) = tokio::sync::broadcast::channel(NOTICES_BUFFERED);
@@ -183,8 +225,10 @@ impl Session {
             .await
         {
             Ok(service) => Ok(Self {
+                request_meta: RequestMeta::of(&service),
                 service,
                 shared,
+                direct,
                 tap,
                 progress: Some(progress),
                 askers,

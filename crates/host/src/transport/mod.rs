@@ -9,6 +9,7 @@
 //! Launchers hand it a [`Launched`] and never see the protocol.
 
 mod book;
+mod direct;
 mod fault;
 mod frame;
 mod shared;
@@ -31,6 +32,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 pub use book::{AskingAgent, Book, MAX_UNANSWERED_SERVER_REQUESTS};
+pub use direct::Direct;
 pub use fault::{Fault, TransportError};
 pub use frame::{StderrBuffer, sanitize_tail};
 pub use shared::Shared;
@@ -42,6 +44,10 @@ use book::Answered;
 use frame::{FrameError, Lines};
 
 type BoxFuture<E> = Pin<Box<dyn Future<Output = Result<Launched, E>> + Send>>;
+
+/// The server's stdin, shared by rmcp's sends and direct ones; `None` once
+/// closed.
+type Stdin = Arc<tokio::sync::Mutex<Option<Box<dyn AsyncWrite + Send + Unpin>>>>;
 
 /// The one client transport, before it is connected: built from a launch
 /// request, it connects at most once. `E` is the launch's error type, which
@@ -111,7 +117,7 @@ pub struct Connected {
     /// Boxed: a channel allocates its first block of 32 slots up front, and
     /// 32 unboxed messages are 12 KB held by every idle session.
     incoming: mpsc::Receiver<Box<ServerJsonRpcMessage>>,
-    stdin: Arc<tokio::sync::Mutex<Option<Box<dyn AsyncWrite + Send + Unpin>>>>,
+    stdin: Stdin,
     on_request: Arc<dyn Fn() + Send + Sync>,
     terminate: Box<dyn Fn() + Send + Sync>,
     stop: Arc<dyn Fn() + Send + Sync>,
@@ -204,6 +210,17 @@ impl Connected {
     /// State shared with the transport's tasks (fault, stderr, tracker).
     pub fn shared(&self) -> &Arc<Shared> {
         &self.shared
+    }
+
+    /// What sends requests past rmcp's client service (see [`Direct`]):
+    /// taken before rmcp gets the transport.
+    pub fn direct(&self) -> Direct {
+        Direct {
+            shared: self.shared.clone(),
+            stdin: self.stdin.clone(),
+            on_request: self.on_request.clone(),
+            request_timeout: self.request_timeout,
+        }
     }
 
     /// Closes within twice the grace period: EOF on stdin and the grace
@@ -354,38 +371,15 @@ impl rmcp::transport::Transport<RoleClient> for Connected {
             _ => {}
         }
         async move {
-            let mut line = encoded.map_err(|error| TransportError::Encode {
+            let line = encoded.map_err(|error| TransportError::Encode {
                 server: shared.server.clone(),
                 detail: error.to_string(),
             })?;
-            line.push(b'\n');
-            let closed = || match shared.fault() {
-                Some(fault) => TransportError::Faulted {
-                    server: shared.server.clone(),
-                    fault,
-                },
-                None => TransportError::Closed {
-                    server: shared.server.clone(),
-                },
-            };
-            // One message per lock: lines never interleave.
-            let mut guard = stdin.lock().await;
-            let writer = guard.as_mut().ok_or_else(closed)?;
-            let written = async {
-                writer.write_all(&line).await?;
-                writer.flush().await
-            }
-            .await;
+            let written = write_line(&shared, &stdin, line).await;
             if answers_server {
                 shared.book.server_answered();
             }
-            match written {
-                Ok(()) => Ok(()),
-                Err(error) => {
-                    tracing::debug!(server = %shared.server, %error, "writing to server stdin failed");
-                    Err(closed())
-                }
-            }
+            written
         }
     }
 
@@ -396,6 +390,38 @@ impl rmcp::transport::Transport<RoleClient> for Connected {
     async fn close(&mut self) -> Result<(), Self::Error> {
         self.shutdown().await;
         Ok(())
+    }
+}
+
+/// Writes `line` and its newline to the server's stdin, whole: one message
+/// per lock, so lines never interleave. A closed stdin or a failed write is
+/// the session's fault, if it has one, or else "closed".
+async fn write_line(
+    shared: &Shared,
+    stdin: &Stdin,
+    mut line: Vec<u8>,
+) -> Result<(), TransportError> {
+    line.push(b'\n');
+    let mut guard = stdin.lock().await;
+    let writer = guard.as_mut().ok_or_else(|| shared.closed())?;
+    let written = async {
+        writer.write_all(&line).await?;
+        writer.flush().await
+    }
+    .await;
+    written.map_err(|error| {
+        tracing::debug!(server = %shared.server, %error, "writing to server stdin failed");
+        shared.closed()
+    })
+}
+
+/// Ends every direct request's wait when the stdout reader ends, however
+/// it ends (aborted too), after any fault it found is set.
+struct CloseDirect(Arc<Shared>);
+
+impl Drop for CloseDirect {
+    fn drop(&mut self) {
+        self.0.direct.close();
     }
 }
 
@@ -410,6 +436,7 @@ async fn read_stdout(
     incoming: mpsc::Sender<Box<ServerJsonRpcMessage>>,
     stop: Arc<dyn Fn() + Send + Sync>,
 ) {
+    let _close_direct = CloseDirect(shared.clone());
     let mut lines = Lines::new(stdout, max_line);
     let fault = loop {
         let line = match lines.next().await {
@@ -465,6 +492,11 @@ async fn read_stdout(
                         id: id.to_string(),
                     });
                 }
+            }
+            // Sent past rmcp: answered past it too.
+            if direct::Waiters::is_direct(&id) {
+                shared.direct.answer(&id, Box::new(message));
+                continue;
             }
         }
         if incoming.send(Box::new(message)).await.is_err() {

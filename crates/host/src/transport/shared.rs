@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use super::{AskingAgent, Book, Fault, StderrBuffer, Tap};
+use super::direct::Waiters;
+use super::{AskingAgent, Book, Fault, StderrBuffer, Tap, TransportError};
 use crate::instance::{Exit, Identity, Metrics, Tracker};
 use crate::limits::Limits;
 
@@ -36,6 +37,8 @@ pub struct Shared {
     pub(super) tap: OnceLock<Arc<dyn Tap>>,
     /// Set once the stderr reader has read everything (or given up).
     pub(super) stderr_drained: watch::Sender<bool>,
+    /// Callers waiting for the answers to requests sent past rmcp.
+    pub(super) direct: Waiters,
 }
 
 impl Shared {
@@ -53,6 +56,7 @@ impl Shared {
             metrics: OnceLock::new(),
             tap: OnceLock::new(),
             stderr_drained: watch::Sender::new(false),
+            direct: Waiters::default(),
         }
     }
 
@@ -102,6 +106,19 @@ impl Shared {
     /// Requests sent so far.
     pub fn requests_sent(&self) -> u64 {
         self.book.requests_sent()
+    }
+
+    /// Why nothing more can be sent: the session's fault, or closed.
+    pub(super) fn closed(&self) -> TransportError {
+        match self.fault() {
+            Some(fault) => TransportError::Faulted {
+                server: self.server.clone(),
+                fault,
+            },
+            None => TransportError::Closed {
+                server: self.server.clone(),
+            },
+        }
     }
 
     pub(super) fn set_fault(&self, fault: Fault) {

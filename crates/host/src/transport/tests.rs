@@ -1,5 +1,6 @@
 //! Unit tests of the transport's connection: the per-request deadline
-//! while a request waits for the agent.
+//! while a request waits for the agent, and requests sent past rmcp's
+//! client service.
 
 use std::sync::atomic::AtomicBool;
 
@@ -64,4 +65,221 @@ async fn a_request_waiting_for_the_agent_holds_the_deadline_and_moves_it_back() 
         })
     ));
     watching.await.unwrap();
+}
+
+/// A connected transport to a server the test plays by hand: what it
+/// writes to the server is read from `from_host`, and what the server says
+/// is written to `to_host`; the server exits when `exit` is sent.
+struct ByHand {
+    connected: Connected,
+    from_host: tokio::io::Lines<tokio::io::BufReader<tokio::io::DuplexStream>>,
+    to_host: tokio::io::DuplexStream,
+    exit: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+fn by_hand() -> ByHand {
+    use crate::identity::Evidence;
+    use crate::instance::{Identity, InProcess};
+    use tokio::io::AsyncBufReadExt;
+    let (stdin, server_in) = tokio::io::duplex(64 * 1024);
+    let (server_out, stdout) = tokio::io::duplex(64 * 1024);
+    let (_stderr_end, stderr) = tokio::io::duplex(64);
+    let (exit, exited) = tokio::sync::oneshot::channel::<()>();
+    let limits = Limits::default();
+    let shared = Arc::new(Shared::new("s".into(), &limits));
+    let launched = InProcess {
+        stdin: Box::new(stdin),
+        stdout: Box::new(stdout),
+        stderr: Box::new(stderr),
+        identity: Identity {
+            digest: None,
+            measured: Vec::new(),
+            sandbox: Default::default(),
+            evidence: Evidence::WasmMeasured,
+            component: None,
+            oci: None,
+        },
+        metrics: Arc::default(),
+        on_request: None,
+        terminate: None,
+        answers_deadlines: false,
+    }
+    .spawn("s", "a server by hand", &shared.tracker, async move {
+        let _stderr = _stderr_end;
+        let _ = exited.await;
+        Exit::Code(0)
+    });
+    ByHand {
+        connected: Connected::start(shared, &limits, launched),
+        from_host: tokio::io::BufReader::new(server_in).lines(),
+        to_host: server_out,
+        exit: Some(exit),
+    }
+}
+
+impl ByHand {
+    /// The next line the host wrote to the server, as JSON.
+    async fn read(&mut self) -> serde_json::Value {
+        let line = self.from_host.next_line().await.unwrap().unwrap();
+        serde_json::from_str(&line).unwrap()
+    }
+
+    async fn say(&mut self, message: serde_json::Value) {
+        let mut line = serde_json::to_vec(&message).unwrap();
+        line.push(b'\n');
+        self.to_host.write_all(&line).await.unwrap();
+    }
+
+    /// Whether rmcp's side has a message waiting, once the reader has
+    /// read everything written so far (a ping is answered through rmcp's
+    /// side, so anything the server said before it is there first).
+    async fn rmcp_got_before_a_ping(&mut self) -> Vec<ServerJsonRpcMessage> {
+        use rmcp::transport::Transport;
+        let ping = rmcp::model::ClientRequest::PingRequest(Default::default());
+        let id = rmcp::model::RequestId::Number(1);
+        self.connected
+            .send(ClientJsonRpcMessage::request(ping, id.clone()))
+            .await
+            .unwrap();
+        assert_eq!(self.read().await["method"], "ping");
+        self.say(serde_json::json!({"jsonrpc": "2.0", "id": 1, "result": {}}))
+            .await;
+        let mut got = Vec::new();
+        loop {
+            let message = self.connected.receive().await.unwrap();
+            if frame::response_id(&message) == Some(id.clone()) {
+                return got;
+            }
+            got.push(message);
+        }
+    }
+}
+
+fn call(name: &str) -> rmcp::model::ClientRequest {
+    rmcp::model::ClientRequest::CallToolRequest(rmcp::model::Request::new(
+        rmcp::model::CallToolRequestParams::new(name.to_owned()),
+    ))
+}
+
+/// A direct request is the line rmcp would write, under an id above
+/// rmcp's; its answer goes to its caller and never to rmcp, while what
+/// is not an answer to it still does.
+#[tokio::test]
+async fn a_direct_request_is_answered_to_its_caller_and_not_to_rmcp() {
+    let mut server = by_hand();
+    let direct = server.connected.direct();
+    let id = direct.next_id();
+    assert_eq!(id, rmcp::model::RequestId::Number(direct::FIRST_DIRECT_ID));
+    let mut in_flight = direct.send(id.clone(), call("echo")).await.unwrap();
+    let sent = server.read().await;
+    let expected =
+        serde_json::to_value(ClientJsonRpcMessage::request(call("echo"), id.clone())).unwrap();
+    assert_eq!(sent, expected);
+    assert_eq!(sent["id"], serde_json::json!(1_u64 << 32));
+    assert_eq!(server.connected.shared.book.requests_sent(), 1);
+    server
+        .say(serde_json::json!({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"}))
+        .await;
+    server
+        .say(
+            serde_json::json!({"jsonrpc": "2.0", "id": sent["id"], "result": {
+                "content": [{"type": "text", "text": "hi"}]
+            }}),
+        )
+        .await;
+    match in_flight.answer().await {
+        Some(ServerJsonRpcMessage::Response(response)) => {
+            assert_eq!(response.id, id);
+            let rmcp::model::ServerResult::CallToolResult(result) = response.result else {
+                panic!("not decoded as a call's result: {:?}", response.result);
+            };
+            assert_eq!(result.content.len(), 1);
+        }
+        other => panic!("{other:?}"),
+    }
+    let rmcp_got = server.rmcp_got_before_a_ping().await;
+    assert_eq!(rmcp_got.len(), 1, "{rmcp_got:?}");
+    assert!(matches!(
+        &rmcp_got[0],
+        ServerJsonRpcMessage::Notification(_)
+    ));
+    assert!(server.connected.shared.fault().is_none());
+    // The next id is the next one up.
+    assert_eq!(
+        direct.next_id(),
+        rmcp::model::RequestId::Number(direct::FIRST_DIRECT_ID + 1)
+    );
+    server.exit.take().unwrap().send(()).unwrap();
+    server.connected.shutdown().await;
+}
+
+/// A cancelled direct request is cancelled on the server and its late
+/// answer is dropped; an answer to a direct id nobody sent is an answer
+/// to nothing, and ends the session as one to rmcp's would.
+#[tokio::test]
+async fn a_cancelled_direct_requests_late_answer_is_dropped_and_an_answer_to_nothing_faults() {
+    let mut server = by_hand();
+    let direct = server.connected.direct();
+    let in_flight = direct.send(direct.next_id(), call("slow")).await.unwrap();
+    let sent = server.read().await;
+    in_flight.cancel(Some("enough".into())).await.unwrap();
+    let cancelled = server.read().await;
+    assert_eq!(cancelled["method"], "notifications/cancelled");
+    assert_eq!(cancelled["params"]["requestId"], sent["id"]);
+    assert_eq!(cancelled["params"]["reason"], "enough");
+    server
+        .say(serde_json::json!({"jsonrpc": "2.0", "id": sent["id"], "result": {"content": []}}))
+        .await;
+    assert!(server.rmcp_got_before_a_ping().await.is_empty());
+    assert!(server.connected.shared.fault().is_none());
+    let nobody = direct::FIRST_DIRECT_ID + 99;
+    server
+        .say(serde_json::json!({"jsonrpc": "2.0", "id": nobody, "result": {"content": []}}))
+        .await;
+    use rmcp::transport::Transport;
+    assert!(server.connected.receive().await.is_none());
+    assert!(
+        matches!(
+            server.connected.shared.fault(),
+            Some(Fault::UnknownResponse { ref id, .. }) if *id == nobody.to_string()
+        ),
+        "{:?}",
+        server.connected.shared.fault()
+    );
+    server.exit.take().unwrap().send(()).unwrap();
+    server.connected.shutdown().await;
+}
+
+/// A direct request waiting when the session ends learns that it ended,
+/// after the fault that ended it is set; one sent afterwards fails at
+/// once, naming the fault.
+#[tokio::test]
+async fn a_direct_request_learns_of_the_fault_that_ends_the_session() {
+    let mut server = by_hand();
+    let direct = server.connected.direct();
+    let mut in_flight = direct.send(direct.next_id(), call("echo")).await.unwrap();
+    server.read().await;
+    server.to_host.write_all(b"not json\n").await.unwrap();
+    assert!(in_flight.answer().await.is_none());
+    assert!(
+        matches!(
+            server.connected.shared.fault(),
+            Some(Fault::NotJsonRpc { .. })
+        ),
+        "{:?}",
+        server.connected.shared.fault()
+    );
+    let again = direct.send(direct.next_id(), call("echo")).await;
+    assert!(
+        matches!(
+            again,
+            Err(TransportError::Faulted {
+                fault: Fault::NotJsonRpc { .. },
+                ..
+            })
+        ),
+        "{again:?}"
+    );
+    server.exit.take().unwrap().send(()).unwrap();
+    server.connected.shutdown().await;
 }
