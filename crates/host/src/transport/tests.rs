@@ -118,6 +118,22 @@ fn by_hand() -> ByHand {
 }
 
 impl ByHand {
+    /// The server exits and closes its ends; the transport closes.
+    async fn finish(self) {
+        let Self {
+            mut connected,
+            exit,
+            from_host,
+            to_host,
+        } = self;
+        if let Some(exit) = exit {
+            // Gone already when a fault stopped it.
+            let _ = exit.send(());
+        }
+        drop((from_host, to_host));
+        connected.shutdown().await;
+    }
+
     /// The next line the host wrote to the server, as JSON.
     async fn read(&mut self) -> serde_json::Value {
         let line = self.from_host.next_line().await.unwrap().unwrap();
@@ -209,8 +225,7 @@ async fn a_direct_request_is_answered_to_its_caller_and_not_to_rmcp() {
         direct.next_id(),
         rmcp::model::RequestId::Number(direct::FIRST_DIRECT_ID + 1)
     );
-    server.exit.take().unwrap().send(()).unwrap();
-    server.connected.shutdown().await;
+    server.finish().await;
 }
 
 /// A cancelled direct request is cancelled on the server and its late
@@ -246,8 +261,7 @@ async fn a_cancelled_direct_requests_late_answer_is_dropped_and_an_answer_to_not
         "{:?}",
         server.connected.shared.fault()
     );
-    server.exit.take().unwrap().send(()).unwrap();
-    server.connected.shutdown().await;
+    server.finish().await;
 }
 
 /// A direct request waiting when the session ends learns that it ended,
@@ -280,6 +294,5 @@ async fn a_direct_request_learns_of_the_fault_that_ends_the_session() {
         ),
         "{again:?}"
     );
-    server.exit.take().unwrap().send(()).unwrap();
-    server.connected.shutdown().await;
+    server.finish().await;
 }
