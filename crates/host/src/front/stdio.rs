@@ -65,7 +65,10 @@ impl Agent {
         let wire = std::sync::Arc::new(Wire::new(false));
         let service = session
             .clone()
-            .serve((Reader::new(input, wire.clone()), Writer::new(output, wire)))
+            .serve(super::lines::AgentLines::new(
+                Reader::new(input, wire.clone()),
+                Writer::new(output, wire),
+            ))
             .await
             .map_err(StdioError::Start)?;
         let cancel = service.cancellation_token();
