@@ -27,6 +27,17 @@
 //! }
 //! ```
 //!
+//! ## Calls decoded at once (`rmcp` feature)
+//!
+//! rmcp reads each request as its request types in turn, and a
+//! `tools/call` only after thirteen misses, each building an error message
+//! (under fuel, in wasm). With the `rmcp` feature (for servers on rmcp
+//! 3.11), [`transport`] is rmcp's line transport over the same stdio that
+//! decodes a call as a call at once and leaves every other line to rmcp's
+//! codec: `.serve(moat_wit::transport())` in place of
+//! `.serve(moat_wit::stdio())`. `moat serve` reads its agent the same way
+//! (the `moat-lines` crate).
+//!
 //! ## Idle guests cost nothing
 //!
 //! When every task is waiting, the runtime's `on_thread_park` hook blocks in
@@ -182,6 +193,22 @@ pub fn stdio() -> (tokio::io::Stdin, tokio::io::Stdout) {
 
 #[cfg(target_os = "wasi")]
 pub use wasi_io::{Stdin, Stdout};
+
+/// The server's stdin and stdout as rmcp's line transport, with a
+/// `tools/call` decoded as a call at once (see the crate's docs).
+#[cfg(all(feature = "rmcp", target_os = "wasi"))]
+pub fn transport() -> moat_lines::ServerLines<Stdin, Stdout> {
+    let (stdin, stdout) = stdio();
+    moat_lines::ServerLines::new(stdin, stdout)
+}
+
+/// The server's stdin and stdout as rmcp's line transport, with a
+/// `tools/call` decoded as a call at once (see the crate's docs).
+#[cfg(all(feature = "rmcp", not(target_os = "wasi")))]
+pub fn transport() -> moat_lines::ServerLines<tokio::io::Stdin, tokio::io::Stdout> {
+    let (stdin, stdout) = stdio();
+    moat_lines::ServerLines::new(stdin, stdout)
+}
 
 /// Timers that wake the guest from its park in `wasi:io/poll`.
 pub mod time {

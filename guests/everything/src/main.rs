@@ -10,7 +10,9 @@
 //! also changes the `greet` prompt's description and the resource's name.
 //!
 //! The same source builds for wasm32-wasip2 and natively; `main` uses
-//! `moat_wit::block_on` and `moat_wit::stdio` so that it runs on both.
+//! `moat_wit::block_on` and `moat_wit::transport` (rmcp's line transport,
+//! with a `tools/call` decoded at once) so that it runs on both. `rounds`
+//! keeps `moat_wit::stdio`, so both ways are tested.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -334,7 +336,7 @@ moat_wit::preinit!(Everything::routers);
 fn main() -> std::io::Result<()> {
     moat_wit::block_on(async {
         let service = Everything::new()
-            .serve(moat_wit::stdio())
+            .serve(moat_wit::transport())
             .await
             .map_err(std::io::Error::other)?;
         service.waiting().await.map_err(std::io::Error::other)?;

@@ -65,7 +65,7 @@ impl Agent {
         let wire = std::sync::Arc::new(Wire::new(false));
         let service = session
             .clone()
-            .serve(super::lines::AgentLines::new(
+            .serve(moat_lines::ServerLines::new(
                 Reader::new(input, wire.clone()),
                 Writer::new(output, wire),
             ))

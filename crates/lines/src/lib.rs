@@ -1,11 +1,14 @@
-//! The agent's stdio as rmcp's server reads it: newline-delimited JSON-RPC,
-//! with a `tools/call` decoded as a call at once.
+//! A client's messages as an rmcp server reads them from a stream:
+//! newline-delimited JSON-RPC, with a `tools/call` decoded as a call at
+//! once. `moat serve` reads its agent on stdio so, and a guest built with
+//! moat-wit its host (`moat_wit::transport`).
 //!
 //! rmcp reads a client's request as an untagged union of its request
 //! types, tried in turn, and every miss builds an error message: a
 //! `tools/call` is the fourteenth, so each call cost thirteen misses (about
-//! 24 K instructions, a twentieth of a forwarded call). This transport reads
-//! the agent's lines itself, and decodes a line that is a `tools/call`
+//! 24 K instructions natively, a twentieth of a call forwarded by `moat
+//! serve`, and as much again inside the guest). This transport reads the
+//! client's lines itself, and decodes a line that is a `tools/call`
 //! request as one, under rmcp's shape rule (a `method` and an `id`, and
 //! neither `result` nor `error`). Every other line, and a call that does
 //! not decode so, goes through rmcp's own codec unchanged, so what rmcp
@@ -35,15 +38,15 @@ use tokio_util::codec::{Decoder, FramedWrite};
 
 type Framed<W> = FramedWrite<W, JsonRpcMessageCodec<ServerJsonRpcMessage>>;
 
-/// rmcp's server transport over the agent's stdio, with `tools/call`
-/// decoded at once (see the module's docs).
-pub(crate) struct AgentLines<R, W> {
+/// rmcp's server transport over a stream, with `tools/call` decoded at
+/// once (see the crate's docs).
+pub struct ServerLines<R, W> {
     read: BufReader<R>,
     line: Vec<u8>,
     /// Dropping the rest of a line that grew too long.
     discarding: bool,
     write: Arc<tokio::sync::Mutex<Option<Framed<W>>>>,
-    /// An "Invalid request" owed to the agent, queued or written and not
+    /// An "Invalid request" owed to the client, queued or written and not
     /// yet flushed: sent before the next read, as rmcp does.
     owed: Option<Owed>,
     codec: JsonRpcMessageCodec<ClientJsonRpcMessage>,
@@ -69,12 +72,14 @@ enum Step {
     OversizedNeedsDiscard,
 }
 
-impl<R, W> AgentLines<R, W>
+impl<R, W> ServerLines<R, W>
 where
     R: AsyncRead + Send + Unpin,
     W: AsyncWrite + Send + Unpin + 'static,
 {
-    pub(crate) fn new(read: R, write: W) -> Self {
+    /// Reads the client's messages from `read` and writes the server's to
+    /// `write`.
+    pub fn new(read: R, write: W) -> Self {
         Self {
             read: BufReader::new(read),
             line: Vec::new(),
@@ -133,7 +138,7 @@ where
     }
 
     /// The owed "Invalid request", written and flushed; `false` when the
-    /// agent's side is closed.
+    /// client's side is closed.
     async fn pay(&mut self) -> bool {
         let Some(owed) = self.owed.as_mut() else {
             return true;
@@ -201,7 +206,7 @@ fn without_carriage_return(line: &[u8]) -> &[u8] {
     line.strip_suffix(b"\r").unwrap_or(line)
 }
 
-impl<R, W> rmcp::transport::Transport<RoleServer> for AgentLines<R, W>
+impl<R, W> rmcp::transport::Transport<RoleServer> for ServerLines<R, W>
 where
     R: AsyncRead + Send + Unpin,
     W: AsyncWrite + Send + Unpin + 'static,
@@ -236,13 +241,13 @@ where
                 LineRead::Oversized => {
                     tracing::error!(
                         max_line_length = DEFAULT_MAX_LINE_LENGTH,
-                        "a message from the agent exceeded the maximum line length; dropped"
+                        "a message exceeded the maximum line length; dropped"
                     );
                     continue;
                 }
                 LineRead::Eof => return None,
                 LineRead::Io(error) => {
-                    tracing::error!(%error, "reading from the agent failed");
+                    tracing::error!(%error, "reading the client's messages failed");
                     return None;
                 }
             }
@@ -273,15 +278,15 @@ where
                     // a storm with a peer that echoes it. Ignored, as rmcp
                     // and the other SDKs do.
                     serde_json::error::Category::Syntax | serde_json::error::Category::Eof => {
-                        tracing::debug!(%error, "ignoring unparsable input from the agent");
+                        tracing::debug!(%error, "ignoring unparsable input");
                     }
                     serde_json::error::Category::Data | serde_json::error::Category::Io => {
-                        tracing::debug!(%error, "a message from the agent is no JSON-RPC message");
+                        tracing::debug!(%error, "a message is no JSON-RPC message");
                         self.owed = Some(Owed::Queue);
                     }
                 },
                 Err(error) => {
-                    tracing::error!(%error, "reading from the agent failed");
+                    tracing::error!(%error, "reading the client's messages failed");
                     return None;
                 }
             }
@@ -358,10 +363,10 @@ mod tests {
     /// JSON that is no message answered "Invalid request", and a line past
     /// the maximum dropped with the connection kept.
     #[tokio::test]
-    async fn the_agents_lines_are_read_as_rmcp_reads_them() {
-        let (mut agent, read) = tokio::io::duplex(1 << 20);
+    async fn a_clients_lines_are_read_as_rmcp_reads_them() {
+        let (mut client, read) = tokio::io::duplex(1 << 20);
         let (write, answers) = tokio::io::duplex(1 << 20);
-        let mut lines = AgentLines::new(read, write);
+        let mut lines = ServerLines::new(read, write);
         let mut input = Vec::new();
         input.extend_from_slice(br#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#);
         input.extend_from_slice(b"\n\r\n\n");
@@ -372,7 +377,7 @@ mod tests {
         input.extend_from_slice(b"\r\n");
         input.extend_from_slice(br#"{"no":"message"}"#);
         input.push(b'\n');
-        agent.write_all(&input).await.unwrap();
+        client.write_all(&input).await.unwrap();
         let first = lines.receive().await.unwrap();
         assert!(matches!(
             &first,
@@ -389,20 +394,20 @@ mod tests {
         // Past the maximum: dropped; the next line is read.
         let long = vec![b' '; DEFAULT_MAX_LINE_LENGTH + 1];
         let writing = tokio::spawn(async move {
-            agent.write_all(&long).await.unwrap();
-            agent
+            client.write_all(&long).await.unwrap();
+            client
                 .write_all(b"\n{\"jsonrpc\":\"2.0\",\"id\":3,\"method\":\"ping\"}\n")
                 .await
                 .unwrap();
-            agent
+            client
         });
         let third = lines.receive().await.unwrap();
         assert!(matches!(
             &third,
             ClientJsonRpcMessage::Request(request) if request.id == RequestId::Number(3)
         ));
-        let agent = writing.await.unwrap();
-        drop(agent);
+        let client = writing.await.unwrap();
+        drop(client);
         assert!(lines.receive().await.is_none(), "end of input");
         // The one answer of its own: "Invalid request" for `{"no":"message"}`.
         lines.close().await.unwrap();
