@@ -36,6 +36,18 @@ pub struct Retry {
     pub request_state: Option<String>,
 }
 
+/// A call's progress route, removed with it.
+struct Route<'a> {
+    tap: &'a super::client_side::ServerTap,
+    token: &'a ProgressToken,
+}
+
+impl Drop for Route<'_> {
+    fn drop(&mut self) {
+        self.tap.routes().remove(self.token);
+    }
+}
+
 impl Session {
     /// Calls tool `name` with `arguments`.
     pub async fn call_tool(
@@ -149,21 +161,24 @@ impl Session {
             request_meta.set_on(meta);
         }
         meta.set_progress_token(token.clone());
-        if let Some(progress) = progress {
+        // The route goes with the call, however the call ends (its future
+        // dropped too).
+        let route = progress.map(|progress| {
             self.tap.routes().insert(token.clone(), progress);
-        }
+            Route {
+                tap: &self.tap,
+                token: &token,
+            }
+        });
         let mut in_flight = match self.direct.send(id, request).await {
             Ok(in_flight) => in_flight,
-            Err(_) => {
-                self.tap.routes().remove(&token);
-                return Err(self.error(&operation, ServiceError::TransportClosed));
-            }
+            Err(_) => return Err(self.error(&operation, ServiceError::TransportClosed)),
         };
         let outcome = tokio::select! {
             answer = in_flight.answer() => Some(answer),
             () = cancel.cancelled() => None,
         };
-        self.tap.routes().remove(&token);
+        drop(route);
         let response = match outcome {
             Some(Some(ServerJsonRpcMessage::Response(response))) => response.result,
             Some(Some(ServerJsonRpcMessage::Error(error))) => {

@@ -18,8 +18,9 @@
 //! still ends the session, and a cancelled request's late answer is still
 //! dropped.
 //!
-//! Ids: rmcp numbers its requests with a 32-bit counter from 0; these are
-//! numbered from 2^32 up, so the two never meet.
+//! Ids: rmcp numbers its requests one by one from 0; these are numbered
+//! from 2^32 up, which rmcp's counter would reach only after four billion
+//! requests on one connection.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -35,8 +36,9 @@ use tokio::time::Instant;
 
 use super::{Shared, Stdin, TransportError, write_line};
 
-/// The first id of a direct request: above every id rmcp's 32-bit counter
-/// hands out, and exact in a JSON number as every SDK reads one (2^53).
+/// The first id of a direct request: above every id rmcp's counter hands
+/// out in practice, and exact in a JSON number as every SDK reads one
+/// (below 2^53).
 pub const FIRST_DIRECT_ID: i64 = 1 << 32;
 
 type Answer = Box<ServerJsonRpcMessage>;
@@ -156,10 +158,16 @@ impl Direct {
             .book
             .sent(id.clone(), method, Instant::now() + self.request_timeout);
         (self.on_request)();
-        if let Err(error) = write_line(&self.shared, &self.stdin, line).await {
-            self.shared.direct.forget(&id);
-            return Err(error);
-        }
+        // Until the line is written whole, a failed or dropped send takes
+        // the request off the book (so no deadline stops the server for a
+        // request it never got) and forgets its waiter.
+        let mut unsent = Unsent {
+            shared: &self.shared,
+            id: Some(&id),
+        };
+        write_line(&self.shared, &self.stdin, line).await?;
+        unsent.id = None;
+        drop(unsent);
         Ok(InFlight {
             id,
             answer,
@@ -196,6 +204,21 @@ impl InFlight {
             detail: error.to_string(),
         })?;
         write_line(&direct.shared, &direct.stdin, line).await
+    }
+}
+
+/// A request booked and not yet written whole (see [`Direct::send`]).
+struct Unsent<'a> {
+    shared: &'a Shared,
+    id: Option<&'a RequestId>,
+}
+
+impl Drop for Unsent<'_> {
+    fn drop(&mut self) {
+        if let Some(id) = self.id {
+            self.shared.direct.forget(id);
+            self.shared.book.cancelled(id);
+        }
     }
 }
 

@@ -296,3 +296,34 @@ async fn a_direct_request_learns_of_the_fault_that_ends_the_session() {
     );
     server.finish().await;
 }
+
+/// A direct request whose line is never written (its stdin closed here;
+/// a send dropped part-way is the same) leaves nothing booked: no deadline
+/// stops the server for it, and an answer to it is a late one, dropped.
+#[tokio::test]
+async fn a_direct_request_never_written_is_taken_off_the_book() {
+    let mut server = by_hand();
+    let direct = server.connected.direct();
+    drop(server.connected.stdin.lock().await.take());
+    let id = direct.next_id();
+    let sent = direct.send(id.clone(), call("echo")).await;
+    assert!(
+        matches!(sent, Err(TransportError::Closed { .. })),
+        "{sent:?}"
+    );
+    assert_eq!(server.connected.shared.book.next_deadline(), None);
+    server
+        .say(serde_json::json!({"jsonrpc": "2.0", "id": direct::FIRST_DIRECT_ID, "result": {"content": []}}))
+        .await;
+    // Read past it: the reader is still there, and nothing faulted.
+    server
+        .say(serde_json::json!({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"}))
+        .await;
+    use rmcp::transport::Transport;
+    assert!(matches!(
+        server.connected.receive().await,
+        Some(ServerJsonRpcMessage::Notification(_))
+    ));
+    assert!(server.connected.shared.fault().is_none());
+    server.finish().await;
+}
