@@ -34,7 +34,7 @@ use rmcp::model::{
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use super::{Shared, Stdin, TransportError, write_line};
+use super::{Shared, Stdin, TransportError, encode, write_line};
 
 /// The first id of a direct request: above every id rmcp's counter hands
 /// out in practice, and exact in a JSON number as every SDK reads one
@@ -145,10 +145,7 @@ impl Direct {
     ) -> Result<InFlight, TransportError> {
         let method = request.method().to_owned();
         let message = ClientJsonRpcMessage::request(request, id.clone());
-        let line = serde_json::to_vec(&message).map_err(|error| TransportError::Encode {
-            server: self.shared.server.clone(),
-            detail: error.to_string(),
-        })?;
+        let line = encode(&self.shared, &message)?;
         let answer = self
             .shared
             .direct
@@ -199,11 +196,12 @@ impl InFlight {
                 CancelledNotificationParam::new(Some(self.id.clone()), reason),
             )),
         );
-        let line = serde_json::to_vec(&notification).map_err(|error| TransportError::Encode {
-            server: direct.shared.server.clone(),
-            detail: error.to_string(),
-        })?;
-        write_line(&direct.shared, &direct.stdin, line).await
+        write_line(
+            &direct.shared,
+            &direct.stdin,
+            encode(&direct.shared, &notification)?,
+        )
+        .await
     }
 }
 

@@ -346,7 +346,7 @@ impl rmcp::transport::Transport<RoleClient> for Connected {
     ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
         let shared = self.shared.clone();
         let stdin = self.stdin.clone();
-        let encoded = serde_json::to_vec(&item);
+        let encoded = encode(&self.shared, &item);
         let answers_server = matches!(
             item,
             ClientJsonRpcMessage::Response(_) | ClientJsonRpcMessage::Error(_)
@@ -371,11 +371,7 @@ impl rmcp::transport::Transport<RoleClient> for Connected {
             _ => {}
         }
         async move {
-            let line = encoded.map_err(|error| TransportError::Encode {
-                server: shared.server.clone(),
-                detail: error.to_string(),
-            })?;
-            let written = write_line(&shared, &stdin, line).await;
+            let written = write_line(&shared, &stdin, encoded?).await;
             if answers_server {
                 shared.book.server_answered();
             }
@@ -391,6 +387,14 @@ impl rmcp::transport::Transport<RoleClient> for Connected {
         self.shutdown().await;
         Ok(())
     }
+}
+
+/// `message` as the line rmcp would write (without its newline).
+fn encode(shared: &Shared, message: &ClientJsonRpcMessage) -> Result<Vec<u8>, TransportError> {
+    serde_json::to_vec(message).map_err(|error| TransportError::Encode {
+        server: shared.server.clone(),
+        detail: error.to_string(),
+    })
 }
 
 /// Writes `line` and its newline to the server's stdin, whole: one message
