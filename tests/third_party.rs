@@ -324,7 +324,11 @@ fn third_party_servers_from_a_claude_desktop_config_run_with_no_hand_edits() {
         assert_eq!(spec.sandbox, Sandbox::Required, "{name}");
         assert!(spec.sha256.is_some() && !spec.allow_unmeasured, "{name}");
         assert!(spec.net.is_empty(), "{name}: {:?}", spec.net);
-        assert_eq!(spec.package().is_some(), name != "notes", "{name}: {toml}");
+        assert_eq!(
+            spec.package().is_some(),
+            name != "notes",
+            "{name}: {toml}\n{stderr}"
+        );
     }
     let rw = |name: &str, path: &Path| {
         assert!(

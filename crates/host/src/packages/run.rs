@@ -1,5 +1,6 @@
-//! Running an installer: its output kept for an error, and a line on
-//! stderr every so often saying how far it has got.
+//! Running an installer: its output kept for an error, a line on stderr
+//! every so often saying how far it has got, and one more try when it
+//! failed on what its output names as a network error.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -19,7 +20,55 @@ pub(super) fn run(package: &str, command: &mut Command, dir: &Path) -> Result<()
     })
 }
 
+/// Output of npm and pip that names a failure of the network or of the
+/// registry's servers, not of the package: such an install is tried once
+/// more. npm prints `code E…` for its errors (E503 is the registry's
+/// answer); pip names urllib3's and Python's exceptions.
+const TRANSIENT: &[&str] = &[
+    "code ECONNRESET",
+    "code ETIMEDOUT",
+    "code EAI_AGAIN",
+    "code ECONNREFUSED",
+    "code ERR_SOCKET_TIMEOUT",
+    "code EPIPE",
+    "code E500",
+    "code E502",
+    "code E503",
+    "code E504",
+    "ReadTimeoutError",
+    "ConnectionResetError",
+    "Temporary failure in name resolution",
+    "RemoteDisconnected",
+    "IncompleteRead",
+];
+
+/// The first network error `output` names, if any.
+fn transient(output: &str) -> Option<&'static str> {
+    TRANSIENT.iter().copied().find(|mark| output.contains(mark))
+}
+
 pub(super) fn run_telling(
+    package: &str,
+    command: &mut Command,
+    dir: &Path,
+    every: std::time::Duration,
+    tell: &mut dyn FnMut(String),
+) -> Result<(), PackageError> {
+    let first = attempt(package, command, dir, every, tell);
+    let mark = match &first {
+        Err(PackageError::Installer { output, .. }) => transient(output),
+        _ => None,
+    };
+    let Some(mark) = mark else {
+        return first;
+    };
+    tell(format!(
+        "moat: installing {package} failed on a network error (`{mark}`); trying once more"
+    ));
+    attempt(package, command, dir, every, tell)
+}
+
+fn attempt(
     package: &str,
     command: &mut Command,
     dir: &Path,

@@ -150,6 +150,56 @@ fn a_long_install_says_how_far_it_has_got_and_how_long_it_took() {
     assert!(failed.contains("E404 not found"), "{failed}");
 }
 
+/// An install that fails on a network error is tried once more, and the
+/// user is told why; one that fails on anything else is not.
+#[test]
+fn an_install_failing_on_the_network_is_tried_once_more_and_no_other_is() {
+    let dir = tempfile::tempdir().unwrap();
+    let tries = dir.path().join("tries");
+    // Fails the first time with npm's words for a reset connection.
+    let flaky = format!(
+        "echo x >> {tries}; [ $(wc -l < {tries}) -ge 2 ] || {{ echo 'npm error code ECONNRESET' >&2; exit 1; }}",
+        tries = tries.display()
+    );
+    let mut told = Vec::new();
+    run_telling(
+        "npm package flaky",
+        Command::new("sh").args(["-c", &flaky]),
+        dir.path(),
+        PROGRESS_EVERY,
+        &mut |line| told.push(line),
+    )
+    .unwrap();
+    assert_eq!(std::fs::read_to_string(&tries).unwrap().lines().count(), 2);
+    assert_eq!(
+        told[0],
+        "moat: installing npm package flaky failed on a network error (`code ECONNRESET`); trying once more"
+    );
+    assert!(
+        told[1].starts_with("moat: installed npm package flaky in "),
+        "{told:?}"
+    );
+
+    std::fs::remove_file(&tries).unwrap();
+    let missing = format!(
+        "echo x >> {}; echo 'npm error code E404' >&2; exit 1",
+        tries.display()
+    );
+    let mut told = Vec::new();
+    let failed = run_telling(
+        "npm package missing",
+        Command::new("sh").args(["-c", &missing]),
+        dir.path(),
+        PROGRESS_EVERY,
+        &mut |line| told.push(line),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(failed.contains("npm error code E404"), "{failed}");
+    assert_eq!(std::fs::read_to_string(&tries).unwrap().lines().count(), 1);
+    assert!(told.is_empty(), "{told:?}");
+}
+
 /// The extras and the requirements installed beside a package are
 /// kept in moat.toml, so `moat update` installs them again.
 #[test]
