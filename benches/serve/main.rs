@@ -50,6 +50,13 @@
 //! `MOAT_BENCH_BASELINE=PATH` measures another `moat` binary (an earlier
 //! commit's, say) in the same run, each of its rows right before this
 //! build's, and prints the two side by side with their ratios.
+//! `MOAT_BENCH_BASELINE_GUESTS=DIR` gives the baseline's rows the guests of
+//! another guests target dir (laid out as crates/test-guests builds it:
+//! `DIR/wasm32-wasip2/release/everything.wasm`, `DIR/release/everything`,
+//! `kinds.wasm`), built with another profile, say; the baseline then has a
+//! native floor of its own, measured right before this build's, and its
+//! ratios are printed against it. Without `MOAT_BENCH_BASELINE` the
+//! baseline is this build's binary, so only the guests differ.
 //!
 //! `cargo bench --bench serve`; `MOAT_BENCH_MOAT=PATH` runs the same
 //! bench against another `moat` binary (the `dist` profile's, say:
@@ -161,58 +168,16 @@ fn link_order(binary: &std::ffi::OsStr) {
     }
 }
 
-fn write_config(dir: &Path, name: &str, body: &str) -> PathBuf {
-    let sub = dir.join(name);
-    std::fs::create_dir_all(&sub).unwrap();
-    let path = sub.join("moat.toml");
-    std::fs::write(&path, body).unwrap();
-    path
-}
-
-fn main() {
-    // `cargo bench` passes `--bench`; a filter argument is ignored here.
-    let current = under_test();
-    let baseline = std::env::var_os("MOAT_BENCH_BASELINE");
-    println!("moat under test: {}", current.to_string_lossy());
-    link_order(&current);
-    if let Some(baseline) = &baseline {
-        println!("baseline: {}", baseline.to_string_lossy());
-        link_order(baseline);
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let configs = with_binary(&current, || prepare(&dir.path().join("current"), true));
-    // Set when the baseline knows `preinit` (it is newer than snapshots).
-    let baseline_preinit = std::env::var_os("MOAT_BENCH_BASELINE_PREINIT").is_some();
-    let before = baseline.as_ref().map(|b| {
-        (
-            b,
-            with_binary(b, || {
-                prepare(&dir.path().join("baseline"), baseline_preinit)
-            }),
-        )
-    });
-
-    let floor = measure("native", "echo", &|| {
-        Command::new(guests::EVERYTHING_NATIVE)
-    });
-    let mut rows = vec![floor];
-    // With a baseline, each row is measured with it right before this
-    // build.
-    let mut runs: Vec<(&std::ffi::OsString, &Configs)> = Vec::new();
-    if let Some((binary, configs)) = &before {
-        runs.push((binary, configs));
-    }
-    runs.push((&current, &configs));
-    let mut measured = serve_rows(&runs);
-    rows.extend(measured.pop().unwrap());
-    let base_rows = measured.pop();
+/// The stdio table: each row's start, call and peak RSS, and its ratios to
+/// the first row (the native floor).
+fn print_table(title: &str, rows: &[Row]) {
     let floor = &rows[0];
     let ratio = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64();
     println!(
         "\n{:<26} {:>22} {:>26} {:>18}",
-        "outside driver", "spawn → first call", "call p50 / p99", "peak RSS"
+        title, "spawn → first call", "call p50 / p99", "peak RSS"
     );
-    for row in &rows {
+    for row in rows {
         println!(
             "{:<26} {:>12.2} ms {:>6.2}× {:>8.0} / {:>5.0} µs {:>5.2}× {:>8.1} MB {:>5.2}×",
             row.name,
@@ -228,6 +193,89 @@ fn main() {
     println!(
         "(start: median of {STARTS} runs; calls: {CALLS} sequential `echo`, or `greet` for typed; RSS: VmHWM of the process tree)"
     );
+}
+
+fn write_config(dir: &Path, name: &str, body: &str) -> PathBuf {
+    let sub = dir.join(name);
+    std::fs::create_dir_all(&sub).unwrap();
+    let path = sub.join("moat.toml");
+    std::fs::write(&path, body).unwrap();
+    path
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; a filter argument is ignored here.
+    let current = under_test();
+    let current_guests = Guests::built();
+    let baseline_guests = std::env::var_os("MOAT_BENCH_BASELINE_GUESTS")
+        .map(|dir| Guests::in_dir(Path::new(&dir)))
+        .filter(|guests| *guests != current_guests);
+    let baseline = std::env::var_os("MOAT_BENCH_BASELINE")
+        .or_else(|| baseline_guests.as_ref().map(|_| current.clone()));
+    println!("moat under test: {}", current.to_string_lossy());
+    link_order(&current);
+    if let Some(baseline) = &baseline {
+        println!("baseline: {}", baseline.to_string_lossy());
+        link_order(baseline);
+    }
+    if let Some(guests) = &baseline_guests {
+        println!(
+            "baseline's guests: {} and {}",
+            guests.everything_wasm, guests.everything_native
+        );
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let configs = with_binary(&current, || {
+        prepare(&dir.path().join("current"), true, &current_guests)
+    });
+    // Set when the baseline knows `preinit` (it is newer than snapshots).
+    let baseline_preinit = std::env::var_os("MOAT_BENCH_BASELINE_PREINIT").is_some()
+        || std::env::var_os("MOAT_BENCH_BASELINE").is_none();
+    let before = baseline.as_ref().map(|b| {
+        (
+            b,
+            with_binary(b, || {
+                prepare(
+                    &dir.path().join("baseline"),
+                    baseline_preinit,
+                    baseline_guests.as_ref().unwrap_or(&current_guests),
+                )
+            }),
+        )
+    });
+
+    // The baseline's own floor, when its guests are others: right before
+    // this build's.
+    let base_floor = baseline_guests.as_ref().map(|guests| {
+        measure("native", "echo", &|| {
+            Command::new(&guests.everything_native)
+        })
+    });
+    let floor = measure("native", "echo", &|| {
+        Command::new(&current_guests.everything_native)
+    });
+    let mut rows = vec![floor];
+    // With a baseline, each row is measured with it right before this
+    // build.
+    let mut runs: Vec<(&std::ffi::OsString, &Configs)> = Vec::new();
+    if let Some((binary, configs)) = &before {
+        runs.push((binary, configs));
+    }
+    runs.push((&current, &configs));
+    let mut measured = serve_rows(&runs);
+    rows.extend(measured.pop().unwrap());
+    let base_rows = measured.pop();
+    let ratio = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64();
+    // With guests of its own, the baseline's rows against its own floor.
+    let base_rows = match (base_floor, base_rows) {
+        (Some(base_floor), Some(base_rows)) => {
+            let base_rows: Vec<Row> = std::iter::once(base_floor).chain(base_rows).collect();
+            print_table("baseline, its guests", &base_rows);
+            Some(base_rows)
+        }
+        (_, base_rows) => base_rows,
+    };
+    print_table("outside driver", &rows);
     let stdio = &rows[1];
     for typed in [&rows[5], &rows[6], &rows[8]] {
         println!(
@@ -249,7 +297,13 @@ fn main() {
             "\n{:<26} {:>30} {:>30} {:>24}",
             "baseline → this build", "spawn → first call", "call p50", "peak RSS"
         );
-        for (before, after) in base_rows.iter().zip(&rows[1..]) {
+        // The floors too, when the baseline has one of its own.
+        let after_rows = if base_rows.len() == rows.len() {
+            &rows[..]
+        } else {
+            &rows[1..]
+        };
+        for (before, after) in base_rows.iter().zip(after_rows) {
             println!(
                 "{:<26} {:>8.2} → {:>7.2} ms {:>5.2}× {:>8.0} → {:>7.0} µs {:>5.2}× {:>6.1} → {:>5.1} MB {:>5.2}×",
                 after.name,

@@ -3,6 +3,45 @@
 
 use super::*;
 
+/// The guest builds a binary's rows run: this build's (crates/test-guests),
+/// or those of another guests target dir (`$MOAT_BENCH_BASELINE_GUESTS`,
+/// laid out as crates/test-guests builds it) for the baseline's rows.
+#[derive(Clone, PartialEq, Eq)]
+pub(super) struct Guests {
+    pub(super) everything_wasm: String,
+    /// The floor: `everything` built natively and spawned directly.
+    pub(super) everything_native: String,
+    pub(super) kinds_wasm: String,
+}
+
+impl Guests {
+    pub(super) fn built() -> Self {
+        Self {
+            everything_wasm: guests::EVERYTHING_WASM.to_owned(),
+            everything_native: guests::EVERYTHING_NATIVE.to_owned(),
+            kinds_wasm: guests::KINDS_WASM.to_owned(),
+        }
+    }
+
+    /// The guests of a target dir built as crates/test-guests builds them.
+    pub(super) fn in_dir(dir: &Path) -> Self {
+        let path = |relative: &str| {
+            let path = dir.join(relative);
+            assert!(
+                path.exists(),
+                "MOAT_BENCH_BASELINE_GUESTS: no {}",
+                path.display()
+            );
+            path.to_str().unwrap().to_owned()
+        };
+        Self {
+            everything_wasm: path("wasm32-wasip2/release/everything.wasm"),
+            everything_native: path("release/everything"),
+            kinds_wasm: path("wasm32-wasip2/release/kinds.wasm"),
+        }
+    }
+}
+
 /// The configs one `moat` binary is measured with, each in its own
 /// directory with its own cache and state (a baseline binary may not read
 /// this build's cache).
@@ -48,7 +87,7 @@ allocator = \"pooling\"\npool_instances = {instances}\n",
 /// cache, all with the current binary. A binary that does not know
 /// `preinit` (`knows_preinit` false: one older than snapshots, which has
 /// none) gets the no-snapshot row's config without it.
-pub(super) fn prepare(dir: &Path, knows_preinit: bool) -> Configs {
+pub(super) fn prepare(dir: &Path, knows_preinit: bool, guests: &Guests) -> Configs {
     let cache = dir.join("cache");
     let state = dir.join("state");
     let wasm = write_config(
@@ -56,8 +95,8 @@ pub(super) fn prepare(dir: &Path, knows_preinit: bool) -> Configs {
         "wasm",
         &format!(
             "[servers.everything]\nwasm = {:?}\nsha256 = {:?}\n",
-            guests::EVERYTHING_WASM,
-            digest(guests::EVERYTHING_WASM)
+            guests.everything_wasm,
+            digest(&guests.everything_wasm)
         ),
     );
     let locked = write_config(dir, "locked", &std::fs::read_to_string(&wasm).unwrap());
@@ -82,8 +121,8 @@ pub(super) fn prepare(dir: &Path, knows_preinit: bool) -> Configs {
             name,
             &format!(
                 "[servers.kinds]\nwasm = {:?}\nsha256 = {:?}\ninstance = {instance:?}\n",
-                guests::KINDS_WASM,
-                digest(guests::KINDS_WASM)
+                guests.kinds_wasm,
+                digest(&guests.kinds_wasm)
             ),
         )
     };
@@ -96,13 +135,13 @@ pub(super) fn prepare(dir: &Path, knows_preinit: bool) -> Configs {
         "native",
         &format!(
             "[servers.everything]\ncommand = {:?}\nsha256 = {:?}\n",
-            guests::EVERYTHING_NATIVE,
-            digest(guests::EVERYTHING_NATIVE)
+            guests.everything_native,
+            digest(&guests.everything_native)
         ),
     );
     // A `#!` script run by the native guest (which ignores its argv).
     let script = dir.join("everything-script");
-    std::fs::write(&script, format!("#!{}\n", guests::EVERYTHING_NATIVE)).unwrap();
+    std::fs::write(&script, format!("#!{}\n", guests.everything_native)).unwrap();
     {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
