@@ -132,6 +132,11 @@ impl Book {
         self.pending().get(id).is_some_and(|(m, _)| m == method)
     }
 
+    /// Whether any request in flight asked `method`.
+    pub(super) fn asking(&self, method: &str) -> bool {
+        self.pending().values().any(|(m, _)| m == method)
+    }
+
     /// Lifts the deadline of request `id` when it is in flight and asked
     /// `method`: a stream the server acknowledged stays open until either
     /// side ends it. A request of any other method keeps its deadline, so a

@@ -210,7 +210,7 @@ pub(super) fn decode(book: &Book, line: &[u8]) -> Result<ServerJsonRpcMessage, S
     if line.is_empty() {
         return Err("empty line".to_owned());
     }
-    if let Some(answer) = call_answer(book, line) {
+    if let Some(answer) = known_answer(book, line) {
         return Ok(answer);
     }
     let message =
@@ -252,49 +252,89 @@ fn draft_discover(decoded: &ServerJsonRpcMessage, line: &[u8]) -> Option<ServerJ
     }
 }
 
-/// The answer to a pending `tools/call`, decoded as what it answers.
+/// The answer to a pending `tools/call` or listing, decoded as what it
+/// answers.
 ///
 /// rmcp decodes a server's message as an untagged union: the line is
 /// buffered whole, then tried as a request, then as each of twenty result
-/// types in turn, and every miss builds an error message; a call's result
-/// is the sixteenth. That was a sixth of the host's instructions per
-/// forwarded call. The transport knows what each pending id asked, so the
-/// answer to a call is decoded as a `CallToolResult` at once, under the same
-/// shape rule (a `result`, and neither `method` nor `error`, whatever their
-/// values). Anything else takes rmcp's path: every other message, an answer
-/// to another request, and a result that is not a call's (a task, a request
-/// for input), so nothing is accepted that rmcp would refuse.
-fn call_answer(book: &Book, line: &[u8]) -> Option<ServerJsonRpcMessage> {
+/// types in turn, and every miss builds an error message. A call's result
+/// is the sixteenth: that was a sixth of the host's instructions per
+/// forwarded call. `tools/list` is the tenth, and its answer carries every
+/// tool's schemas: buffering and trying it was 7% of a start. The transport
+/// knows what each pending id asked, so the answer to a call or a listing
+/// is decoded as that result at once, under the same shape rule (a
+/// `result`, and neither `method` nor `error`, whatever their values).
+/// Anything else takes rmcp's path: every other message, an answer to
+/// another request, and a result that is not of the kind asked for (a
+/// task, a request for input), so nothing of the kinds rmcp reads is
+/// refused here that rmcp accepts, and a result that decodes as what was
+/// asked is what rmcp's client would have taken from it.
+fn known_answer(book: &Book, line: &[u8]) -> Option<ServerJsonRpcMessage> {
+    use rmcp::model::ConstString;
+    use rmcp::model::ServerResult;
+    /// A method whose answers are decoded at once, with its decoder.
+    type Known = (
+        &'static str,
+        fn(&Book, &[u8], &str) -> Option<ServerJsonRpcMessage>,
+    );
+    const KNOWN: [Known; 5] = [
+        (rmcp::model::CallToolRequestMethod::VALUE, |b, l, m| {
+            typed(b, l, m, ServerResult::CallToolResult)
+        }),
+        (rmcp::model::ListToolsRequestMethod::VALUE, |b, l, m| {
+            typed(b, l, m, ServerResult::ListToolsResult)
+        }),
+        (rmcp::model::ListPromptsRequestMethod::VALUE, |b, l, m| {
+            typed(b, l, m, ServerResult::ListPromptsResult)
+        }),
+        (rmcp::model::ListResourcesRequestMethod::VALUE, |b, l, m| {
+            typed(b, l, m, ServerResult::ListResourcesResult)
+        }),
+        (
+            rmcp::model::ListResourceTemplatesRequestMethod::VALUE,
+            |b, l, m| typed(b, l, m, ServerResult::ListResourceTemplatesResult),
+        ),
+    ];
+    KNOWN
+        .iter()
+        .filter(|(method, _)| book.asking(method))
+        .find_map(|(method, decode)| decode(book, line, method))
+}
+
+/// `line` decoded as the answer to a pending `method` whose result is `T`.
+fn typed<T: serde::de::DeserializeOwned>(
+    book: &Book,
+    line: &[u8],
+    method: &str,
+    wrap: fn(T) -> rmcp::model::ServerResult,
+) -> Option<ServerJsonRpcMessage> {
     /// Whether a key is present at all (`"error": null` counts).
     fn present<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<bool, D::Error> {
         serde::de::IgnoredAny::deserialize(deserializer).map(|_| true)
     }
     #[derive(serde::Deserialize)]
-    struct CallAnswer {
+    #[serde(bound = "T: serde::de::DeserializeOwned")]
+    struct Answer<T> {
         jsonrpc: rmcp::model::JsonRpcVersion2_0,
         id: RequestId,
-        result: rmcp::model::CallToolResult,
+        result: T,
         #[serde(default, deserialize_with = "present")]
         method: bool,
         #[serde(default, deserialize_with = "present")]
         error: bool,
     }
     use serde::Deserialize;
-    let answer: CallAnswer = serde_json::from_slice(line).ok()?;
-    if answer.method || answer.error {
+    let answer: Answer<T> = serde_json::from_slice(line).ok()?;
+    if answer.method || answer.error || !book.asks(&answer.id, method) {
         return None;
     }
-    let asked_a_call = book.asks(
-        &answer.id,
-        <rmcp::model::CallToolRequestMethod as rmcp::model::ConstString>::VALUE,
-    );
-    asked_a_call.then(|| {
-        ServerJsonRpcMessage::Response(rmcp::model::JsonRpcResponse {
+    Some(ServerJsonRpcMessage::Response(
+        rmcp::model::JsonRpcResponse {
             jsonrpc: answer.jsonrpc,
             id: answer.id,
-            result: rmcp::model::ServerResult::CallToolResult(answer.result),
-        })
-    })
+            result: wrap(answer.result),
+        },
+    ))
 }
 
 /// The id a response or error answers.
@@ -371,13 +411,80 @@ mod tests {
         }
     }
 
+    /// A listing's answer is decoded as what was asked, into what rmcp's
+    /// own decoding makes of it; an answer to another method, a result of
+    /// another kind and a stray `error` take rmcp's path.
+    #[test]
+    fn a_listings_answer_is_decoded_as_its_result_and_nothing_else_is() {
+        use rmcp::model::ServerResult;
+        let json = |m: &ServerJsonRpcMessage| serde_json::to_value(m).unwrap();
+        let answers: [(&str, &[u8]); 4] = [
+            (
+                "tools/list",
+                br#"{"jsonrpc":"2.0","id":7,"result":{"tools":[{"name":"echo","inputSchema":{"type":"object","properties":{"message":{"type":"string"}}},"annotations":{"readOnlyHint":true}}],"nextCursor":"2"}}"#,
+            ),
+            (
+                "prompts/list",
+                br#"{"jsonrpc":"2.0","id":7,"result":{"prompts":[{"name":"greet","arguments":[{"name":"who","required":true}]}]}}"#,
+            ),
+            (
+                "resources/list",
+                br#"{"jsonrpc":"2.0","id":7,"result":{"resources":[{"uri":"file:///a","name":"a"}],"ttlMs":5,"cacheScope":"private","resultType":"complete"}}"#,
+            ),
+            (
+                "resources/templates/list",
+                br#"{"jsonrpc":"2.0","id":7,"result":{"resourceTemplates":[{"uriTemplate":"file:///{p}","name":"p"}]}}"#,
+            ),
+        ];
+        for (method, line) in answers {
+            let book = pending(method);
+            let fast = known_answer(&book, line).unwrap_or_else(|| panic!("{method}"));
+            let general = serde_json::from_slice::<ServerJsonRpcMessage>(line).unwrap();
+            assert_eq!(json(&fast), json(&general), "{method}");
+            let same_kind = matches!(
+                (result_of(&fast), result_of(&general)),
+                (
+                    ServerResult::ListToolsResult(_),
+                    ServerResult::ListToolsResult(_)
+                ) | (
+                    ServerResult::ListPromptsResult(_),
+                    ServerResult::ListPromptsResult(_)
+                ) | (
+                    ServerResult::ListResourcesResult(_),
+                    ServerResult::ListResourcesResult(_)
+                ) | (
+                    ServerResult::ListResourceTemplatesResult(_),
+                    ServerResult::ListResourceTemplatesResult(_)
+                )
+            );
+            assert!(same_kind, "{method}: {fast:?}");
+            // Not for an id that asked something else.
+            assert!(
+                known_answer(&pending("tools/call"), line).is_none(),
+                "{method}"
+            );
+        }
+        // A `tools/list` answer with no `tools` (an error's shape, a request
+        // for input) is not a listing: rmcp's path reads it.
+        let book = pending("tools/list");
+        let input = br#"{"jsonrpc":"2.0","id":7,"result":{"resultType":"input_required","inputRequests":{}}}"#;
+        assert!(known_answer(&book, input).is_none());
+        let stray = br#"{"jsonrpc":"2.0","id":7,"result":{"tools":[]},"error":null}"#;
+        assert!(known_answer(&book, stray).is_none());
+        assert!(
+            decode(&book, stray)
+                .unwrap_err()
+                .contains("unrecognized JSON-RPC message")
+        );
+    }
+
     #[test]
     fn a_calls_answer_is_decoded_as_a_call_result_and_nothing_else_is() {
         use rmcp::model::ServerResult;
         let call = br#"{"jsonrpc":"2.0","id":7,"result":{"content":[{"type":"text","text":"hi"}],"isError":false}}"#;
         // Taken at once when the pending id asked `tools/call`...
         let book = pending("tools/call");
-        let fast = call_answer(&book, call).expect("the fast path takes a call's answer");
+        let fast = known_answer(&book, call).expect("the fast path takes a call's answer");
         let ServerResult::CallToolResult(result) = result_of(&fast) else {
             panic!("{fast:?}");
         };
@@ -392,16 +499,16 @@ mod tests {
         ));
         assert_eq!(json(&general), json(&fast));
         // Not for an id that asked something else, nor one not pending.
-        assert!(call_answer(&pending("tools/list"), call).is_none());
+        assert!(known_answer(&pending("tools/list"), call).is_none());
         let other = br#"{"jsonrpc":"2.0","id":8,"result":{"content":[]}}"#;
-        assert!(call_answer(&book, other).is_none());
+        assert!(known_answer(&book, other).is_none());
         // A stray `error` or `method` beside the result, even null, is refused
         // as rmcp refuses it.
         for stray in [
             &br#"{"jsonrpc":"2.0","id":7,"result":{"content":[]},"error":null}"#[..],
             br#"{"jsonrpc":"2.0","id":7,"result":{"content":[]},"method":"x"}"#,
         ] {
-            assert!(call_answer(&book, stray).is_none());
+            assert!(known_answer(&book, stray).is_none());
             let refused = decode(&book, stray).unwrap_err();
             assert!(
                 refused.contains("unrecognized JSON-RPC message"),
@@ -410,7 +517,7 @@ mod tests {
         }
         // A result that is not a call's (a task) takes rmcp's path.
         let task = br#"{"jsonrpc":"2.0","id":7,"result":{"task":{"taskId":"t","status":"working","createdAt":"2026-01-01T00:00:00Z","lastUpdatedAt":"2026-01-01T00:00:00Z","ttl":null}}}"#;
-        assert!(call_answer(&book, task).is_none());
+        assert!(known_answer(&book, task).is_none());
         let decoded = decode(&book, task).unwrap();
         assert!(
             !matches!(result_of(&decoded), ServerResult::CallToolResult(_)),
