@@ -19,9 +19,12 @@ pub(super) type Turns = Mutex<HashMap<(Digest, bool), Arc<tokio::sync::Mutex<()>
 #[derive(Clone)]
 pub struct WasmEngine {
     pub(super) engine: Engine,
-    pub(super) linker: Arc<Linker<HostState>>,
-    /// `linker` with wasi:http added, made when the first component that
-    /// imports it is prepared: a start-up with none pays nothing for it.
+    /// A linker per set of imports, defining only those (`linker.rs`).
+    pub(super) linkers: super::linker::Linkers,
+    /// Every WASI interface, made at its first use: for a component that
+    /// imports anything else, and for initialisers.
+    pub(super) whole_linker: Arc<std::sync::OnceLock<Result<Arc<Linker<HostState>>, String>>>,
+    /// The whole linker with wasi:http added, made at its first use.
     pub(super) http_linker: Arc<std::sync::OnceLock<Result<Arc<Linker<HostState>>, String>>>,
     pub(super) cache_dir: Option<PathBuf>,
     /// The cache MAC key, read or made at the first cache access.
@@ -83,14 +86,10 @@ impl WasmEngine {
         if metering == Metering::Epoch {
             start_epoch_timer(&engine)?;
         }
-        let mut linker = Linker::new(&engine);
-        wasmtime_wasi::p2::add_to_linker_async(&mut linker)
-            .map_err(|e| WasmError::Engine(e.to_string()))?;
-        crate::wasm::lookup::add_to_linker(&mut linker)
-            .map_err(|e| WasmError::Engine(e.to_string()))?;
         Ok(Self {
             engine,
-            linker: Arc::new(linker),
+            linkers: Default::default(),
+            whole_linker: Arc::default(),
             http_linker: Arc::default(),
             cache_dir,
             cache_key: Arc::default(),
@@ -326,27 +325,42 @@ impl WasmEngine {
         Ok(prepared)
     }
 
-    /// The linker for `component`: with wasi:http when it imports any of
-    /// it (every request is then refused unless granted, see `http`).
+    /// The linker for `component`: what it imports (`linker.rs`), with
+    /// wasi:http when it imports any of it (every request is then refused
+    /// unless granted, see `http`); the whole one when it imports anything
+    /// that module does not know.
     pub(super) fn linker_for(
         &self,
         component: &Component,
     ) -> Result<Arc<Linker<HostState>>, String> {
-        let imports_http = component
-            .component_type()
-            .imports(&self.engine)
-            .any(|(name, _)| name.starts_with("wasi:http/"));
-        if !imports_http {
-            return Ok(self.linker.clone());
+        let ty = component.component_type();
+        let names = || ty.imports(&self.engine).map(|(name, _)| name);
+        match super::linker::Imports::of(names()) {
+            Some(imports) => self.linkers.get(&self.engine, imports),
+            None if names().any(|name| name.starts_with("wasi:http/")) => {
+                self.http_linker_or_init()
+            }
+            None => self.whole_linker(),
         }
-        self.http_linker_or_init()
     }
 
-    /// The linker with wasi:http added, made at its first use.
+    /// Every WASI interface, then Moat's name lookup over wasmtime-wasi's,
+    /// made at its first use.
+    fn whole_linker(&self) -> Result<Arc<Linker<HostState>>, String> {
+        self.whole_linker
+            .get_or_init(|| {
+                super::linker::whole(&self.engine)
+                    .map(Arc::new)
+                    .map_err(|e| format!("defining WASI in the linker: {e:#}"))
+            })
+            .clone()
+    }
+
+    /// The whole linker with wasi:http added, made at its first use.
     fn http_linker_or_init(&self) -> Result<Arc<Linker<HostState>>, String> {
         self.http_linker
             .get_or_init(|| {
-                let mut linker = (*self.linker).clone();
+                let mut linker = (*self.whole_linker()?).clone();
                 wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)
                     .map(|()| Arc::new(linker))
                     .map_err(|e| format!("adding wasi:http to the linker: {e:#}"))
@@ -556,14 +570,15 @@ impl WasmEngine {
         bytes: &[u8],
     ) -> Result<Arc<Linker<HostState>>, WasmError> {
         let imports_http = preinit::bytes_import_http(bytes);
-        if !imports_http {
-            return Ok(self.linker.clone());
+        if imports_http {
+            self.http_linker_or_init()
+        } else {
+            self.whole_linker()
         }
-        self.http_linker_or_init()
-            .map_err(|detail| WasmError::Link {
-                path: path.to_owned(),
-                detail,
-            })
+        .map_err(|detail| WasmError::Link {
+            path: path.to_owned(),
+            detail,
+        })
     }
 
     /// Compiles `bytes`. A compile that takes longer than

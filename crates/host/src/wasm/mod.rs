@@ -16,6 +16,7 @@ mod cache;
 mod component;
 mod engine;
 pub(crate) mod http;
+mod linker;
 pub(crate) mod lookup;
 pub(crate) mod pipe;
 mod preinit;
