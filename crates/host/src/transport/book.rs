@@ -132,9 +132,23 @@ impl Book {
         self.pending().get(id).is_some_and(|(m, _)| m == method)
     }
 
-    /// Whether any request in flight asked `method`.
-    pub(super) fn asking(&self, method: &str) -> bool {
-        self.pending().values().any(|(m, _)| m == method)
+    /// Which of `methods` the requests in flight asked: bit `i` for
+    /// `methods[i]`.
+    pub(super) fn asking(&self, methods: &[&str]) -> u32 {
+        let mut asked = 0;
+        for (method, _) in self.pending().values() {
+            if let Some(at) = methods.iter().position(|m| m == method) {
+                asked |= 1 << at;
+            }
+        }
+        asked
+    }
+
+    /// Which of `methods` request `id`, in flight, asked.
+    pub(super) fn asked_by(&self, id: &RequestId, methods: &[&str]) -> Option<usize> {
+        let pending = self.pending();
+        let (method, _) = pending.get(id)?;
+        methods.iter().position(|m| m == method)
     }
 
     /// Lifts the deadline of request `id` when it is in flight and asked

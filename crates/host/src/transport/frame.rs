@@ -295,10 +295,32 @@ fn known_answer(book: &Book, line: &[u8]) -> Option<ServerJsonRpcMessage> {
             |b, l, m| typed(b, l, m, ServerResult::ListResourceTemplatesResult),
         ),
     ];
-    KNOWN
-        .iter()
-        .filter(|(method, _)| book.asking(method))
-        .find_map(|(method, decode)| decode(book, line, method))
+    const METHODS: [&str; 5] = {
+        let mut methods = [""; 5];
+        let mut at = 0;
+        while at < KNOWN.len() {
+            methods[at] = KNOWN[at].0;
+            at += 1;
+        }
+        methods
+    };
+    let asked = book.asking(&METHODS);
+    let which = match asked.count_ones() {
+        0 => return None,
+        // One kind in flight (calls, in the steady state): only it is tried.
+        1 => asked.trailing_zeros() as usize,
+        // Several: the id says which, so a line is parsed at most twice.
+        _ => {
+            #[derive(serde::Deserialize)]
+            struct Head {
+                id: RequestId,
+            }
+            let head: Head = serde_json::from_slice(line).ok()?;
+            book.asked_by(&head.id, &METHODS)?
+        }
+    };
+    let (method, decode) = KNOWN[which];
+    decode(book, line, method)
 }
 
 /// `line` decoded as the answer to a pending `method` whose result is `T`.
@@ -464,6 +486,28 @@ mod tests {
                 "{method}"
             );
         }
+        // Several kinds in flight: each answer is read as what its own id
+        // asked, and one whose id is not in flight is left to rmcp.
+        let book = pending("tools/list");
+        book.sent(
+            RequestId::Number(8),
+            "tools/call".to_owned(),
+            tokio::time::Instant::now() + Duration::from_secs(60),
+        );
+        let listing = known_answer(&book, answers[0].1).expect("the listing");
+        assert!(matches!(
+            result_of(&listing),
+            ServerResult::ListToolsResult(_)
+        ));
+        let call =
+            br#"{"jsonrpc":"2.0","id":8,"result":{"content":[{"type":"text","text":"hi"}]}}"#;
+        let answered = known_answer(&book, call).expect("the call");
+        assert!(matches!(
+            result_of(&answered),
+            ServerResult::CallToolResult(_)
+        ));
+        let stray = br#"{"jsonrpc":"2.0","id":9,"result":{"tools":[]}}"#;
+        assert!(known_answer(&book, stray).is_none());
         // A `tools/list` answer with no `tools` (an error's shape, a request
         // for input) is not a listing: rmcp's path reads it.
         let book = pending("tools/list");
@@ -515,6 +559,21 @@ mod tests {
                 "{refused}"
             );
         }
+        // A task under 2026-07-28 (`resultType: "task"`) is rmcp's to read,
+        // as the task; a call's fields beside a `task` key are a call's
+        // result to rmcp too.
+        let created = br#"{"jsonrpc":"2.0","id":7,"result":{"resultType":"task","taskId":"t","status":"working","createdAt":"2026-01-01T00:00:00Z","lastUpdatedAt":"2026-01-01T00:00:00Z","ttl":null,"content":[]}}"#;
+        assert!(known_answer(&book, created).is_none());
+        assert!(matches!(
+            result_of(&decode(&book, created).unwrap()),
+            ServerResult::CreateTaskResult(_)
+        ));
+        let both = br#"{"jsonrpc":"2.0","id":7,"result":{"content":[],"task":{"taskId":"t","status":"working","createdAt":"2026-01-01T00:00:00Z","lastUpdatedAt":"2026-01-01T00:00:00Z","ttl":null}}}"#;
+        let general = serde_json::from_slice::<ServerJsonRpcMessage>(both).unwrap();
+        assert_eq!(
+            json(&known_answer(&book, both).expect("a call's result")),
+            json(&general)
+        );
         // A result that is not a call's (a task) takes rmcp's path.
         let task = br#"{"jsonrpc":"2.0","id":7,"result":{"task":{"taskId":"t","status":"working","createdAt":"2026-01-01T00:00:00Z","lastUpdatedAt":"2026-01-01T00:00:00Z","ttl":null}}}"#;
         assert!(known_answer(&book, task).is_none());

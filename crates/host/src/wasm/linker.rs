@@ -41,7 +41,11 @@ impl HasData for HasIo {
 const NAME_LOOKUP: &str = "wasi:sockets/ip-name-lookup";
 
 /// Every interface `wasmtime_wasi::p2::add_to_linker_async` defines, in its
-/// order, each with the call it makes for it.
+/// order, each with the call it makes for it: wasmtime-wasi 48.0.8's, which
+/// the workspace pins. When that pin moves, compare this table with
+/// `add_to_linker_with_options_async` again (an interface it gains only
+/// sends its importers to the whole linker; a call it changes would not
+/// show here).
 const INTERFACES: [(&str, Define); 27] = [
     ("wasi:io/error", |l| {
         io::error::add_to_linker::<HostState, HasIo>(l, |t| t.ctx().table)
@@ -129,6 +133,9 @@ const INTERFACES: [(&str, Define); 27] = [
         sockets::udp_create_socket::add_to_linker::<HostState, WasiSockets>(l, HostState::sockets)
     }),
 ];
+
+// A bit per interface in `Imports::wasi`.
+const _: () = assert!(INTERFACES.len() <= u32::BITS as usize);
 
 /// What a component imports, as a linker is made for it: a bit per
 /// interface of [`INTERFACES`], and whether it imports wasi:http.
