@@ -28,6 +28,7 @@ const TRANSIENT: &[&str] = &[
     "code ECONNRESET",
     "code ETIMEDOUT",
     "code EAI_AGAIN",
+    "code ENOTFOUND",
     "code ECONNREFUSED",
     "code ERR_SOCKET_TIMEOUT",
     "code EPIPE",
