@@ -19,13 +19,8 @@ pub(super) type Turns = Mutex<HashMap<(Digest, bool), Arc<tokio::sync::Mutex<()>
 #[derive(Clone)]
 pub struct WasmEngine {
     pub(super) engine: Engine,
-    /// A linker per set of imports, defining only those (`linker.rs`).
+    /// The linkers components are instantiated with (`linker.rs`).
     pub(super) linkers: super::linker::Linkers,
-    /// Every WASI interface, made at its first use: for a component that
-    /// imports anything else, and for initialisers.
-    pub(super) whole_linker: Arc<std::sync::OnceLock<Result<Arc<Linker<HostState>>, String>>>,
-    /// The whole linker with wasi:http added, made at its first use.
-    pub(super) http_linker: Arc<std::sync::OnceLock<Result<Arc<Linker<HostState>>, String>>>,
     pub(super) cache_dir: Option<PathBuf>,
     /// The cache MAC key, read or made at the first cache access.
     pub(super) cache_key: Arc<std::sync::OnceLock<Option<crate::keys::Key>>>,
@@ -89,8 +84,6 @@ impl WasmEngine {
         Ok(Self {
             engine,
             linkers: Default::default(),
-            whole_linker: Arc::default(),
-            http_linker: Arc::default(),
             cache_dir,
             cache_key: Arc::default(),
             prepared: Arc::default(),
@@ -263,7 +256,8 @@ impl WasmEngine {
             detail: e.to_string(),
         })??;
         let instance_pre = self
-            .linker_for(&component)
+            .linkers
+            .for_component(&self.engine, &component)
             .map_err(|detail| WasmError::Link {
                 path: path.to_owned(),
                 detail,
@@ -323,49 +317,6 @@ impl WasmEngine {
             .unwrap_or_else(|e| e.into_inner())
             .insert((digest, preinit), prepared.clone());
         Ok(prepared)
-    }
-
-    /// The linker for `component`: what it imports (`linker.rs`), with
-    /// wasi:http when it imports any of it (every request is then refused
-    /// unless granted, see `http`); the whole one when it imports anything
-    /// that module does not know.
-    pub(super) fn linker_for(
-        &self,
-        component: &Component,
-    ) -> Result<Arc<Linker<HostState>>, String> {
-        let ty = component.component_type();
-        let names = || ty.imports(&self.engine).map(|(name, _)| name);
-        match super::linker::Imports::of(names()) {
-            Some(imports) => self.linkers.get(&self.engine, imports),
-            None if names().any(|name| name.starts_with("wasi:http/")) => {
-                self.http_linker_or_init()
-            }
-            None => self.whole_linker(),
-        }
-    }
-
-    /// Every WASI interface, then Moat's name lookup over wasmtime-wasi's,
-    /// made at its first use.
-    fn whole_linker(&self) -> Result<Arc<Linker<HostState>>, String> {
-        self.whole_linker
-            .get_or_init(|| {
-                super::linker::whole(&self.engine)
-                    .map(Arc::new)
-                    .map_err(|e| format!("defining WASI in the linker: {e:#}"))
-            })
-            .clone()
-    }
-
-    /// The whole linker with wasi:http added, made at its first use.
-    fn http_linker_or_init(&self) -> Result<Arc<Linker<HostState>>, String> {
-        self.http_linker
-            .get_or_init(|| {
-                let mut linker = (*self.whole_linker()?).clone();
-                wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)
-                    .map(|()| Arc::new(linker))
-                    .map_err(|e| format!("adding wasi:http to the linker: {e:#}"))
-            })
-            .clone()
     }
 
     pub(super) fn compile_or_load(
@@ -466,7 +417,13 @@ impl WasmEngine {
                     source,
                 });
             }
-            let linker = self.preinit_linker(path, &bytes)?;
+            let linker = self
+                .linkers
+                .for_initialiser(&self.engine, &bytes)
+                .map_err(|detail| WasmError::Link {
+                    path: path.to_owned(),
+                    detail,
+                })?;
             let snapshot_bytes = preinit::snapshot(
                 &self.engine,
                 &linker,
@@ -560,25 +517,6 @@ impl WasmEngine {
             self.compatibility_hash(),
             preinit::POLICY
         )
-    }
-
-    /// The linker the initialiser's instance is made with: this engine's,
-    /// for what the component imports.
-    fn preinit_linker(
-        &self,
-        path: &Path,
-        bytes: &[u8],
-    ) -> Result<Arc<Linker<HostState>>, WasmError> {
-        let imports_http = preinit::bytes_import_http(bytes);
-        if imports_http {
-            self.http_linker_or_init()
-        } else {
-            self.whole_linker()
-        }
-        .map_err(|detail| WasmError::Link {
-            path: path.to_owned(),
-            detail,
-        })
     }
 
     /// Compiles `bytes`. A compile that takes longer than

@@ -1,7 +1,7 @@
-//! The linker a component is instantiated with: of wasmtime-wasi's WASI 0.2
-//! interfaces, only those the component imports, then Moat's name lookup
-//! over wasmtime-wasi's when it imports that, and wasi:http when it imports
-//! that.
+//! The linkers components are instantiated with, and which one each gets:
+//! of wasmtime-wasi's WASI 0.2 interfaces, only those the component
+//! imports, then Moat's name lookup over wasmtime-wasi's when it imports
+//! that, and wasi:http when it imports that.
 //!
 //! wasmtime-wasi's `add_to_linker_async` defines every WASI 0.2 function by
 //! name, about 200 of them, and that was 7% of a `moat serve` start in
@@ -14,9 +14,9 @@
 //! whole linker, which links or refuses it as before.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
-use wasmtime::component::{HasData, Linker, ResourceTable};
+use wasmtime::component::{Component, HasData, Linker, ResourceTable};
 use wasmtime_wasi::cli::{WasiCli, WasiCliView as _};
 use wasmtime_wasi::clocks::{WasiClocks, WasiClocksView as _};
 use wasmtime_wasi::filesystem::{WasiFilesystem, WasiFilesystemView as _};
@@ -191,19 +191,61 @@ impl Imports {
     }
 }
 
-/// The linkers made so far, by what their components import: a process
-/// serving several components with the same imports makes one.
+/// The linkers components are instantiated with, each made at its first
+/// use: one per set of imports this module knows (a process serving
+/// several components with the same imports makes one), and the whole one,
+/// with and without wasi:http, for every other component and for
+/// initialisers.
 #[derive(Clone, Default)]
-pub(super) struct Linkers(Arc<Mutex<HashMap<Imports, Arc<Linker<HostState>>>>>);
+pub(super) struct Linkers(Arc<Made>);
+
+#[derive(Default)]
+struct Made {
+    by_imports: Mutex<HashMap<Imports, Arc<Linker<HostState>>>>,
+    whole: OnceLock<Result<Arc<Linker<HostState>>, String>>,
+    whole_http: OnceLock<Result<Arc<Linker<HostState>>, String>>,
+}
 
 impl Linkers {
-    /// The linker for `imports`, made at its first use.
-    pub(super) fn get(
+    /// The linker for `component`: what it imports, with wasi:http when it
+    /// imports any of it (every request is then refused unless granted,
+    /// see `http`); the whole one when it imports anything this module
+    /// does not know.
+    pub(super) fn for_component(
+        &self,
+        engine: &wasmtime::Engine,
+        component: &Component,
+    ) -> Result<Arc<Linker<HostState>>, String> {
+        let ty = component.component_type();
+        let names = || ty.imports(engine).map(|(name, _)| name);
+        match Imports::of(names()) {
+            Some(imports) => self.get(engine, imports),
+            None if names().any(|name| name.starts_with("wasi:http/")) => self.whole_http(engine),
+            None => self.whole(engine),
+        }
+    }
+
+    /// The linker an initialiser's instance is made with, for the
+    /// component `bytes`: the whole one, with wasi:http when it imports it.
+    pub(super) fn for_initialiser(
+        &self,
+        engine: &wasmtime::Engine,
+        bytes: &[u8],
+    ) -> Result<Arc<Linker<HostState>>, String> {
+        if super::preinit::bytes_import_http(bytes) {
+            self.whole_http(engine)
+        } else {
+            self.whole(engine)
+        }
+    }
+
+    /// The linker for `imports`.
+    fn get(
         &self,
         engine: &wasmtime::Engine,
         imports: Imports,
     ) -> Result<Arc<Linker<HostState>>, String> {
-        let mut made = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut made = self.0.by_imports.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(linker) = made.get(&imports) {
             return Ok(linker.clone());
         }
@@ -214,6 +256,31 @@ impl Linkers {
         );
         made.insert(imports, linker.clone());
         Ok(linker)
+    }
+
+    /// Every WASI interface, then Moat's name lookup over wasmtime-wasi's.
+    fn whole(&self, engine: &wasmtime::Engine) -> Result<Arc<Linker<HostState>>, String> {
+        self.0
+            .whole
+            .get_or_init(|| {
+                whole(engine)
+                    .map(Arc::new)
+                    .map_err(|e| format!("defining WASI in the linker: {e:#}"))
+            })
+            .clone()
+    }
+
+    /// The whole linker with wasi:http added.
+    fn whole_http(&self, engine: &wasmtime::Engine) -> Result<Arc<Linker<HostState>>, String> {
+        self.0
+            .whole_http
+            .get_or_init(|| {
+                let mut linker = (*self.whole(engine)?).clone();
+                wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)
+                    .map(|()| Arc::new(linker))
+                    .map_err(|e| format!("adding wasi:http to the linker: {e:#}"))
+            })
+            .clone()
     }
 }
 
