@@ -52,8 +52,8 @@
 //! build's, and prints the two side by side with their ratios.
 //! `MOAT_BENCH_BASELINE_GUESTS=DIR` gives the baseline's rows the guests of
 //! another guests target dir (laid out as crates/test-guests builds it:
-//! `DIR/wasm32-wasip2/release/everything.wasm`, `DIR/release/everything`,
-//! `kinds.wasm`), built with another profile, say; the baseline then has a
+//! `DIR/wasm32-wasip2/dist/everything.wasm`, `DIR/dist/everything`,
+//! `kinds.wasm`, or the same under `release`), built with other flags, say; the baseline then has a
 //! native floor of its own, measured right before this build's, and its
 //! ratios are printed against it. Without `MOAT_BENCH_BASELINE` the
 //! baseline is this build's binary, so only the guests differ.

@@ -24,8 +24,16 @@ impl Guests {
     }
 
     /// The guests of a target dir built as crates/test-guests builds them.
+    /// Its `dist` builds where there are any (what `cargo bench` builds),
+    /// else its `release` builds (what `cargo test` builds).
     pub(super) fn in_dir(dir: &Path) -> Self {
+        let profile = if dir.join("wasm32-wasip2/dist").exists() {
+            "dist"
+        } else {
+            "release"
+        };
         let path = |relative: &str| {
+            let relative = relative.replace("PROFILE", profile);
             let path = dir.join(relative);
             assert!(
                 path.exists(),
@@ -35,9 +43,9 @@ impl Guests {
             path.to_str().unwrap().to_owned()
         };
         Self {
-            everything_wasm: path("wasm32-wasip2/release/everything.wasm"),
-            everything_native: path("release/everything"),
-            kinds_wasm: path("wasm32-wasip2/release/kinds.wasm"),
+            everything_wasm: path("wasm32-wasip2/PROFILE/everything.wasm"),
+            everything_native: path("PROFILE/everything"),
+            kinds_wasm: path("wasm32-wasip2/PROFILE/kinds.wasm"),
         }
     }
 }
