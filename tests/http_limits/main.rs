@@ -16,6 +16,7 @@ use moat_test_guests as guests;
 
 mod audit_failure;
 mod descriptors;
+mod no_delay;
 mod requests;
 
 const TOKEN: &str = "s3cret";

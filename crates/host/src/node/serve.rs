@@ -141,6 +141,7 @@ pub async fn serve(
         let stream = match accepted {
             Ok((stream, _)) => {
                 backoff = Duration::from_millis(10);
+                crate::front::http::no_delay(&stream);
                 stream
             }
             Err(error) => {
