@@ -160,7 +160,7 @@ impl Connections {
         let mut last = String::from("no address");
         for target in targets {
             match tokio::time::timeout(STEP_TIMEOUT, TcpStream::connect(target)).await {
-                Ok(Ok(stream)) => return Ok(stream),
+                Ok(Ok(stream)) => return Ok(no_delay(stream, &self.server)),
                 Ok(Err(error)) => last = format!("{target}: {error}"),
                 Err(_) => last = format!("{target}: timed out"),
             }
@@ -169,12 +169,24 @@ impl Connections {
     }
 }
 
-/// The next connection on `listener`; on an error (out of descriptors,
-/// most likely) it waits, never spins.
+/// `stream` sending each write at once (`TCP_NODELAY`). A relay copies
+/// what arrives as it arrives: with Nagle's algorithm on its ends, the
+/// second piece of an answer (an HTTP body after its headers) waited for
+/// the first to be acknowledged, which the far side may delay by 40 ms.
+/// With it off, each end's own choice of when to send is kept.
+fn no_delay(stream: TcpStream, server: &str) -> TcpStream {
+    if let Err(error) = stream.set_nodelay(true) {
+        tracing::debug!(%server, %error, "setting TCP_NODELAY on an egress connection");
+    }
+    stream
+}
+
+/// The next connection on `listener`, sending each write at once; on an
+/// error (out of descriptors, most likely) it waits, never spins.
 async fn accept(listener: &TcpListener, server: &str) -> TcpStream {
     loop {
         match listener.accept().await {
-            Ok((client, _)) => return client,
+            Ok((client, _)) => return no_delay(client, server),
             Err(error) => {
                 tracing::warn!(%server, %error, "egress accept failed; retrying");
                 tokio::time::sleep(Duration::from_millis(100)).await;

@@ -1,6 +1,8 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use tokio::net::{TcpListener, TcpStream};
+
 use super::dns::answer_dns;
 use super::proxy::{Target, allowed_by, host_port, parse_head};
 use super::shares::Recorder;
@@ -325,4 +327,74 @@ fn heads_are_parsed_and_destinations_matched_by_name() {
     assert!(!allowed_by(&allowed, "api.example.com", 80));
     assert!(!allowed_by(&allowed, "evil.example.com", 443));
     assert_eq!(host_port("[::1]:8080", 80), Some(("::1".into(), 8080)));
+}
+
+/// Whether the socket of this process that `matches` sends each write at
+/// once (`TCP_NODELAY`); `None` when no socket matches. Each descriptor is
+/// duplicated before it is looked at, so one that another thread closes
+/// meanwhile is skipped (or, reused, fails the match), never misused.
+fn own_socket_sends_at_once(matches: impl Fn(&std::net::TcpStream) -> bool) -> Option<bool> {
+    use std::os::fd::FromRawFd;
+    for entry in std::fs::read_dir("/proc/self/fd").unwrap() {
+        let Ok(fd) = entry.unwrap().file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        // SAFETY: fcntl(F_DUPFD_CLOEXEC) takes a descriptor number and
+        // returns a new descriptor (or -1 when it is not open); nothing is
+        // borrowed.
+        let own = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+        if own < 0 {
+            continue;
+        }
+        // SAFETY: `own` was just made for this function and nothing else
+        // holds it; the TcpStream closes it once. On anything not a TCP
+        // socket its calls fail and it does not match.
+        let stream = unsafe { std::net::TcpStream::from_raw_fd(own) };
+        if matches(&stream) {
+            return Some(stream.nodelay().unwrap());
+        }
+    }
+    None
+}
+
+#[tokio::test]
+async fn both_of_moats_ends_of_a_relayed_connection_send_each_write_at_once() {
+    // The upstream: a listener of the test's, granted by address.
+    let upstream = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let grants = vec![grant("127.0.0.1", upstream.local_addr().unwrap().port())];
+    let layout = Layout::of(&grants, false);
+    assert_eq!(layout.relays.len(), 1);
+    // The relay's listener, on loopback here rather than in a namespace.
+    let relay = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let relay_address = relay.local_addr().unwrap();
+    let sockets = Sockets {
+        proxy: std::net::TcpListener::bind("127.0.0.1:0").unwrap(),
+        dns: std::net::UdpSocket::bind("127.0.0.1:0").unwrap(),
+        relays: vec![relay],
+    };
+    let task = serve(
+        "probe".into(),
+        sockets,
+        layout,
+        grants,
+        Shares::gateway(4, Pool::new(4, "gateway")),
+    )
+    .unwrap();
+    // The server's connection to the relay, and the one Moat makes for it.
+    let mut server = TcpStream::connect(relay_address).await.unwrap();
+    let (mut far, _) = upstream.accept().await.unwrap();
+    // A byte through the relay: it copies only once both ends are set up.
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    server.write_all(b"x").await.unwrap();
+    let mut byte = [0u8; 1];
+    far.read_exact(&mut byte).await.unwrap();
+    let (server_end, far_end) = (server.local_addr().unwrap(), far.peer_addr().unwrap());
+    let accepted = own_socket_sends_at_once(|s| s.peer_addr().is_ok_and(|a| a == server_end));
+    let connected = own_socket_sends_at_once(|s| s.local_addr().is_ok_and(|a| a == far_end));
+    task.abort();
+    assert_eq!(
+        (accepted, connected),
+        (Some(true), Some(true)),
+        "Moat's end of the server's connection, and of its connection upstream"
+    );
 }
