@@ -13,16 +13,21 @@ cd "$(dirname "$0")"
 seconds="${FUZZ_SECONDS:-60}"
 planted_seconds="${PLANTED_SECONDS:-$seconds}"
 targets=(framing config routing wasm_boundary arguments typed_values)
-echo "fuzz budget: ${#targets[@]} targets × ${seconds} s, then the planted crash within ${planted_seconds} s (at most $((${#targets[@]} * seconds + planted_seconds)) s of fuzzing, after the build)"
 # The guests the targets run are the test build's (target/guests), not a
 # second build of them under target/fuzz.
 export MOAT_GUESTS_TARGET_DIR="$PWD/../target/guests"
+# FUZZ_BUILD_ONLY=1: build the targets and stop (CI builds them beside the
+# tests, on the CPU the tests leave idle).
 version=0.13.2
 if [ "$(cargo fuzz --version 2>/dev/null)" != "cargo-fuzz $version" ]; then
     cargo install cargo-fuzz --version "$version" --locked
 fi
 fuzz() { local command="$1"; shift; cargo fuzz "$command" -s none --dev --target-dir ../target/fuzz "$@"; }
 fuzz build
+if [ "${FUZZ_BUILD_ONLY:-}" = 1 ]; then
+    exit 0
+fi
+echo "fuzz budget: ${#targets[@]} targets × ${seconds} s, then the planted crash within ${planted_seconds} s (at most $((${#targets[@]} * seconds + planted_seconds)) s of fuzzing, after the build)"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 for target in "${targets[@]}"; do

@@ -179,6 +179,19 @@ fn build_foreign_components(
         py.display()
     );
     let js = out.join("js-tools.wasm");
+    let python = out.join("py-tools.wasm");
+    // Built already from these very sources and tools (another host build
+    // sharing the guests' target dir, such as CI's fuzz build while the
+    // tests run): left as they are, not written again under a reader.
+    let inputs = [
+        guests.join("js"),
+        guests.join("py"),
+        componentize_js.join("package.json"),
+        py.join("componentize_py"),
+    ];
+    if newer_than_all(&[&js, &python], &inputs) {
+        return vec![("js-tools".into(), js), ("py-tools".into(), python)];
+    }
     run(
         Command::new("node")
             .current_dir(guests.join("js"))
@@ -187,7 +200,6 @@ fn build_foreign_components(
             .arg(&js),
         "building guests/js with componentize-js",
     );
-    let python = out.join("py-tools.wasm");
     // componentize-py runs the app to snapshot it, and Python writes
     // `__pycache__` beside the source it imports. Written under guests/,
     // that would be newer than this script's last run, so the next cargo
@@ -217,6 +229,30 @@ fn build_foreign_components(
         append_package_docs(&guests.join(dir).join("wit"), wasm);
     }
     vec![("js-tools".into(), js), ("py-tools".into(), python)]
+}
+
+/// Whether every one of `outputs` exists and is newer than every file
+/// under `inputs` (files, or directories walked whole).
+fn newer_than_all(outputs: &[&Path], inputs: &[PathBuf]) -> bool {
+    fn latest(path: &Path) -> Option<std::time::SystemTime> {
+        let meta = std::fs::metadata(path).ok()?;
+        let mut newest = meta.modified().ok()?;
+        if meta.is_dir() {
+            for entry in std::fs::read_dir(path).ok()? {
+                newest = newest.max(latest(&entry.ok()?.path())?);
+            }
+        }
+        Some(newest)
+    }
+    let Some(input) = inputs.iter().map(|i| latest(i)).collect::<Option<Vec<_>>>() else {
+        return false;
+    };
+    let input = input.into_iter().max();
+    outputs.iter().all(|output| {
+        std::fs::metadata(output)
+            .and_then(|m| m.modified())
+            .is_ok_and(|built| input.is_none_or(|input| built > input))
+    })
 }
 
 /// Copies the files of `from` into `to` (made afresh), directories
