@@ -184,6 +184,8 @@ fn build_foreign_components(
     // sharing the guests' target dir, such as CI's fuzz build while the
     // tests run): left as they are, not written again under a reader.
     let inputs = [
+        // How they are built, as much as what from.
+        root.join("crates/test-guests/build.rs"),
         guests.join("js"),
         guests.join("py"),
         componentize_js.join("package.json"),
