@@ -13,17 +13,41 @@ cd "$(dirname "$0")"
 seconds="${FUZZ_SECONDS:-60}"
 planted_seconds="${PLANTED_SECONDS:-$seconds}"
 targets=(framing config routing wasm_boundary arguments typed_values)
-# The guests the targets run are the test build's (target/guests), not a
-# second build of them under target/fuzz.
-export MOAT_GUESTS_TARGET_DIR="$PWD/../target/guests"
-# FUZZ_BUILD_ONLY=1: build the targets and stop (CI builds them beside the
-# tests, on the CPU the tests leave idle).
-version=0.13.2
-if [ "$(cargo fuzz --version 2>/dev/null)" != "cargo-fuzz $version" ]; then
-    cargo install cargo-fuzz --version "$version" --locked
-fi
-fuzz() { local command="$1"; shift; cargo fuzz "$command" -s none --dev --target-dir ../target/fuzz "$@"; }
-fuzz build
+# The targets are built in the workspace's dev profile and target dir, on
+# the dependencies the test build compiled: fuzz/instrument.sh compiles
+# Moat's own crates again with libFuzzer's coverage instrumentation, and
+# nothing else is compiled again. (cargo-fuzz instruments every crate, so
+# it compiles all of them, wasmtime too: about 7 min on 2 cores.) Each
+# binary is copied out of target/debug, where the next build replaces it.
+# FUZZ_BUILD_ONLY=1: build the targets and the planted crash, and stop.
+target_dir="${CARGO_TARGET_DIR:-$PWD/../target}"
+bin="$target_dir/fuzz-bin"
+mkdir -p "$bin"
+# FUZZ_SHARED_DEPS=1 (CI): fail when the build compiled any dependency
+# but libFuzzer's own (fuzz/Cargo.toml says how to mend it).
+build() {
+    local log
+    log="$(mktemp)"
+    env -u RUSTC_WRAPPER RUSTC_WORKSPACE_WRAPPER="$PWD/instrument.sh" \
+        cargo build --locked -p moat-fuzz --features fuzzing "$@" 2>&1 | tee "$log" >&2
+    local again
+    again="$(grep -E '^ +Compiling ' "$log" | grep -v ' (/' | grep -vE ' (libfuzzer-sys|arbitrary) v' |
+        sed -E 's/^ +Compiling //' | paste -sd, || true)"
+    rm -f "$log"
+    if [ -n "$again" ]; then
+        echo "fuzz build: compiled again, not shared with the test build: $again" >&2
+        if [ "${FUZZ_SHARED_DEPS:-}" = 1 ]; then
+            echo "fuzz build: give fuzz/Cargo.toml's dependencies the test build's features (see there)" >&2
+            exit 1
+        fi
+    fi
+}
+build --bins
+for target in "${targets[@]}"; do
+    cp "$target_dir/debug/$target" "$bin/$target"
+done
+build --bin config --features planted-crash
+cp "$target_dir/debug/config" "$bin/config-planted"
 if [ "${FUZZ_BUILD_ONLY:-}" = 1 ]; then
     exit 0
 fi
@@ -32,12 +56,12 @@ work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 for target in "${targets[@]}"; do
     echo "--- fuzz $target for ${seconds}s"
-    mkdir -p "$work/$target"
+    mkdir -p "$work/$target" "artifacts/$target"
     status=0
-    fuzz run "$target" "$work/$target" "corpus/$target" -- \
+    "$bin/$target" "$work/$target" "corpus/$target" \
         -max_total_time="$seconds" -dict=dict/mcp.dict -print_final_stats=1 \
         -rss_limit_mb=2048 -malloc_limit_mb=1024 -timeout=30 \
-        >"$work/$target.log" 2>&1 || status=$?
+        -artifact_prefix="artifacts/$target/" >"$work/$target.log" 2>&1 || status=$?
     # libFuzzer's progress lines are left out; its summary and any crash stay.
     grep -E '^(stat::|Done|INFO: seed|SUMMARY|thread|Test unit|==)' "$work/$target.log" || true
     if [ "$status" -ne 0 ]; then
@@ -48,7 +72,7 @@ for target in "${targets[@]}"; do
 done
 echo "--- the planted crash must be found"
 mkdir -p "$work/planted"
-if fuzz run config --features planted-crash "$work/planted" corpus/config -- \
+if "$bin/config-planted" "$work/planted" corpus/config \
     -max_total_time="$planted_seconds" -dict=dict/mcp.dict -artifact_prefix="$work/planted-" >"$work/planted.log" 2>&1; then
     echo "fuzz: the planted crash was not found in ${planted_seconds}s"; exit 1
 fi

@@ -1,4 +1,4 @@
-//! The bodies of Moat's fuzz targets. `fuzz/` wraps each in a cargo-fuzz
+//! The bodies of Moat's fuzz targets. `fuzz/` wraps each in a libFuzzer
 //! target; `tests/replay.rs` runs every file of the corpus and every past
 //! crash through the same functions as plain tests, so a crash found once
 //! stays a regression test.
