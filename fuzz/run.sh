@@ -35,7 +35,12 @@ build() {
         sed -E 's/^ +Compiling //' | paste -sd, || true)"
     rm -f "$log"
     if [ -n "$again" ]; then
-        echo "fuzz build: compiled again, not shared with the test build: $again" >&2
+        local count
+        count=$(tr ',' '\n' <<<"$again" | wc -l)
+        if [ "$count" -gt 12 ]; then
+            again="$(cut -d, -f1-12 <<<"$again"),... ($count in all: has the test build run?)"
+        fi
+        echo "fuzz build: dependencies compiled here, not shared with the test build: $again" >&2
         if [ "${FUZZ_SHARED_DEPS:-}" = 1 ]; then
             echo "fuzz build: give fuzz/Cargo.toml's dependencies the test build's features (see there)" >&2
             exit 1
