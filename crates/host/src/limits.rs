@@ -71,7 +71,9 @@ pub struct Limits {
     /// RLIMIT_AS, bytes of address space of a native server, reservations
     /// included: a second bound for those who want one. Off by default
     /// (`u64::MAX`): Node's `fetch` alone reserves more than 8 GiB for its
-    /// WebAssembly memory, and `data_bytes` bounds what is used.
+    /// WebAssembly memory, glibc reserves 64 MiB for each thread's malloc
+    /// arena (a Rust server of 5 MB resident held 275 MB), and
+    /// `data_bytes` bounds what is used.
     pub address_space_bytes: u64,
     /// RLIMIT_NOFILE: open files of a native server. Default 1,024.
     pub open_files: u64,
