@@ -26,8 +26,9 @@ fn main() {
     let guests = root.join("guests");
     let out_dir = PathBuf::from(std::env::var_os("OUT_DIR").unwrap());
     // OUT_DIR is <target>/<profile>/build/<pkg>-<hash>/out; another build
-    // of the host crates (fuzz/run.sh's) can name the guests' target dir,
-    // to share one build of the guests.
+    // of the host crates in a target dir of its own (`cargo fuzz`'s, README
+    // "Fuzzing the guest boundary") can name the guests' target dir, to
+    // share one build of the guests.
     println!("cargo:rerun-if-env-changed=MOAT_GUESTS_TARGET_DIR");
     let target_dir = match std::env::var_os("MOAT_GUESTS_TARGET_DIR") {
         Some(dir) => PathBuf::from(dir),
