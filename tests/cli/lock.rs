@@ -325,3 +325,52 @@ fn lock_measures_every_server_and_reports_each_failure_at_the_end() {
     assert!(lock.contains("[servers.b-good]"), "{lock}");
     assert!(!lock.contains("broken"), "{lock}");
 }
+
+/// `moat lock` measures servers at the same time: each of these two opens
+/// one end of a FIFO before it starts, which blocks until the other opens
+/// the other end. Measured one after the other, the first never starts
+/// (its handshake passes `request_timeout_ms`) and the lock is incomplete.
+#[cfg(unix)]
+#[test]
+fn lock_measures_servers_at_the_same_time_and_reports_in_config_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let meet = dir.path().join("meet");
+    std::fs::create_dir(&meet).unwrap();
+    let fifo = meet.join("fifo");
+    let path = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: `path` is a valid NUL-terminated string that outlives the call.
+    assert_eq!(unsafe { libc::mkfifo(path.as_ptr(), 0o600) }, 0);
+    let server = |name: &str, open: &str| {
+        format!(
+            "[servers.{name}]\ncommand = \"/bin/sh\"\nargs = [\"-c\", \"exec 3{open}{fifo}; exec 3>&-; exec {native}\"]\nallow_unmeasured = true\n\
+             [[servers.{name}.dirs]]\nhost = \"{meet}\"\nmode = \"rw\"\n\
+             [[servers.{name}.dirs]]\nhost = \"{bin}\"\nmode = \"ro\"\n\
+             [servers.{name}.limits]\nrequest_timeout_ms = 10000\n",
+            fifo = fifo.display(),
+            native = guests::EVERYTHING_NATIVE,
+            meet = meet.display(),
+            bin = Path::new(guests::EVERYTHING_NATIVE)
+                .parent()
+                .unwrap()
+                .display(),
+        )
+    };
+    let config = dir.path().join("moat.toml");
+    std::fs::write(
+        &config,
+        format!("{}{}", server("a-writer", ">"), server("b-reader", "<")),
+    )
+    .unwrap();
+    let output = moat(&["lock", "--config", config.to_str().unwrap()]);
+    let err = stderr(&output);
+    assert!(output.status.success(), "{err}");
+    let out = stdout(&output);
+    let a = out.find("a-writer: ").expect(&out);
+    let b = out.find("b-reader: ").expect(&out);
+    assert!(a < b, "{out}");
+    let lock = std::fs::read_to_string(dir.path().join("moat.lock")).unwrap();
+    assert!(
+        lock.contains("[servers.a-writer]") && lock.contains("[servers.b-reader]"),
+        "{lock}"
+    );
+}

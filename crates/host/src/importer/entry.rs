@@ -7,70 +7,33 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use super::infer::{infer_env_grants, infer_grants, is_writer, looks_secret, script_package};
-use super::local::{keep_local, local_module, workdirs};
+use super::local::{LocalModule, keep_local, local_module, workdirs};
 use super::{Entry, Imported};
 use crate::command::resolve;
 use crate::grants::DirMode;
 use crate::grants::toml::string as toml_string;
 use crate::identity::Digest;
 
-/// The package a launcher entry names, installed into `store`; `None` (and
-/// a note) when it is not a launcher or could not be installed.
-fn install_package(
-    imported: &mut Imported,
-    original: &str,
-    command: &str,
-    args: &[String],
-    path_var: Option<&std::ffi::OsStr>,
-    store: Option<&Path>,
-) -> Option<(crate::packages::Request, crate::packages::Installed)> {
-    let request = match crate::packages::recognise(command, args)? {
-        Ok(request) => request,
-        Err(error) => {
-            imported.skipped.push(format!(
-                "`{original}`: {error}; imported as configured, which fetches and runs other code at launch"
-            ));
-            return None;
-        }
-    };
-    let Some(store) = store else {
-        imported.skipped.push(format!(
-            "`{original}`: `{}` fetches {} at launch and was not installed (no package store); pin the interpreter and add its script to `measure`",
-            request.launcher, request.name
-        ));
-        return None;
-    };
-    if let crate::packages::Entry::Module(module) = &request.entry {
-        imported.skipped.push(format!(
-            "`{original}`: {} {module}: no {top}.py or {top}/ is importable from its working directory or PYTHONPATH, so it is a package: installing {} from PyPI",
-            request.launcher,
-            request.name,
-            top = module.split('.').next().unwrap_or(module),
-        ));
-    }
-    match crate::packages::install(store, &request, None, path_var, true) {
-        Ok(installed) => Some((request, installed)),
-        Err(error) => {
-            imported.skipped.push(format!(
-                "`{original}`: {error}; imported as configured, which fetches and runs other code at launch"
-            ));
-            None
-        }
-    }
+/// What an entry needs from outside Moat before it is written, found apart
+/// from the writing so that entries can be prepared at the same time: a
+/// local module `python -m` runs, or else the package its launcher names,
+/// installed; and the notes made on the way.
+pub(super) struct Prepared {
+    local: Option<(String, LocalModule)>,
+    package: Option<(crate::packages::Request, crate::packages::Installed)>,
+    notes: Vec<String>,
 }
 
-/// Writes one `[servers.NAME]` entry for `entry` into `imported`.
-pub(super) fn import_entry(
-    imported: &mut Imported,
-    name: &str,
+/// Prepares `entry` (named `original` in the client config): the slow part
+/// of an import, the install of its package into `store`.
+pub(super) fn prepare(
     original: &str,
     entry: &Entry,
     base: &Path,
     path_var: Option<&std::ffi::OsStr>,
     store: Option<&Path>,
-) {
+) -> Prepared {
     let command = entry.command.clone().unwrap_or_default();
-    let _ = writeln!(imported.toml, "[servers.{name}]");
     // `python -m MOD` runs a local MOD when one is importable where it
     // runs: that is no package, and installing one of the same name from
     // the index would run someone else's code with this entry's secrets.
@@ -86,11 +49,83 @@ pub(super) fn import_entry(
         .map(|found| (module, found)),
         _ => None,
     };
+    let mut notes = Vec::new();
     let package = if local.is_some() {
         None
     } else {
-        install_package(imported, original, &command, &entry.args, path_var, store)
+        install_package(&mut notes, original, &command, &entry.args, path_var, store)
     };
+    Prepared {
+        local,
+        package,
+        notes,
+    }
+}
+
+/// The package a launcher entry names, installed into `store`; `None` (and
+/// a note) when it is not a launcher or could not be installed.
+fn install_package(
+    notes: &mut Vec<String>,
+    original: &str,
+    command: &str,
+    args: &[String],
+    path_var: Option<&std::ffi::OsStr>,
+    store: Option<&Path>,
+) -> Option<(crate::packages::Request, crate::packages::Installed)> {
+    let request = match crate::packages::recognise(command, args)? {
+        Ok(request) => request,
+        Err(error) => {
+            notes.push(format!(
+                "`{original}`: {error}; imported as configured, which fetches and runs other code at launch"
+            ));
+            return None;
+        }
+    };
+    let Some(store) = store else {
+        notes.push(format!(
+            "`{original}`: `{}` fetches {} at launch and was not installed (no package store); pin the interpreter and add its script to `measure`",
+            request.launcher, request.name
+        ));
+        return None;
+    };
+    if let crate::packages::Entry::Module(module) = &request.entry {
+        notes.push(format!(
+            "`{original}`: {} {module}: no {top}.py or {top}/ is importable from its working directory or PYTHONPATH, so it is a package: installing {} from PyPI",
+            request.launcher,
+            request.name,
+            top = module.split('.').next().unwrap_or(module),
+        ));
+    }
+    match crate::packages::install(store, &request, None, path_var, true) {
+        Ok(installed) => Some((request, installed)),
+        Err(error) => {
+            notes.push(format!(
+                "`{original}`: {error}; imported as configured, which fetches and runs other code at launch"
+            ));
+            None
+        }
+    }
+}
+
+/// Writes one `[servers.NAME]` entry for `entry`, [`prepare`]d, into
+/// `imported`.
+pub(super) fn import_entry(
+    imported: &mut Imported,
+    name: &str,
+    original: &str,
+    entry: &Entry,
+    base: &Path,
+    path_var: Option<&std::ffi::OsStr>,
+    prepared: Prepared,
+) {
+    let Prepared {
+        local,
+        package,
+        mut notes,
+    } = prepared;
+    imported.skipped.append(&mut notes);
+    let command = entry.command.clone().unwrap_or_default();
+    let _ = writeln!(imported.toml, "[servers.{name}]");
     let (args, mut inferred) = match &package {
         Some((request, installed)) => {
             let record = &installed.record;

@@ -246,3 +246,76 @@ fn vs_code_config_and_bad_input() {
     ));
     assert_eq!(server_name("a__b c"), "a_b-c");
 }
+
+/// Installs overlap: each fake `npm install` below waits (up to 20 s) for
+/// the other one to have started, so installed one after the other, the
+/// first gives up and neither package is installed. Notes and entries
+/// still come in the config's order.
+#[cfg(unix)]
+#[test]
+fn a_configs_packages_are_installed_at_the_same_time_and_written_in_order() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let bin = dir.path().join("bin");
+    let met = dir.path().join("met");
+    std::fs::create_dir_all(&bin).unwrap();
+    std::fs::create_dir_all(&met).unwrap();
+    let executable = |name: &str, text: String| {
+        let path = bin.join(name);
+        std::fs::write(&path, text).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    };
+    executable("node", "#!/bin/sh\nexit 0\n".into());
+    // `npm install ... --prefix TMP -- NAME@VERSION`: says it started,
+    // waits for the other install, then lays out what npm would.
+    executable(
+        "npm",
+        format!(
+            r#"#!/bin/sh
+set -eu
+PATH=/usr/bin:/bin
+while [ "$1" != "--prefix" ]; do shift; done
+prefix=$2; spec=$4; name=${{spec%@*}}; version=${{spec#*@}}
+touch "{met}/$name"
+other=alpha; [ "$name" = alpha ] && other=beta
+tries=0
+while [ ! -e "{met}/$other" ]; do
+    tries=$((tries + 1)); [ $tries -gt 400 ] && {{ echo "npm: $other never started" >&2; exit 1; }}
+    sleep 0.05
+done
+mkdir -p "$prefix/node_modules/$name"
+printf '{{"name":"%s","version":"%s","bin":"main.js"}}' "$name" "$version" >"$prefix/node_modules/$name/package.json"
+echo 'console.log(1)' >"$prefix/node_modules/$name/main.js"
+printf '{{"lockfileVersion":3,"name":"%s"}}' "$name" >"$prefix/package-lock.json"
+"#,
+            met = met.display()
+        ),
+    );
+    let file = dir.path().join("claude_desktop_config.json");
+    std::fs::write(
+        &file,
+        r#"{"mcpServers": {
+            "alpha": {"command": "npx", "args": ["-y", "alpha@1.0.0"]},
+            "beta": {"command": "npx", "args": ["-y", "beta@2.0.0"]}
+        }}"#,
+    )
+    .unwrap();
+    let store = dir.path().join("store");
+    let imported = import(&file, Some(bin.as_os_str()), Some(&store)).unwrap();
+    let skipped = imported.skipped.join("\n");
+    let installed = |name: &str, version: &str| {
+        imported
+            .skipped
+            .iter()
+            .position(|note| {
+                note.starts_with(&format!(
+                    "`{name}`: installed {name} {version} (npm `{name}`)"
+                ))
+            })
+            .unwrap_or_else(|| panic!("{name} not installed:\n{skipped}"))
+    };
+    assert!(installed("alpha", "1.0.0") < installed("beta", "2.0.0"));
+    let alpha = imported.toml.find("[servers.alpha]").unwrap();
+    let beta = imported.toml.find("[servers.beta]").unwrap();
+    assert!(alpha < beta, "{}", imported.toml);
+}

@@ -133,6 +133,7 @@ pub fn install(
         .tempdir_in(store)
         .map_err(io(store))?;
     let tmp = scratch.path();
+    let started = std::time::Instant::now();
     let version = version.or(request.version.as_deref());
     eprintln!(
         "moat: installing {package}{}{} with {} (once, into {})",
@@ -193,6 +194,13 @@ pub fn install(
             Err(source) => return Err(io(&dir)(source)),
         }
     }
+    // Installs may run several at a time (`moat import`): each says when
+    // it is done, not only when it starts.
+    eprintln!(
+        "moat: installed {package} {} in {:.1} s",
+        record.version,
+        started.elapsed().as_secs_f64()
+    );
     Ok(Installed {
         record,
         interpreter,
