@@ -18,10 +18,15 @@ rustup toolchain install
 
 # The dev profile: the build the tests share (`cargo test` after this one
 # compiles only what the tests add), and half the CPU of a release build.
+# `--workspace --bin moat` builds only the moat binary, but with every
+# dependency's features as the whole workspace asks for them (fuzz/Cargo.toml
+# names the ones the tests add): with `-p moat`
+# alone, tokio, wasmparser and cc got fewer, so the test command compiled
+# them again and all of wasmtime, rustls and rmcp above them.
 # For daily use build `cargo build --release -p moat` (README, "The two
 # commands"); `--profile dist` is the fat-LTO build to ship.
 step "building moat (dev profile; the first build compiles wasmtime, about 4 minutes on 2 cores)"
-run cargo build --locked -p moat
+run cargo build --locked --workspace --bin moat
 
 step "building the example guest: guests/everything, for wasm32-wasip2 and natively"
 run cargo build --manifest-path guests/Cargo.toml --release --locked -p everything \
