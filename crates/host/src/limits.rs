@@ -59,6 +59,17 @@ pub struct Limits {
     /// and the rest of it for the server to be gone and its pipes drained;
     /// nothing is waited for past that. Default 2,000.
     pub close_grace_ms: u64,
+    /// How long a server of `moat serve` may sit idle before it is stopped,
+    /// in milliseconds; 0 (the default) keeps it for as long as its agent
+    /// session lasts. Idle is nothing in flight either way (no request
+    /// awaiting its answer, none of the server's own unanswered, no task
+    /// of the session's on it, no call holding it) for that long. The next
+    /// use starts it afresh, so set it only for a server that keeps nothing
+    /// between calls that matters: its memory, open subscription streams
+    /// included, go with it. An idle session then costs the host only its
+    /// own state, not the server's instance (a wasm guest's memory, a
+    /// native process).
+    pub idle_stop_ms: u64,
     /// CPU for native servers: RLIMIT_CPU, seconds of CPU time over the
     /// process's life (SIGXCPU, then SIGKILL a second later). Default 300.
     pub cpu_seconds: u64,
@@ -106,6 +117,7 @@ impl Default for Limits {
             max_line_bytes: 16 << 20,
             stderr_buffer_bytes: 64 << 10,
             close_grace_ms: 2_000,
+            idle_stop_ms: 0,
             cpu_seconds: 300,
             data_bytes: 4 << 30,
             address_space_bytes: u64::MAX,
@@ -126,6 +138,12 @@ impl Limits {
     /// The grace period between closing stdin and stopping the server.
     pub fn close_grace(&self) -> Duration {
         Duration::from_millis(self.close_grace_ms)
+    }
+
+    /// How long the server may sit idle before it is stopped; `None`: for
+    /// as long as its session lasts.
+    pub fn idle_stop(&self) -> Option<Duration> {
+        (self.idle_stop_ms > 0).then(|| Duration::from_millis(self.idle_stop_ms))
     }
 
     /// Checks values that would make a server unusable. Names the bad field.

@@ -58,6 +58,19 @@ pub(super) struct Child {
     pub(super) session: Arc<Session>,
 }
 
+/// Whether a child may be stopped for being idle (see
+/// [`ChildSet::stop_if_idle`]).
+pub(super) enum Idle {
+    /// It was: taken off every name it served (joined by commas), to be
+    /// closed.
+    Stopped(String, Child),
+    /// Not yet: look again at this instant, or (`None`) a full idle period
+    /// from now, while it is in use.
+    NotYet(Option<tokio::time::Instant>),
+    /// It no longer serves this session: closed, crashed or replaced.
+    Gone,
+}
+
 /// What became of a child just started (see [`ChildSet::adopt`]).
 pub(super) enum Adopted {
     /// It serves its name from now on.
@@ -313,6 +326,53 @@ impl ChildSet {
         );
         children.by_server.insert(server.to_owned(), key);
         Adopted::New(child)
+    }
+
+    /// Takes `child`, running under process `key`, off every name it
+    /// serves if it has been idle for `idle`: still the child under `key`
+    /// and healthy, held by no one but this set and the caller (a call,
+    /// a task of Moat's, a subscription stream hold it too), none of its
+    /// names `busy` (a server's own task of the session's is on it), and
+    /// nothing in flight to or from it for `idle`. Checked under the lock
+    /// that every use of a child takes first, so no call can find it
+    /// between the check and its removal.
+    pub(super) async fn stop_if_idle(
+        &self,
+        key: &Digest,
+        child: &Arc<Session>,
+        idle: std::time::Duration,
+        busy: impl Fn(&str) -> bool,
+    ) -> Idle {
+        let mut children = self.running.lock().await;
+        let Some(running) = children.by_key.get(key) else {
+            return Idle::Gone;
+        };
+        if !Arc::ptr_eq(&running.session, child) || child.fault().is_some() {
+            return Idle::Gone;
+        }
+        // This set's reference and the caller's.
+        if Arc::strong_count(child) > 2 {
+            return Idle::NotYet(None);
+        }
+        let names: Vec<String> = children
+            .by_server
+            .iter()
+            .filter(|(_, k)| *k == key)
+            .map(|(name, _)| name.clone())
+            .collect();
+        if names.iter().any(|name| busy(name)) {
+            return Idle::NotYet(None);
+        }
+        let Some(since) = child.quiet_since() else {
+            return Idle::NotYet(None);
+        };
+        if since + idle > tokio::time::Instant::now() {
+            return Idle::NotYet(Some(since + idle));
+        }
+        match children.forget(key) {
+            Some(stopped) => Idle::Stopped(names.join(","), stopped),
+            None => Idle::Gone,
+        }
     }
 
     /// Takes every child, to close them all.

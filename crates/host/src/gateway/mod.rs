@@ -24,6 +24,7 @@ mod error;
 mod gate;
 mod generation;
 mod handler;
+mod idle;
 mod listings;
 mod names;
 mod own_task;

@@ -217,6 +217,9 @@ impl AgentSession {
             Adopted::Existing(existing) => return Ok(existing),
             Adopted::New(session) => session,
         };
+        if let Some(idle) = spec.limits.idle_stop() {
+            self.stop_when_idle(server, key, &session, idle);
+        }
         self.pass_on_list_changes(server, &session).await;
         Ok(session)
     }

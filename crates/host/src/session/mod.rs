@@ -317,6 +317,12 @@ impl Session {
         self.shared.requests_sent()
     }
 
+    /// Since when no request has been in flight either way (see
+    /// [`crate::transport::Book::quiet_since`]); `None` while one is.
+    pub fn quiet_since(&self) -> Option<tokio::time::Instant> {
+        self.shared.quiet_since()
+    }
+
     /// Counts each `notifications/tools/list_changed` from the server, for
     /// whoever must pass the news on (after re-checking the pins). Ends
     /// when the session is gone.

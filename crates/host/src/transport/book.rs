@@ -46,6 +46,9 @@ pub struct Book {
     /// Woken whenever a deadline may have moved.
     changed: Notify,
     requests_sent: AtomicU64,
+    /// When a request either way was last booked or taken off the book
+    /// (none yet: never).
+    last_moved: Mutex<Option<Instant>>,
 }
 
 /// What an answer read from the server answers.
@@ -62,6 +65,27 @@ pub(super) enum Answered {
 impl Book {
     fn pending(&self) -> MutexGuard<'_, Pending> {
         self.pending.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Notes that a request was booked or taken off the book now.
+    fn moved(&self) {
+        *self.last_moved.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+    }
+
+    /// Since when nothing has been in flight either way: no request of the
+    /// host's awaiting its answer by a deadline (an acknowledged
+    /// `subscriptions/listen` has none, and does not count), none of the
+    /// server's own unanswered, no agent being asked. `None` while
+    /// something is, and before the first request.
+    pub fn quiet_since(&self) -> Option<Instant> {
+        let pending = self.pending();
+        if pending.values().any(|(_, deadline)| deadline.is_some())
+            || self.server_requests.load(Ordering::SeqCst) > 0
+            || self.asking.load(Ordering::SeqCst) > 0
+        {
+            return None;
+        }
+        *self.last_moved.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Books request `id` (`method`), to be answered by `deadline`. rmcp
@@ -85,6 +109,7 @@ impl Book {
         }
         pending.insert(id, (method, Some(deadline)));
         drop(pending);
+        self.moved();
         self.requests_sent.fetch_add(1, Ordering::SeqCst);
         self.changed.notify_one();
     }
@@ -97,6 +122,8 @@ impl Book {
         // sees it in neither.
         let mut pending = self.pending();
         self.forget(&mut pending, id);
+        drop(pending);
+        self.moved();
     }
 
     fn forget(&self, pending: &mut Pending, id: &RequestId) {
@@ -115,6 +142,8 @@ impl Book {
         // an id from one to the other.
         let mut pending = self.pending();
         if pending.remove(id).is_some() {
+            drop(pending);
+            self.moved();
             return Answered::Pending;
         }
         let mut recent = self.cancelled.lock().unwrap_or_else(|e| e.into_inner());
@@ -167,11 +196,13 @@ impl Book {
     /// Counts one of the server's own requests read; `false` once more than
     /// [`MAX_UNANSWERED_SERVER_REQUESTS`] wait for their answers.
     pub(super) fn server_asked(&self) -> bool {
+        self.moved();
         self.server_requests.fetch_add(1, Ordering::SeqCst) < MAX_UNANSWERED_SERVER_REQUESTS
     }
 
     /// One of the server's requests was answered on its stdin.
     pub(super) fn server_answered(&self) {
+        self.moved();
         let _ = self
             .server_requests
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));

@@ -108,6 +108,11 @@ impl Shared {
         self.book.requests_sent()
     }
 
+    /// See [`Book::quiet_since`].
+    pub fn quiet_since(&self) -> Option<tokio::time::Instant> {
+        self.book.quiet_since()
+    }
+
     /// Why nothing more can be sent: the session's fault, or closed.
     pub(super) fn closed(&self) -> TransportError {
         match self.fault() {

@@ -22,6 +22,7 @@ use tokio_util::sync::CancellationToken;
 
 mod audit;
 mod claims;
+mod idle;
 mod lifecycle;
 mod matrix;
 mod reload;
