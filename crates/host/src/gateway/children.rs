@@ -330,8 +330,9 @@ impl ChildSet {
 
     /// Takes `child`, running under process `key`, off every name it
     /// serves if it has been idle for `idle`: still the child under `key`
-    /// and healthy, held by no one but this set and the caller (a call,
-    /// a task of Moat's, a subscription stream hold it too), none of its
+    /// and healthy, held by no one but this set and the caller (a call and
+    /// a task of Moat's hold it too) nor by a [`Session::hold`] (an agent's
+    /// subscription), none of its
     /// names `busy` (a server's own task of the session's is on it), and
     /// nothing in flight to or from it for `idle`. Checked under the lock
     /// that every use of a child takes first, so no call can find it
@@ -350,8 +351,9 @@ impl ChildSet {
         if !Arc::ptr_eq(&running.session, child) || child.fault().is_some() {
             return Idle::Gone;
         }
-        // This set's reference and the caller's.
-        if Arc::strong_count(child) > 2 {
+        // This set's reference and the caller's; a hold: an agent's open
+        // subscription.
+        if Arc::strong_count(child) > 2 || child.held() {
             return Idle::NotYet(None);
         }
         let names: Vec<String> = children

@@ -146,8 +146,12 @@ impl AgentSession {
             return Ok(());
         }
         let (agent, closing) = (context.peer, self.admission.closing().clone());
+        // The server is in use for as long as the agent is subscribed: it
+        // is not stopped for being idle (`idle_stop_ms`).
+        let hold = child.hold();
         let passing = tokio::spawn(async move {
             use rmcp::model::ServerNotification as N;
+            let _hold = hold;
             loop {
                 let next = tokio::select! {
                     next = listening.next() => next,
@@ -230,7 +234,8 @@ impl AgentSession {
                 };
                 let uris = filter.resource_subscriptions.clone().unwrap_or_default();
                 match child.listen(filter).await {
-                    Ok(subscription) => Some((server, uris, subscription)),
+                    // In use while the agent listens (see `hold`).
+                    Ok(subscription) => Some((server, uris, subscription, child.hold())),
                     Err(error) => {
                         // A server that does not take subscriptions: its tool
                         // changes still reach the agent through the pin check.
@@ -247,10 +252,11 @@ impl AgentSession {
         };
         let stop = CancellationToken::new();
         let mut forwarding = tokio::task::JoinSet::new();
-        for (server, uris, mut subscription) in opened.into_iter().flatten() {
+        for (server, uris, mut subscription, hold) in opened.into_iter().flatten() {
             let (sink, stop) = (sink.clone(), stop.clone());
             forwarding.spawn(async move {
                 use rmcp::model::ServerNotification as N;
+                let _hold = hold;
                 loop {
                     let next = tokio::select! {
                         next = subscription.next() => next,

@@ -148,6 +148,20 @@ pub struct Session {
     /// The execution identity of the server as its spec launched it,
     /// computed once at connect by [`Host::connect_with`].
     pub(crate) execution: Option<Digest>,
+    /// How many [`Hold`]s keep the server in use between requests.
+    pub(crate) holds: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+/// Keeps a server in use while no request is in flight (an agent's open
+/// subscription, say): a gateway stops no held server for being idle. See
+/// [`Session::hold`].
+#[derive(Debug)]
+pub struct Hold(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 /// The native launch `spec` describes: its command resolved on PATH, and,
@@ -238,6 +252,7 @@ impl Session {
                 prompt_pins: None,
                 resource_pins: None,
                 execution: None,
+                holds: Arc::default(),
             }),
             Err(error) => Err(match shared.settled_fault(HANDSHAKE_SETTLE).await {
                 Some(fault) if sandboxed(&shared) => sandbox_hint(
@@ -315,6 +330,18 @@ impl Session {
     /// Requests sent to the server so far.
     pub fn requests_sent(&self) -> u64 {
         self.shared.requests_sent()
+    }
+
+    /// Marks the server as in use until the guard drops; it holds only a
+    /// counter, never the session.
+    pub fn hold(&self) -> Hold {
+        self.holds.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Hold(self.holds.clone())
+    }
+
+    /// Whether a [`Hold`] keeps the server in use.
+    pub fn held(&self) -> bool {
+        self.holds.load(std::sync::atomic::Ordering::SeqCst) > 0
     }
 
     /// Since when no request has been in flight either way (see
