@@ -52,20 +52,36 @@ for target in "${targets[@]}"; do
 done
 build --bin config --features planted-crash
 cp "$target_dir/debug/config" "$bin/config-planted"
-echo "fuzz budget: ${#targets[@]} targets × ${seconds} s, then the planted crash within ${planted_seconds} s (at most $((${#targets[@]} * seconds + planted_seconds)) s of fuzzing, after the build)"
+echo "fuzz budget: ${#targets[@]} targets × ${seconds} s, ${FUZZ_JOBS:-$(nproc)} at a time, then the planted crash within ${planted_seconds} s"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
-for target in "${targets[@]}"; do
-    echo "--- fuzz $target for ${seconds}s"
+# Each target is one process on one core for its budget: as many run at
+# once as there are cores (FUZZ_JOBS), and their summaries follow in order.
+jobs="${FUZZ_JOBS:-$(nproc)}"
+fuzz_target() {
+    local target=$1 status=0
     mkdir -p "$work/$target" "artifacts/$target"
-    status=0
     "$bin/$target" "$work/$target" "corpus/$target" \
         -max_total_time="$seconds" -dict=dict/mcp.dict -print_final_stats=1 \
         -rss_limit_mb=2048 -malloc_limit_mb=1024 -timeout=30 \
         -artifact_prefix="artifacts/$target/" >"$work/$target.log" 2>&1 || status=$?
+    echo "$status" >"$work/$target.status"
+}
+running=0
+for target in "${targets[@]}"; do
+    if [ "$running" -ge "$jobs" ]; then
+        wait -n
+        running=$((running - 1))
+    fi
+    fuzz_target "$target" &
+    running=$((running + 1))
+done
+wait
+for target in "${targets[@]}"; do
+    echo "--- fuzz $target for ${seconds}s"
     # libFuzzer's progress lines are left out; its summary and any crash stay.
     grep -E '^(stat::|Done|INFO: seed|SUMMARY|thread|Test unit|==)' "$work/$target.log" || true
-    if [ "$status" -ne 0 ]; then
+    if [ "$(cat "$work/$target.status")" -ne 0 ]; then
         tail -n 40 "$work/$target.log"
         echo "fuzz: $target failed (a crash is saved under fuzz/artifacts/$target/)"
         exit 1
