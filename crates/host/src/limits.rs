@@ -68,7 +68,10 @@ pub struct Limits {
     /// between calls that matters: its memory, open subscription streams
     /// included, go with it. An idle session then costs the host only its
     /// own state, not the server's instance (a wasm guest's memory, a
-    /// native process).
+    /// native process). Left out of the serialised limits while 0, so
+    /// that a profile's revision (`moat node`) is what it was before the
+    /// key existed.
+    #[serde(skip_serializing_if = "is_zero")]
     pub idle_stop_ms: u64,
     /// CPU for native servers: RLIMIT_CPU, seconds of CPU time over the
     /// process's life (SIGXCPU, then SIGKILL a second later). Default 300.
@@ -97,6 +100,10 @@ pub struct Limits {
     /// namespace, gone when it stops). Many servers write temporary files;
     /// the bound keeps them from filling the host's memory. Default 64 MiB.
     pub tmp_bytes: u64,
+}
+
+fn is_zero(value: &u64) -> bool {
+    *value == 0
 }
 
 impl Default for Limits {
