@@ -277,9 +277,8 @@ impl Metrics {
 pub fn outcome_class(outcome: &str) -> &str {
     match outcome {
         "ok" | "tool-error" | "invalid-params" | "unavailable" | "cancelled" | "invalid-output"
-        | "error" | "closed" | "stopped" | "revoked" | "stale" | "task" | "input-required" => {
-            outcome
-        }
+        | "error" | "closed" | "stopped" | "revoked" | "stale" | "task" | "input-required"
+        | "idle" => outcome,
         _ if outcome.starts_with("fault:") => "fault",
         _ => "refused",
     }
@@ -294,6 +293,8 @@ mod tests {
         assert_eq!(outcome_class("ok"), "ok");
         assert_eq!(outcome_class("revoked"), "revoked");
         assert_eq!(outcome_class("stale"), "stale");
+        // A server stopped for sitting idle (`idle_stop_ms`).
+        assert_eq!(outcome_class("idle"), "idle");
         // A call answered with a task or a request for input (2026-07-28).
         assert_eq!(outcome_class("task"), "task");
         assert_eq!(outcome_class("input-required"), "input-required");

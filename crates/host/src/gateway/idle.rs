@@ -63,28 +63,24 @@ impl AgentSession {
 async fn stop(state: &SessionState, names: String, child: Child) {
     let Child { identity, session } = child;
     let evidence = evidence_of(&session);
-    let outcome = match Arc::try_unwrap(session) {
-        Ok(session) => match session.close().await {
-            Ok(()) => Outcome::plain("idle"),
-            Err(error) => {
+    match Arc::try_unwrap(session) {
+        Ok(session) => {
+            // It is stopped either way; how its close went is the log's.
+            if let Err(error) = session.close().await {
                 tracing::warn!(session = %state.id, server = %names, %error, "closing an idle server");
-                Outcome::plain(format!("idle; closing it failed: {error}"))
             }
-        },
+        }
         // Nobody else held it when it was taken off its names, and nobody
         // can have found it since; should that ever not hold, its service
         // ends, which stops the instance in the background.
-        Err(shared) => {
-            shared.stop();
-            Outcome::plain("idle")
-        }
-    };
+        Err(shared) => shared.stop(),
+    }
     let _ = state.audit(Event::ServerExit {
         session: state.id.clone(),
         server: names,
         identity: identity.to_string(),
         evidence,
-        outcome,
+        outcome: Outcome::plain("idle"),
     });
     // What the instance held goes back to the system, as at a session's
     // close: an idle session is to cost only what it still holds.
