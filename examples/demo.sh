@@ -25,7 +25,7 @@ rustup toolchain install
 # them again and all of wasmtime, rustls and rmcp above them.
 # For daily use build `cargo build --release -p moat` (README, "The two
 # commands"); `--profile dist` is the fat-LTO build to ship.
-step "building moat (dev profile; the first build compiles wasmtime, about 4 minutes on 2 cores)"
+step "building moat (dev profile; the first build compiles wasmtime, about 5 minutes on 2 cores)"
 run cargo build --locked --workspace --bin moat
 
 step "building the example guest: guests/everything, for wasm32-wasip2 and natively"
