@@ -46,8 +46,9 @@ pub struct Book {
     /// Woken whenever a deadline may have moved.
     changed: Notify,
     requests_sent: AtomicU64,
-    /// When a request either way was last booked or taken off the book
-    /// (none yet: never).
+    /// When a request either way was last taken off the book (answered,
+    /// cancelled; none yet: never). Only that moment can end a busy
+    /// spell, so sending costs nothing more.
     last_moved: Mutex<Option<Instant>>,
 }
 
@@ -67,7 +68,7 @@ impl Book {
         self.pending.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Notes that a request was booked or taken off the book now.
+    /// Notes that a request was taken off the book now.
     fn moved(&self) {
         *self.last_moved.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
     }
@@ -109,7 +110,6 @@ impl Book {
         }
         pending.insert(id, (method, Some(deadline)));
         drop(pending);
-        self.moved();
         self.requests_sent.fetch_add(1, Ordering::SeqCst);
         self.changed.notify_one();
     }
@@ -196,7 +196,6 @@ impl Book {
     /// Counts one of the server's own requests read; `false` once more than
     /// [`MAX_UNANSWERED_SERVER_REQUESTS`] wait for their answers.
     pub(super) fn server_asked(&self) -> bool {
-        self.moved();
         self.server_requests.fetch_add(1, Ordering::SeqCst) < MAX_UNANSWERED_SERVER_REQUESTS
     }
 
