@@ -19,14 +19,18 @@ impl HttpServe {
             .stderr(Stdio::piped());
         let mut child = command.spawn().expect("spawning moat serve --http");
         let mut stderr = BufReader::new(child.stderr.take().unwrap());
-        let mut line = String::new();
+        let mut said = String::new();
         let url = loop {
-            line.clear();
+            let mut line = String::new();
             let n = stderr.read_line(&mut line).expect("reading moat's stderr");
-            assert!(n > 0, "moat serve --http ended before serving");
+            assert!(
+                n > 0,
+                "moat serve --http ended before serving; it said:\n{said}"
+            );
             if let Some(url) = line.trim().strip_prefix("moat: serving MCP at ") {
                 break url.to_owned();
             }
+            said.push_str(&line);
         };
         std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
         Self { child, url }
@@ -97,9 +101,31 @@ pub(super) async fn try_echo(agent: &Agent) -> Result<(), String> {
     }
 }
 
+/// One throughput run: its rate, and the CPU time a call cost in each
+/// process while the clock ran.
+pub(super) struct Throughput {
+    pub(super) rate: f64,
+    /// `moat serve` itself (with the wasm guests, which run inside it).
+    pub(super) moat: Duration,
+    /// The processes below `moat serve` (native servers and their sandbox).
+    pub(super) servers: Duration,
+    /// This bench's agents (the HTTP clients), which share the cores.
+    pub(super) agents: Duration,
+}
+
+impl Throughput {
+    /// The gateway's CPU time a call: `moat serve` and its servers.
+    pub(super) fn gateway(&self) -> Duration {
+        self.moat + self.servers
+    }
+}
+
 /// Calls per second with `AGENTS` sessions calling at once, each session
-/// opened (and its server started) before the clock starts.
-pub(super) fn throughput(runtime: &tokio::runtime::Runtime, serve: &HttpServe) -> f64 {
+/// opened (and its server started) before the clock starts; with the CPU
+/// time of the gateway and of the agents, read from `/proc` at the start
+/// and the end.
+pub(super) fn throughput(runtime: &tokio::runtime::Runtime, serve: &HttpServe) -> Throughput {
+    let calls_per_agent = calls_per_agent();
     runtime.block_on(async {
         let mut agents = Vec::with_capacity(AGENTS);
         for _ in 0..AGENTS {
@@ -107,12 +133,22 @@ pub(super) fn throughput(runtime: &tokio::runtime::Runtime, serve: &HttpServe) -
             echo(&agent).await;
             agents.push(std::sync::Arc::new(agent));
         }
+        let moat = serve.child.id();
+        let servers = |pids: &[u32]| pids.iter().skip(1).map(|&pid| cpu_ticks(pid)).sum::<u64>();
+        // The servers are all running by now (each agent has called), and
+        // stay until the agents are gone.
+        let pids = tree(moat);
+        let before = (
+            cpu_ticks(moat),
+            servers(&pids),
+            cpu_ticks(std::process::id()),
+        );
         let started = Instant::now();
         let mut calls = tokio::task::JoinSet::new();
         for agent in &agents {
             let agent = agent.clone();
             calls.spawn(async move {
-                for _ in 0..CALLS_PER_AGENT {
+                for _ in 0..calls_per_agent {
                     echo(&agent).await;
                 }
             });
@@ -120,14 +156,36 @@ pub(super) fn throughput(runtime: &tokio::runtime::Runtime, serve: &HttpServe) -
         while let Some(done) = calls.join_next().await {
             done.expect("an agent's calls");
         }
-        let rate = (AGENTS * CALLS_PER_AGENT) as f64 / started.elapsed().as_secs_f64();
+        let elapsed = started.elapsed();
+        let after = (
+            cpu_ticks(moat),
+            servers(&pids),
+            cpu_ticks(std::process::id()),
+        );
+        let n = (AGENTS * calls_per_agent) as f64;
+        let per_call = |ticks: u64| Duration::from_secs_f64(ticks as f64 * tick() / n);
+        let run = Throughput {
+            rate: n / elapsed.as_secs_f64(),
+            moat: per_call(after.0 - before.0),
+            servers: per_call(after.1 - before.1),
+            agents: per_call(after.2 - before.2),
+        };
         for agent in agents {
             if let Ok(agent) = std::sync::Arc::try_unwrap(agent) {
                 let _ = agent.cancel().await;
             }
         }
-        rate
+        run
     })
+}
+
+/// `CALLS_PER_AGENT`, or `$MOAT_BENCH_CALLS_PER_AGENT`.
+fn calls_per_agent() -> usize {
+    std::env::var("MOAT_BENCH_CALLS_PER_AGENT")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(CALLS_PER_AGENT)
 }
 
 /// `moat serve`'s memory with no session, then with up to `sessions` idle
@@ -213,23 +271,48 @@ pub(super) fn http_runs(label: &str, c: &Configs, runtime: &tokio::runtime::Runt
     );
     let rate = |config: &Path| {
         let serve = HttpServe::spawn(moat(config, &c.cache, &c.state));
-        let rate = throughput(runtime, &serve);
+        let run = throughput(runtime, &serve);
         serve.stop();
-        rate
+        run
     };
-    let wasm_rate = rate(&wasm_http);
-    let native_rate = rate(&native_http);
-    println!(
-        "\n{label}: throughput over HTTP, {AGENTS} agent sessions × {CALLS_PER_AGENT} calls at once:\n\
-         serve → wasm          {wasm_rate:>8.0} calls/s {:>5.2}×\n\
-         serve → native child  {native_rate:>8.0} calls/s",
-        wasm_rate / native_rate
-    );
+    let wasm = rate(&wasm_http);
+    let native = rate(&native_http);
     let wasm_http_pooled = pooled(&wasm_http, "wasm-http-pooled", room);
-    let pooled_rate = rate(&wasm_http_pooled);
+    let pooled = rate(&wasm_http_pooled);
+    let us = |d: Duration| d.as_secs_f64() * 1e6;
     println!(
-        "serve → wasm, pooled  {pooled_rate:>8.0} calls/s {:>5.2}×",
-        pooled_rate / native_rate
+        "\n{label}: throughput over HTTP, {AGENTS} agent sessions × {} calls at once\n\
+         {:<22} {:>14} {:>8} {:>22} {:>14}",
+        calls_per_agent(),
+        "",
+        "calls/s",
+        "ratio",
+        "gateway CPU a call",
+        "agents' CPU"
+    );
+    for (name, run) in [
+        ("serve → wasm", &wasm),
+        ("serve → native child", &native),
+        ("serve → wasm, pooled", &pooled),
+    ] {
+        let servers = if run.servers.is_zero() {
+            String::new()
+        } else {
+            format!(" ({:.0} in servers)", us(run.servers))
+        };
+        println!(
+            "{name:<22} {:>14.0} {:>7.2}× {:>10.0} µs {:>5.2}×{servers} {:>10.0} µs",
+            run.rate,
+            run.rate / native.rate,
+            us(run.gateway()),
+            native.gateway().as_secs_f64() / run.gateway().as_secs_f64(),
+            us(run.agents),
+        );
+    }
+    println!(
+        "(ratios against native children: calls/s, and the gateway's CPU time a call, \
+         `moat serve` and every process below it, native over this row; the agents are \
+         rmcp's client and share the cores)"
     );
     // The server stopped after a second idle (`idle_stop_ms`), which a
     // build before it does not know: this build's run only.

@@ -45,7 +45,10 @@
 //!   sessions a process can hold.
 //!
 //! `MOAT_BENCH_STDIO_ONLY=1` stops after the stdio table and the compile
-//! cache (the start figures, without the HTTP runs).
+//! cache (the start figures, without the HTTP runs); `MOAT_BENCH_HTTP_ONLY=1`
+//! runs only the HTTP runs. `MOAT_BENCH_CALLS_PER_AGENT=N` makes each
+//! throughput agent call `N` times instead of `CALLS_PER_AGENT` (a longer
+//! run, for a profiler to attach to or a steadier rate).
 //!
 //! `MOAT_BENCH_BASELINE=PATH` measures another `moat` binary (an earlier
 //! commit's, say) in the same run, each of its rows right before this
@@ -203,6 +206,11 @@ fn write_config(dir: &Path, name: &str, body: &str) -> PathBuf {
     path
 }
 
+/// Whether the environment variable `name` is set to anything but `0`.
+fn flag(name: &str) -> bool {
+    std::env::var_os(name).is_some_and(|v| v != "0")
+}
+
 fn main() {
     // `cargo bench` passes `--bench`; a filter argument is ignored here.
     let current = under_test();
@@ -244,86 +252,88 @@ fn main() {
         )
     });
 
-    // The baseline's own floor, when its guests are others: right before
-    // this build's.
-    let base_floor = baseline_guests.as_ref().map(|guests| {
-        measure("native", "echo", &|| {
-            Command::new(&guests.everything_native)
-        })
-    });
-    let floor = measure("native", "echo", &|| {
-        Command::new(&current_guests.everything_native)
-    });
-    let mut rows = vec![floor];
-    // With a baseline, each row is measured with it right before this
-    // build.
-    let mut runs: Vec<(&std::ffi::OsString, &Configs)> = Vec::new();
-    if let Some((binary, configs)) = &before {
-        runs.push((binary, configs));
-    }
-    runs.push((&current, &configs));
-    let mut measured = serve_rows(&runs);
-    rows.extend(measured.pop().unwrap());
-    let base_rows = measured.pop();
-    let ratio = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64();
-    // With guests of its own, the baseline's rows against its own floor.
-    let base_rows = match (base_floor, base_rows) {
-        (Some(base_floor), Some(base_rows)) => {
-            let base_rows: Vec<Row> = std::iter::once(base_floor).chain(base_rows).collect();
-            print_table("baseline, its guests", &base_rows);
-            Some(base_rows)
+    if !flag("MOAT_BENCH_HTTP_ONLY") {
+        // The baseline's own floor, when its guests are others: right before
+        // this build's.
+        let base_floor = baseline_guests.as_ref().map(|guests| {
+            measure("native", "echo", &|| {
+                Command::new(&guests.everything_native)
+            })
+        });
+        let floor = measure("native", "echo", &|| {
+            Command::new(&current_guests.everything_native)
+        });
+        let mut rows = vec![floor];
+        // With a baseline, each row is measured with it right before this
+        // build.
+        let mut runs: Vec<(&std::ffi::OsString, &Configs)> = Vec::new();
+        if let Some((binary, configs)) = &before {
+            runs.push((binary, configs));
         }
-        (_, base_rows) => base_rows,
-    };
-    print_table("outside driver", &rows);
-    let stdio = &rows[1];
-    for typed in [&rows[5], &rows[6], &rows[8]] {
-        println!(
-            "{}: call p50 {:.2}× the stdio component's (target ≤ 2×)",
-            typed.name,
-            ratio(typed.p50, stdio.p50)
-        );
-    }
-    let fresh = &rows[9];
-    println!(
-        "{}: start {:.2}× the snapshot's ({}), call p50 {:.2}×",
-        fresh.name,
-        ratio(fresh.start, stdio.start),
-        stdio.name,
-        ratio(fresh.p50, stdio.p50)
-    );
-    if let Some(base_rows) = &base_rows {
-        println!(
-            "\n{:<26} {:>30} {:>30} {:>24}",
-            "baseline → this build", "spawn → first call", "call p50", "peak RSS"
-        );
-        // The floors too, when the baseline has one of its own.
-        let after_rows = if base_rows.len() == rows.len() {
-            &rows[..]
-        } else {
-            &rows[1..]
+        runs.push((&current, &configs));
+        let mut measured = serve_rows(&runs);
+        rows.extend(measured.pop().unwrap());
+        let base_rows = measured.pop();
+        let ratio = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64();
+        // With guests of its own, the baseline's rows against its own floor.
+        let base_rows = match (base_floor, base_rows) {
+            (Some(base_floor), Some(base_rows)) => {
+                let base_rows: Vec<Row> = std::iter::once(base_floor).chain(base_rows).collect();
+                print_table("baseline, its guests", &base_rows);
+                Some(base_rows)
+            }
+            (_, base_rows) => base_rows,
         };
-        for (before, after) in base_rows.iter().zip(after_rows) {
+        print_table("outside driver", &rows);
+        let stdio = &rows[1];
+        for typed in [&rows[5], &rows[6], &rows[8]] {
             println!(
-                "{:<26} {:>8.2} → {:>7.2} ms {:>5.2}× {:>8.0} → {:>7.0} µs {:>5.2}× {:>6.1} → {:>5.1} MB {:>5.2}×",
-                after.name,
-                before.start.as_secs_f64() * 1e3,
-                after.start.as_secs_f64() * 1e3,
-                ratio(after.start, before.start),
-                before.p50.as_secs_f64() * 1e6,
-                after.p50.as_secs_f64() * 1e6,
-                ratio(after.p50, before.p50),
-                before.rss as f64 / 1e6,
-                after.rss as f64 / 1e6,
-                after.rss as f64 / before.rss as f64,
+                "{}: call p50 {:.2}× the stdio component's (target ≤ 2×)",
+                typed.name,
+                ratio(typed.p50, stdio.p50)
             );
         }
-        println!("(ratios are this build over the baseline: below 1 is better)");
+        let fresh = &rows[9];
+        println!(
+            "{}: start {:.2}× the snapshot's ({}), call p50 {:.2}×",
+            fresh.name,
+            ratio(fresh.start, stdio.start),
+            stdio.name,
+            ratio(fresh.p50, stdio.p50)
+        );
+        if let Some(base_rows) = &base_rows {
+            println!(
+                "\n{:<26} {:>30} {:>30} {:>24}",
+                "baseline → this build", "spawn → first call", "call p50", "peak RSS"
+            );
+            // The floors too, when the baseline has one of its own.
+            let after_rows = if base_rows.len() == rows.len() {
+                &rows[..]
+            } else {
+                &rows[1..]
+            };
+            for (before, after) in base_rows.iter().zip(after_rows) {
+                println!(
+                    "{:<26} {:>8.2} → {:>7.2} ms {:>5.2}× {:>8.0} → {:>7.0} µs {:>5.2}× {:>6.1} → {:>5.1} MB {:>5.2}×",
+                    after.name,
+                    before.start.as_secs_f64() * 1e3,
+                    after.start.as_secs_f64() * 1e3,
+                    ratio(after.start, before.start),
+                    before.p50.as_secs_f64() * 1e6,
+                    after.p50.as_secs_f64() * 1e6,
+                    ratio(after.p50, before.p50),
+                    before.rss as f64 / 1e6,
+                    after.rss as f64 / 1e6,
+                    after.rss as f64 / before.rss as f64,
+                );
+            }
+            println!("(ratios are this build over the baseline: below 1 is better)");
+        }
+        with_binary(&current, || {
+            compile_cache(&dir.path().join("cold-cache"), &configs.state, &digest)
+        });
     }
-    with_binary(&current, || {
-        compile_cache(&dir.path().join("cold-cache"), &configs.state, &digest)
-    });
-    if std::env::var_os("MOAT_BENCH_STDIO_ONLY").is_some_and(|v| v != "0") {
+    if flag("MOAT_BENCH_STDIO_ONLY") {
         return;
     }
 

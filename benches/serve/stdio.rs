@@ -90,26 +90,64 @@ impl Driver {
     }
 }
 
-/// The sum of `field` (`VmHWM:` for the peak, `VmRSS:` for now) over `pid`
-/// and every process below it, in bytes.
-pub(super) fn tree_rss(pid: u32, field: &str) -> u64 {
-    pub(super) fn tree(pid: u32, field: &str, total: &mut u64) {
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-        *total += kb_field(&status, field);
+/// `pid` and every process below it, `pid` first.
+pub(super) fn tree(pid: u32) -> Vec<u32> {
+    let mut pids = vec![pid];
+    let mut next = 0;
+    while let Some(&pid) = pids.get(next) {
+        next += 1;
         let tasks = std::fs::read_dir(format!("/proc/{pid}/task"))
             .into_iter()
             .flatten();
         for task in tasks.flatten() {
             let children =
                 std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
-            for child in children.split_whitespace().filter_map(|c| c.parse().ok()) {
-                tree(child, field, total);
-            }
+            pids.extend(
+                children
+                    .split_whitespace()
+                    .filter_map(|c| c.parse::<u32>().ok()),
+            );
         }
     }
-    let mut total = 0;
-    tree(pid, field, &mut total);
-    total
+    pids
+}
+
+/// The sum of `field` (`VmHWM:` for the peak, `VmRSS:` for now) over `pid`
+/// and every process below it, in bytes.
+pub(super) fn tree_rss(pid: u32, field: &str) -> u64 {
+    tree(pid)
+        .into_iter()
+        .map(|pid| {
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+            kb_field(&status, field)
+        })
+        .sum()
+}
+
+/// The CPU time (user and system, all threads) `pid` has used so far, in
+/// clock ticks (0 when it is gone).
+pub(super) fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The fields after the command's name, which may hold spaces: state is
+    // the first, utime the 12th and stime the 13th.
+    let Some((_, after)) = stat.rsplit_once(')') else {
+        return 0;
+    };
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let field = |n: usize| {
+        fields
+            .get(n)
+            .and_then(|f| f.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    field(11) + field(12)
+}
+
+/// Seconds in a clock tick of `/proc/PID/stat`.
+pub(super) fn tick() -> f64 {
+    // SAFETY: sysconf reads a configuration value and has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    1.0 / hz.max(1) as f64
 }
 
 /// The `NAME: N kB` line of a /proc file named by `field`, in bytes (0 when
