@@ -18,6 +18,7 @@ mod audit_failure;
 mod descriptors;
 mod no_delay;
 mod requests;
+mod single;
 
 const TOKEN: &str = "s3cret";
 

@@ -2,8 +2,9 @@
 //! probes, the token, the path, the body's size and deadline, the session
 //! limit and the audit log's health, before rmcp's service sees it; a
 //! 2025-11-25 agent's task messages are rewritten at the wire
-//! ([`crate::tasks_2025`]). A connection timed out or evicted is answered
-//! 408 on a second handle on its socket.
+//! ([`crate::tasks_2025`]), and an answer that comes alone is sent as one
+//! JSON body (`single`). A connection timed out or evicted is answered 408
+//! on a second handle on its socket.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -237,11 +238,18 @@ impl Connection {
             }
             None => body,
         };
+        let post = parts.method == hyper::Method::POST;
         let request = Request::from_parts(parts, Full::new(body));
         let response = match tower_service::Service::call(&mut self.service.clone(), request).await
         {
             Ok(response) => response,
             Err(never) => match never {},
+        };
+        // An answer that comes alone, as one JSON body (`single`).
+        let response = if post {
+            super::single::single(response, super::single::HOLD).await
+        } else {
+            response
         };
         if !wire.outbound_pending() {
             return response;

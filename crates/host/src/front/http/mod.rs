@@ -44,8 +44,10 @@
 //! `clock` (when a request began), `connection` (one connection: the
 //! limits, then rmcp), `sessions` (rmcp's session manager, naming
 //! sessions for the replica), `probes` (`/healthz`, `/readyz`, `/metrics`, and
-//! [`serve_probes`]), `guard` (the token and `Host` checks) and `answer`
-//! (the answers Moat writes itself, and the audit of a refusal). This file
+//! [`serve_probes`]), `guard` (the token and `Host` checks), `answer`
+//! (the answers Moat writes itself, and the audit of a refusal) and `single`
+//! (an answer that is all its request's stream carries, sent as one JSON
+//! body). This file
 //! holds the listener: [`serve`] and its accept loop.
 
 mod admission;
@@ -55,6 +57,7 @@ mod connection;
 mod guard;
 mod probes;
 mod sessions;
+mod single;
 #[cfg(test)]
 mod tests;
 
