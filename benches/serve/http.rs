@@ -88,6 +88,38 @@ pub(super) async fn try_agent(url: &str) -> Result<Agent, String> {
     ().serve(transport).await.map_err(|e| e.to_string())
 }
 
+/// How the bench's agents hold their connections.
+#[derive(Clone, Copy, PartialEq)]
+pub(super) enum Agents {
+    /// rmcp's client as it ships: no connection kept between requests, so
+    /// every request opens a TCP connection of its own.
+    Fresh,
+    /// rmcp's client over a reqwest client that keeps its connections (as
+    /// the TypeScript SDK's `fetch` does): a connection serves the next
+    /// request once its answer has been read to the end.
+    Kept,
+}
+
+async fn agent_of(url: &str, agents: Agents) -> Agent {
+    use rmcp::ServiceExt;
+    match agents {
+        Agents::Fresh => agent(url).await,
+        Agents::Kept => {
+            let config =
+                rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig::with_uri(
+                    url.to_owned(),
+                );
+            let transport = rmcp::transport::StreamableHttpClientTransport::with_client(
+                reqwest::Client::new(),
+                config,
+            );
+            ().serve(transport)
+                .await
+                .expect("an agent session over HTTP")
+        }
+    }
+}
+
 pub(super) async fn echo(agent: &Agent) {
     try_echo(agent).await.expect("tools/call");
 }
@@ -124,12 +156,16 @@ impl Throughput {
 /// opened (and its server started) before the clock starts; with the CPU
 /// time of the gateway and of the agents, read from `/proc` at the start
 /// and the end.
-pub(super) fn throughput(runtime: &tokio::runtime::Runtime, serve: &HttpServe) -> Throughput {
+pub(super) fn throughput(
+    runtime: &tokio::runtime::Runtime,
+    serve: &HttpServe,
+    kind: Agents,
+) -> Throughput {
     let calls_per_agent = calls_per_agent();
     runtime.block_on(async {
         let mut agents = Vec::with_capacity(AGENTS);
         for _ in 0..AGENTS {
-            let agent = agent(&serve.url).await;
+            let agent = agent_of(&serve.url, kind).await;
             echo(&agent).await;
             agents.push(std::sync::Arc::new(agent));
         }
@@ -269,50 +305,61 @@ pub(super) fn http_runs(label: &str, c: &Configs, runtime: &tokio::runtime::Runt
         "native-http",
         &(std::fs::read_to_string(&c.native).unwrap() + &serve_settings),
     );
-    let rate = |config: &Path| {
+    let rate = |config: &Path, kind: Agents| {
         let serve = HttpServe::spawn(moat(config, &c.cache, &c.state));
-        let run = throughput(runtime, &serve);
+        let run = throughput(runtime, &serve, kind);
         serve.stop();
         run
     };
-    let wasm = rate(&wasm_http);
-    let native = rate(&native_http);
     let wasm_http_pooled = pooled(&wasm_http, "wasm-http-pooled", room);
-    let pooled = rate(&wasm_http_pooled);
-    let us = |d: Duration| d.as_secs_f64() * 1e6;
-    println!(
-        "\n{label}: throughput over HTTP, {AGENTS} agent sessions × {} calls at once\n\
-         {:<22} {:>14} {:>8} {:>22} {:>14}",
-        calls_per_agent(),
-        "",
-        "calls/s",
-        "ratio",
-        "gateway CPU a call",
-        "agents' CPU"
-    );
-    for (name, run) in [
-        ("serve → wasm", &wasm),
-        ("serve → native child", &native),
-        ("serve → wasm, pooled", &pooled),
+    for (kind, about) in [
+        (
+            Agents::Fresh,
+            "rmcp's client as it ships, a new connection for every request",
+        ),
+        (
+            Agents::Kept,
+            "rmcp's client over a reqwest client that keeps its connections",
+        ),
     ] {
-        let servers = if run.servers.is_zero() {
-            String::new()
-        } else {
-            format!(" ({:.0} in servers)", us(run.servers))
-        };
+        let wasm = rate(&wasm_http, kind);
+        let native = rate(&native_http, kind);
+        let pooled = rate(&wasm_http_pooled, kind);
+        let us = |d: Duration| d.as_secs_f64() * 1e6;
         println!(
-            "{name:<22} {:>14.0} {:>7.2}× {:>10.0} µs {:>5.2}×{servers} {:>10.0} µs",
-            run.rate,
-            run.rate / native.rate,
-            us(run.gateway()),
-            native.gateway().as_secs_f64() / run.gateway().as_secs_f64(),
-            us(run.agents),
+            "\n{label}: throughput over HTTP, {AGENTS} agent sessions × {} calls at once; agents: {about}\n\
+             {:<22} {:>14} {:>8} {:>22} {:>14}",
+            calls_per_agent(),
+            "",
+            "calls/s",
+            "ratio",
+            "gateway CPU a call",
+            "agents' CPU"
         );
+        for (name, run) in [
+            ("serve → wasm", &wasm),
+            ("serve → native child", &native),
+            ("serve → wasm, pooled", &pooled),
+        ] {
+            let servers = if run.servers.is_zero() {
+                String::new()
+            } else {
+                format!(" ({:.0} in servers)", us(run.servers))
+            };
+            println!(
+                "{name:<22} {:>14.0} {:>7.2}× {:>10.0} µs {:>5.2}×{servers} {:>10.0} µs",
+                run.rate,
+                run.rate / native.rate,
+                us(run.gateway()),
+                native.gateway().as_secs_f64() / run.gateway().as_secs_f64(),
+                us(run.agents),
+            );
+        }
     }
     println!(
         "(ratios against native children: calls/s, and the gateway's CPU time a call, \
-         `moat serve` and every process below it, native over this row; the agents are \
-         rmcp's client and share the cores)"
+         `moat serve` and every process below it, native over this row; the agents \
+         share the cores)"
     );
     // The server stopped after a second idle (`idle_stop_ms`), which a
     // build before it does not know: this build's run only.

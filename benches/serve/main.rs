@@ -35,7 +35,12 @@
 //!
 //! - throughput: `AGENTS` agent sessions each make `CALLS_PER_AGENT`
 //!   calls, all sessions at once, in front of the wasm guest and in front of
-//!   the native guest (a child per session);
+//!   the native guest (a child per session), with rmcp's client as it ships
+//!   (a new connection for every request) and over a reqwest client that
+//!   keeps its connections; each row also says the CPU time a call cost the
+//!   gateway (`moat serve` and every process below it) and the agents,
+//!   read from `/proc` while the clock ran, which the agents' own share of
+//!   the two cores does not move as it moves the rate;
 //! - idle sessions: `IDLE_SESSIONS` sessions (or `$MOAT_BENCH_IDLE_SESSIONS`)
 //!   each call the wasm guest once and stay open; the bench prints
 //!   `moat serve`'s RSS, PSS and memory mappings, and what one more
