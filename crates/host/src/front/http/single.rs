@@ -6,10 +6,12 @@
 //! behalf (progress, its own requests to the agent), then the answer, and
 //! the stream's end. Most calls send nothing but the answer.
 //!
-//! A client that stops reading once it has the answer (rmcp's own client)
-//! leaves the end of the chunked body unread, and its HTTP library cannot
-//! use the connection again: every call paid a new TCP connection on both
-//! sides. A stream also leaves the server in at least two writes.
+//! A client that keeps its connections but stops reading once it has the
+//! answer (rmcp's client over a pooled reqwest client) leaves the end of
+//! the chunked body unread unless it came with the answer, and its HTTP
+//! library cannot use the connection again: the next call pays a new TCP
+//! connection on both sides. A stream also leaves the server in at least
+//! two writes, and every client parses it event by event.
 //!
 //! So the stream is held for up to [`HOLD`]. When the answer and the
 //! stream's end both come in that time with nothing but the priming event
