@@ -98,8 +98,10 @@ const STARTS: usize = 15;
 const CALLS: usize = 500;
 /// Concurrent agent sessions in the throughput run.
 const AGENTS: usize = 100;
-/// Calls each of them makes.
-const CALLS_PER_AGENT: usize = 50;
+/// Calls each of them makes: 20,000 in a run, a few seconds, so that the
+/// CPU time read from `/proc` (in ticks of 10 ms, a process at a time)
+/// counts enough ticks in each of a hundred native children.
+const CALLS_PER_AGENT: usize = 200;
 /// Sessions held open in the idle-memory run.
 const IDLE_SESSIONS: usize = 10_000;
 
