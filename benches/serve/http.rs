@@ -89,7 +89,7 @@ pub(super) async fn try_agent(url: &str) -> Result<Agent, String> {
 }
 
 /// How the bench's agents hold their connections.
-#[derive(Clone, Copy, PartialEq)]
+#[derive(Clone, Copy)]
 pub(super) enum Agents {
     /// rmcp's client as it ships: no connection kept between requests, so
     /// every request opens a TCP connection of its own.
@@ -202,9 +202,9 @@ pub(super) fn throughput(
         let per_call = |ticks: u64| Duration::from_secs_f64(ticks as f64 * tick() / n);
         let run = Throughput {
             rate: n / elapsed.as_secs_f64(),
-            moat: per_call(after.0 - before.0),
-            servers: per_call(after.1 - before.1),
-            agents: per_call(after.2 - before.2),
+            moat: per_call(after.0.saturating_sub(before.0)),
+            servers: per_call(after.1.saturating_sub(before.1)),
+            agents: per_call(after.2.saturating_sub(before.2)),
         };
         for agent in agents {
             if let Ok(agent) = std::sync::Arc::try_unwrap(agent) {
